@@ -1,0 +1,98 @@
+"""Choose the kernel for a validated call, make layouts descriptor-ready, and record what ran.
+
+There is no silent fallback: every call records the kernel, its recipe and config, and any copy it had to make, in
+`last_backend()`, and logs it at DEBUG level on the "xkernels" logger.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from xkernels.portable import attention_fwd as portable_attention
+from xkernels.portable import gemm as portable_gemm
+from xkernels.portable.runtime import prepare_device, tma_copy, tma_ready
+from xkernels.recipes import AttentionRecipe
+
+log = logging.getLogger("xkernels")
+_last: str | None = None
+
+
+def last_backend() -> str | None:
+    """The kernel the last xkernels call ran, e.g. 'portable.attention[bf16 BM128-BN128-W8-S3]'."""
+    return _last
+
+
+def _record(name: str) -> None:
+    global _last
+    _last = name
+    log.debug("xkernels ran %s", name)
+
+
+def _ready(t: torch.Tensor, name: str, copies: list[str]) -> torch.Tensor:
+    if tma_ready(t):
+        return t
+    copies.append(name)
+    return tma_copy(t)
+
+
+def _suffix(copies: list[str]) -> str:
+    return f" copied:{','.join(copies)}" if copies else ""
+
+
+def attention(q, k, v, out, *, is_causal: bool, scale: float, recipe: AttentionRecipe, return_lse: bool):
+    b, hq, sq, d = q.shape
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
+    if out is None:
+        out = torch.empty((b, hq, sq, d), dtype=q.dtype, device=q.device)
+    if out.numel() == 0:
+        _record("empty")
+        return out, lse
+    prepare_device(q, "q")
+    copies: list[str] = []
+    qq, kk, vv = _ready(q, "q", copies), _ready(k, "k", copies), _ready(v, "v", copies)
+    oo = _ready(out, "out", copies) if not tma_ready(out) else out
+    cfg = portable_attention.attention_fwd(qq, kk, vv, oo, lse, is_causal=is_causal, scale=scale, recipe=recipe)
+    if oo is not out:
+        out.copy_(oo[..., :d])
+    _record(f"portable.attention[{recipe.name} {cfg}]{_suffix(copies)}")
+    return out, lse
+
+
+def _as_3d(t: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
+    """(batch..., r, c) -> (prod(batch), r, c); a view where strides allow (broadcast dims keep stride 0)."""
+    t = t.expand(*batch, *t.shape[-2:])
+    if len(batch) == 1:
+        return t
+    return t.reshape(-1, *t.shape[-2:]) if batch else t.unsqueeze(0)
+
+
+def matmul(a, b, out, *, batch: tuple[int, ...], m: int, n: int, k: int, out_dtype: torch.dtype, b_layout: str,
+           walk: str):
+    if out is None:
+        out = torch.empty((*batch, m, n), dtype=out_dtype, device=a.device)
+    if out.numel() == 0:
+        _record("empty")
+        return out
+    if k == 0:
+        _record("zero-k")
+        return out.zero_()
+    prepare_device(a, "a")
+    walk = "grouped" if walk == "auto" else walk
+    copies: list[str] = []
+    if b.dim() == 2 and a.dim() > 2:
+        a3 = a.reshape(1, -1, k)  # fold a's batch dims into M: one big GEMM against the shared b
+        b3 = b.unsqueeze(0)
+    else:
+        a3, b3 = _as_3d(a, batch), _as_3d(b, batch)
+    a3, b3 = _ready(a3, "a", copies), _ready(b3, "b", copies)
+    c3 = out.view(a3.shape[0], -1, n) if out.is_contiguous() else out
+    if not (c3.dim() == 3 and tma_ready(c3)):
+        copies.append("out")
+        c3 = tma_copy(torch.empty((a3.shape[0], a3.shape[1], n), dtype=out_dtype, device=a.device))
+    cfg = portable_gemm.gemm(a3, b3, c3, a3.shape[1], n, k, b_layout=b_layout, walk=walk)
+    if "out" in copies:
+        out.copy_(c3[..., :n].reshape(out.shape))
+    _record(f"portable.gemm[{b_layout} {walk} {cfg}]{_suffix(copies)}")
+    return out

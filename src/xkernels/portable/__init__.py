@@ -1,0 +1,1 @@
+"""Portable kernels in plain Triton (`tl` + tensor descriptors): NVIDIA, AMD, Intel XPU and the CPU interpreter."""

@@ -1,0 +1,136 @@
+"""Portable flash-attention forward: online softmax in exp2 with the scale folded in, read top to bottom.
+
+One program owns BLOCK_M query rows of one (batch, head) and streams K/V tiles of BLOCK_N keys through an online
+softmax. Tiles that need no mask (inside the sequence and, when causal, wholly below the diagonal) run a loop without
+masking; the diagonal and tail tiles run a masked loop; tiles wholly above the diagonal are never visited. GQA maps
+query head h to kv head h // (Hq / Hkv): no K/V copies. Causal is top-left aligned, as in
+F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i, whatever Sq and Skv are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from xkernels.portable.dot import mma
+from xkernels.portable.runtime import INTERPRET
+from xkernels.recipes import AttentionRecipe
+
+_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, qk_scale, SKV,
+                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, PV_DTYPE: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """Fold K/V tiles [lo, hi) into the running (acc, row sum l_i, row max m_i), all in base-2 units."""
+    offs_n = tl.arange(0, BLOCK_N)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        k = k_desc.load([start_n, 0])
+        s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET) * qk_scale
+        if MASKED:
+            keys = start_n + offs_n
+            keep = keys[None, :] < SKV
+            if CAUSAL:
+                keep = keep & (keys[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        # every row sees key 0 in the first tile visited, so m_new is finite and alpha never NaN
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None]
+        # recipe: P rounded to PV_DTYPE; V converted in-kernel when its storage dtype differs (bf16io)
+        v = v_desc.load([start_n, 0]).to(PV_DTYPE)
+        acc = mma(p.to(PV_DTYPE), v, acc, INTERPRET)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def attention_fwd_kernel(Q, K, V, O, LSE,
+                         q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
+                         HQ, GROUP, SQ, SKV, qk_scale,
+                         HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                         CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
+                         INTERPRET: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets can pass 2^31 elements
+    b = bh // HQ
+    h = bh % HQ
+    hk = h // GROUP
+    q_desc = tl.make_tensor_descriptor(Q + b * q_sb + h * q_sh, shape=[SQ, HEAD_DIM], strides=[q_ss, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+    k_desc = tl.make_tensor_descriptor(K + b * k_sb + hk * k_sh, shape=[SKV, HEAD_DIM], strides=[k_ss, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    v_desc = tl.make_tensor_descriptor(V + b * v_sb + hk * v_sh, shape=[SKV, HEAD_DIM], strides=[v_ss, 1],
+                                       block_shape=[BLOCK_N, HEAD_DIM])
+    o_desc = tl.make_tensor_descriptor(O + b * o_sb + h * o_sh, shape=[SQ, HEAD_DIM], strides=[o_ss, 1],
+                                       block_shape=[BLOCK_M, HEAD_DIM])
+
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    q = q_desc.load([start_m, 0])  # rows past SQ read as zeros; their results are clipped at the store
+
+    # [0, full_hi): whole tiles inside Skv and (causal) wholly at or below the diagonal of this row block
+    # [full_hi, hi): the tail tile and the diagonal tiles, masked; keys >= hi are never visited
+    full_hi = (SKV // BLOCK_N) * BLOCK_N
+    hi = SKV
+    if CAUSAL:
+        full_hi = min(full_hi, start_m)
+        hi = min(SKV, start_m + BLOCK_M)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, 0, full_hi, offs_m, qk_scale, SKV,
+                                  BLOCK_N, CAUSAL, False, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, full_hi, hi, offs_m, qk_scale, SKV,
+                                  BLOCK_N, CAUSAL, True, PV_DTYPE, INTERPRET)
+
+    o_desc.store([start_m, 0], (acc / l_i[:, None]).to(o_desc.dtype))
+    if WRITE_LSE:
+        # natural-log LSE of the scaled scores: (m + log2 l) in base-2 units, times ln 2
+        tl.store(LSE + bh * SQ + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < SQ)
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def __str__(self) -> str:
+        return f"BM{self.block_m}-BN{self.block_n}-W{self.num_warps}-S{self.num_stages}"
+
+
+# Compiled: Hopper-sized tiles checked spill-free by `xkernels inspect`. Interpreted: small tiles so the CPU run is
+# quick and tests at S = 17, 129 cross several tiles, the diagonal and the tails.
+_GPU_CONFIGS = {64: AttentionConfig(128, 128, 8, 3), 128: AttentionConfig(128, 128, 8, 3),
+                256: AttentionConfig(128, 64, 8, 2)}
+_INTERPRETER_CONFIG = AttentionConfig(32, 16, 4, 1)
+
+
+def attention_config(head_dim: int) -> AttentionConfig:
+    return _INTERPRETER_CONFIG if INTERPRET else _GPU_CONFIGS[head_dim]
+
+
+def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+                  *, is_causal: bool, scale: float, recipe: AttentionRecipe) -> AttentionConfig:
+    """Launch on validated (B, H, S, D) views whose layouts descriptors accept; writes `out` (and `lse`)."""
+    bsz, hq, sq, d = q.shape
+    cfg = attention_config(d)
+    assert cfg.block_m % cfg.block_n == 0, "the causal split needs BLOCK_M to be a multiple of BLOCK_N"
+    grid = (triton.cdiv(sq, cfg.block_m), bsz * hq)
+    attention_fwd_kernel[grid](
+        q, k, v, out, lse if lse is not None else out,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+        hq, hq // k.shape[1], sq, k.shape[2], scale * math.log2(math.e),
+        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=is_causal,
+        PV_DTYPE=_TL_DTYPE[recipe.pv_dtype], WRITE_LSE=lse is not None, INTERPRET=INTERPRET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return cfg

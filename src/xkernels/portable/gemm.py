@@ -1,0 +1,86 @@
+"""Portable GEMM: C = A @ B with B as [K, N] or [N, K] (the seeds' "gather" layout, read without a transpose copy).
+
+One program per output tile, placed by the selectable walk order; fp32 accumulation; tails come from descriptor
+bounds (loads past the edge read zeros, stores past it are clipped). A leading batch axis is the grid's second axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from xkernels.portable.dot import mma
+from xkernels.portable.runtime import INTERPRET
+from xkernels.portable.tile_walk import tile_coords, zorder_grid
+
+
+@triton.jit
+def gemm_kernel(A, B, C, M, N, K, a_sb, a_sm, b_sb, b_s0, c_sb, c_sm, z_bits, z_tall,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_NK: tl.constexpr,
+                WALK: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr):
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tile_m, tile_n = tile_coords(tl.program_id(0), tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
+    if (tile_m < tiles_m) & (tile_n < tiles_n):  # Z-order launches a power-of-two grid; the rest do nothing
+        batch = tl.program_id(1).to(tl.int64)
+        off_m = tile_m * BLOCK_M
+        off_n = tile_n * BLOCK_N
+        a_desc = tl.make_tensor_descriptor(A + batch * a_sb, shape=[M, K], strides=[a_sm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_K])
+        if B_NK:
+            b_desc = tl.make_tensor_descriptor(B + batch * b_sb, shape=[N, K], strides=[b_s0, 1],
+                                               block_shape=[BLOCK_N, BLOCK_K])
+        else:
+            b_desc = tl.make_tensor_descriptor(B + batch * b_sb, shape=[K, N], strides=[b_s0, 1],
+                                               block_shape=[BLOCK_K, BLOCK_N])
+        c_desc = tl.make_tensor_descriptor(C + batch * c_sb, shape=[M, N], strides=[c_sm, 1],
+                                           block_shape=[BLOCK_M, BLOCK_N])
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for k in tl.range(0, K, BLOCK_K):
+            a = a_desc.load([off_m, k])
+            if B_NK:
+                b = tl.trans(b_desc.load([off_n, k]))
+            else:
+                b = b_desc.load([k, off_n])
+            acc = mma(a, b, acc, INTERPRET)
+        c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+
+    def __str__(self) -> str:
+        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
+
+
+_GPU_CONFIG = GemmConfig(128, 256, 64, 8, 3)
+_INTERPRETER_CONFIG = GemmConfig(32, 32, 32, 4, 1, group_m=2)
+
+
+def gemm_config() -> GemmConfig:
+    return _INTERPRETER_CONFIG if INTERPRET else _GPU_CONFIG
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: int, *, b_layout: str,
+         walk: str) -> GemmConfig:
+    """Launch on 3-D (batch, rows, cols) views whose layouts descriptors accept (the last dim may be zero-padded
+    past the logical m, n, k); writes c[:, :m, :n]."""
+    batch = a.shape[0]
+    cfg = gemm_config()
+    tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
+    programs, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
+    gemm_kernel[(programs, batch)](
+        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+        z_bits, z_tall, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, B_NK=b_layout == "nk",
+        WALK=walk, GROUP_M=cfg.group_m, INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return cfg

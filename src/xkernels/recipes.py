@@ -1,0 +1,78 @@
+"""Precision recipes: the dtype of every attention stage and its accuracy contract, in one place.
+
+The three recipes come from the seeds' Xe2 flash-attention work. Kernels read the stage dtypes from here (as
+constexprs), tests and `xkernels check` read the thresholds from here, so a recipe is defined exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionRecipe:
+    """Dtypes of each stage of S = QK^T -> P = softmax(S) -> O = P.V, and the accuracy contract."""
+
+    name: str
+    io_dtype: torch.dtype  # Q, K, V in memory and O out
+    qk_dtype: torch.dtype  # operands of QK^T (accumulated in fp32 always)
+    pv_dtype: torch.dtype  # operands of P.V: P is rounded to this, V converted to it in-kernel if needed
+    max_abs_diff: float  # seeds' bound, inputs U(-0.5, 0.5)
+    rel_rms: float  # ||out - ref|| / ||ref||: rules out the all-zero output the max-diff bound alone lets pass
+    summary: str
+
+    @property
+    def converts_v(self) -> bool:
+        return self.pv_dtype != self.io_dtype
+
+
+# P.V accumulates in fp32 in every recipe of the portable layer (the seeds' fp16 accumulator saved registers on Xe2;
+# the Hopper fast path measures it as an option).
+ATTENTION_RECIPES: dict[str, AttentionRecipe] = {
+    "fp16": AttentionRecipe(
+        "fp16", torch.float16, torch.float16, torch.float16, max_abs_diff=0.05, rel_rms=2e-3,
+        summary="fp16 I/O; S in fp32; P and V fp16; P.V accumulated in fp32",
+    ),
+    "bf16": AttentionRecipe(
+        "bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, max_abs_diff=0.15, rel_rms=1e-2,
+        summary="bf16 I/O; S in fp32; P and V bf16; P.V accumulated in fp32",
+    ),
+    "bf16io": AttentionRecipe(
+        "bf16io", torch.bfloat16, torch.bfloat16, torch.float16, max_abs_diff=0.15, rel_rms=5e-3,
+        summary="bf16 I/O; QK^T from bf16 (fp32 acc); P fp16, V bf16->fp16 in-kernel; P.V accumulated in fp32. "
+        "Needs |V| <= 65504 (fp16 range): larger V overflows to inf in the output, never to a finite wrong value",
+    ),
+}
+
+# "auto" for bf16 inputs. bf16io is the seeds' winner on Xe2, where bf16 ALU work is slow. On Hopper the tensor cores
+# and the fp32 softmax cost the same for both, bf16io adds the V conversion, and it narrows V's range to fp16's, so
+# auto keeps the plain bf16 recipe; see README "Precision recipes" and benchmarks/results for the measured ratio.
+AUTO_RECIPE = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class GemmContract:
+    """The seeds' GEMM bound: rel-RMS < 0.5 % and no element off by > 5 % where |ref| >= 1e-3."""
+
+    rel_rms: float = 5e-3
+    elem_rel: float = 5e-2
+    elem_floor: float = 1e-3
+
+
+GEMM_CONTRACT = GemmContract()
+
+
+def resolve_attention_recipe(precision: str, dtype: torch.dtype) -> AttentionRecipe:
+    """Pick the recipe for `precision` and check it matches the input dtype (never a silent cast)."""
+    if precision == "auto":
+        if dtype not in AUTO_RECIPE:
+            raise TypeError(f"q: dtype {dtype} is not supported; use torch.float16 or torch.bfloat16")
+        precision = AUTO_RECIPE[dtype]
+    recipe = ATTENTION_RECIPES.get(precision)
+    if recipe is None:
+        raise ValueError(f"precision: {precision!r} is not one of 'auto', {', '.join(map(repr, ATTENTION_RECIPES))}")
+    if recipe.io_dtype != dtype:
+        raise TypeError(f"precision={precision!r} needs {recipe.io_dtype} inputs, got q of dtype {dtype}")
+    return recipe

@@ -1,0 +1,75 @@
+"""Error metrics with the seeds' order: non-finite values first, then rel-RMS, max-abs-diff and outliers.
+
+A NaN makes every norm NaN, and `NaN < bound` is False but `not (NaN > bound)` is True: checking finiteness first
+keeps a NaN from ever passing through a badly written comparison. A pass needs every bound, never one alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from xkernels.recipes import GEMM_CONTRACT, AttentionRecipe
+
+
+@dataclass(frozen=True)
+class Comparison:
+    nonfinite: int  # NaN/Inf in the output (unwritten poisoned elements show up here)
+    rel_rms: float
+    max_abs_diff: float
+    outliers: int  # elements outside the per-element bound
+    rel_rms_bound: float
+    max_abs_bound: float | None
+    passed: bool
+    reason: str
+
+    def row(self) -> dict[str, object]:
+        return {"rel_rms": self.rel_rms, "max_abs_diff": self.max_abs_diff, "outliers": self.outliers,
+                "nonfinite": self.nonfinite, "passed": self.passed, "reason": self.reason}
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, *, rel_rms: float, max_abs: float | None = None,
+            elem_rel: float | None = None, elem_floor: float = 0.0) -> Comparison:
+    """Compare `out` with a higher-precision `ref` of the same shape.
+
+    `max_abs` bounds |out - ref| everywhere; `elem_rel` bounds |out - ref| / |ref| where |ref| >= elem_floor.
+    """
+    if out.shape != ref.shape:
+        raise ValueError(f"out shape {tuple(out.shape)} != ref shape {tuple(ref.shape)}")
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    nonfinite = int((~torch.isfinite(o)).sum().item())
+    if nonfinite:
+        return Comparison(nonfinite, float("nan"), float("nan"), 0, rel_rms, max_abs, False,
+                          f"{nonfinite} non-finite elements")
+    if o.numel() == 0:
+        return Comparison(0, 0.0, 0.0, 0, rel_rms, max_abs, True, "empty")
+    err = o - r
+    ref_norm = r.norm().item()
+    rr = err.norm().item() / ref_norm if ref_norm > 0 else (0.0 if err.norm().item() == 0 else float("inf"))
+    mad = err.abs().max().item()
+    if elem_rel is not None:
+        big = r.abs() >= elem_floor
+        outliers = int((err.abs() > elem_rel * r.abs()).logical_and(big).sum().item())
+    elif max_abs is not None:
+        outliers = int((err.abs() >= max_abs).sum().item())
+    else:
+        outliers = 0
+    fails = []
+    if not rr < rel_rms:
+        fails.append(f"rel_rms {rr:.3g} >= {rel_rms:g}")
+    if max_abs is not None and not mad < max_abs:
+        fails.append(f"max_abs_diff {mad:.3g} >= {max_abs:g}")
+    if elem_rel is not None and outliers:
+        fails.append(f"{outliers} elements off by > {elem_rel:.0%}")
+    return Comparison(0, rr, mad, outliers, rel_rms, max_abs, not fails, "; ".join(fails) or "ok")
+
+
+def compare_attention(out: torch.Tensor, ref: torch.Tensor, recipe: AttentionRecipe) -> Comparison:
+    return compare(out, ref, rel_rms=recipe.rel_rms, max_abs=recipe.max_abs_diff)
+
+
+def compare_gemm(out: torch.Tensor, ref: torch.Tensor) -> Comparison:
+    c = GEMM_CONTRACT
+    return compare(out, ref, rel_rms=c.rel_rms, elem_rel=c.elem_rel, elem_floor=c.elem_floor)

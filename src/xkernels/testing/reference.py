@@ -1,0 +1,65 @@
+"""float64 references on the kernel's (already quantized) inputs: the seeds' rule, usable on CPU and GPU.
+
+The inputs arrive in the kernel's dtype, so upcasting them gives exactly the values the kernel saw. Attention is
+computed one (batch, head) at a time to bound the S x S score matrix's memory at the bench shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def _causal_mask(sq: int, skv: int, device: torch.device) -> torch.Tensor:
+    """Top-left alignment, as F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(skv, device=device)[None, :]
+    return j <= i
+
+
+def _scores(q, k, is_causal: bool, scale: float | None):
+    d = q.shape[-1]
+    s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+    if is_causal:
+        s = s.masked_fill(~_causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    return s
+
+
+def _per_head(q, k, v, fn):
+    b, hq = q.shape[:2]
+    group = hq // k.shape[1]
+    outs = []
+    for bi in range(b):
+        outs.append(torch.stack([fn(q[bi, h].double(), k[bi, h // group].double(), v[bi, h // group].double())
+                                 for h in range(hq)]))
+    return torch.stack(outs)
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                        scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) v in float64; GQA by head-index mapping (head h uses kv head h // (Hq / Hkv))."""
+    return _per_head(q, k, v, lambda qh, kh, vh: torch.softmax(_scores(qh, kh, is_causal, scale), -1) @ vh)
+
+
+def reference_lse(q: torch.Tensor, k: torch.Tensor, *, is_causal: bool = False,
+                  scale: float | None = None) -> torch.Tensor:
+    """Natural-log log-sum-exp of the scaled scores, (B, Hq, Sq), float64."""
+    return _per_head(q, k, k, lambda qh, kh, _: torch.logsumexp(_scores(qh, kh, is_causal, scale), -1))
+
+
+def reference_matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "kn") -> torch.Tensor:
+    """a @ b (or a @ b^T for the [N, K] layout) in float64 (float32 on CUDA, where fp64 GEMM is slow at 8K^3)."""
+    dt = torch.float32 if a.is_cuda else torch.float64
+    bb = b.to(dt)
+    if b_layout == "nk":
+        bb = bb.transpose(-1, -2)
+    if a.is_cuda:
+        # full-precision fp32: no tf32 in the reference
+        prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+        try:
+            return a.to(dt) @ bb
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = prev
+    return a.to(dt) @ bb
