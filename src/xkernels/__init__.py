@@ -1,7 +1,28 @@
-"""xkernels: attention and GEMM kernels for PyTorch in Triton, with the seeds' correctness and benchmark method."""
+"""xkernels: attention and GEMM kernels for PyTorch in Triton, with the seeds' correctness and benchmark method.
 
-from xkernels.api import attention, matmul
-from xkernels.dispatch import last_backend
+The kernel modules load on first use, so a program (or the `xkernels` CLI) can still choose the Triton interpreter
+(TRITON_INTERPRET=1) after `import xkernels.cli`, before any kernel is defined.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 __all__ = ["attention", "matmul", "last_backend", "__version__"]
+
+if TYPE_CHECKING:
+    from xkernels.api import attention, matmul
+    from xkernels.dispatch import last_backend
+
+
+def __getattr__(name: str):
+    if name in ("attention", "matmul"):
+        from xkernels import api
+
+        return getattr(api, name)
+    if name == "last_backend":
+        from xkernels.dispatch import last_backend
+
+        return last_backend
+    raise AttributeError(f"module 'xkernels' has no attribute {name!r}")

@@ -1,0 +1,54 @@
+"""Peers timed in the same run on the same inputs: cuBLAS through torch.matmul, each forced SDPA backend, flash_attn."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+
+from xkernels.testing.cases import AttentionCase, Case, GemmCase
+
+
+@dataclass(frozen=True)
+class Peer:
+    name: str
+    context: Callable[[], contextlib.AbstractContextManager]
+    prepare: Callable[[tuple], tuple]  # done once per input set, outside timing (e.g. flash_attn's layout)
+    fn: Callable[[tuple], object]
+
+
+def _sdpa_peer(name: str, backend_name: str, case: AttentionCase) -> Peer:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+    gqa = case.hq != case.hkv
+
+    def fn(qkv):
+        q, k, v = qkv
+        return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=gqa)
+
+    return Peer(name, lambda: sdpa_kernel([backend]), lambda x: x, fn)
+
+
+def _flash_attn_peer(case: AttentionCase) -> Peer | None:
+    try:
+        from flash_attn import flash_attn_func
+    except ImportError:
+        return None
+    if case.causal and case.sq != case.skv:
+        return None  # flash_attn aligns causal masks bottom-right; ours (and PyTorch's) top-left
+    return Peer("flash_attn", contextlib.nullcontext, lambda qkv: tuple(t.transpose(1, 2).contiguous() for t in qkv),
+                lambda qkv: flash_attn_func(*qkv, causal=case.causal))
+
+
+def peers_for(case: Case) -> list[Peer]:
+    if isinstance(case, GemmCase):
+        if case.b_layout == "nk":
+            return [Peer("cuBLAS", contextlib.nullcontext, lambda x: x, lambda ab: ab[0] @ ab[1].t())]
+        return [Peer("cuBLAS", contextlib.nullcontext, lambda x: x, lambda ab: ab[0] @ ab[1])]
+    peers = [_sdpa_peer("SDPA-flash", "FLASH_ATTENTION", case), _sdpa_peer("SDPA-cuDNN", "CUDNN_ATTENTION", case),
+             _sdpa_peer("SDPA-efficient", "EFFICIENT_ATTENTION", case)]
+    fa = _flash_attn_peer(case)
+    return peers + ([fa] if fa else [])

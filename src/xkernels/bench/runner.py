@@ -1,0 +1,78 @@
+"""Run bench rows with the seeds' method: check at the bench shape first (a FAIL is not timed), then time ours and
+every peer on the same rotating input sets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from xkernels.bench.ceilings import Ceilings
+from xkernels.bench.peers import peers_for
+from xkernels.bench.timing import Timing, rotation_count, time_cuda
+from xkernels.testing.cases import Case, kernel_name
+
+
+@dataclass
+class Row:
+    kernel: str
+    recipe: str
+    shape: str
+    flops: int
+    check: dict
+    backend: str | None = None
+    ours: Timing | None = None
+    peers: dict[str, Timing | str] = field(default_factory=dict)  # a peer that cannot run gets its error text
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.check["passed"])
+
+    def tflops(self, t: Timing | str | None) -> float | None:
+        return t.tflops(self.flops) if isinstance(t, Timing) else None
+
+    def speedup(self, peer: str) -> float | None:
+        """ours / peer in throughput (peer time / our time): > 1 means ours is faster."""
+        p = self.peers.get(peer)
+        return p.median_ms / self.ours.median_ms if isinstance(p, Timing) and self.ours else None
+
+    def best_peer(self) -> str | None:
+        timed = {n: t for n, t in self.peers.items() if isinstance(t, Timing)}
+        return min(timed, key=lambda n: timed[n].median_ms) if timed else None
+
+    def as_dict(self, ceilings: Ceilings) -> dict:
+        ours = self.tflops(self.ours)
+        best = self.best_peer()
+        return {
+            "kernel": self.kernel, "recipe": self.recipe, "shape": self.shape, "flops": self.flops,
+            "backend": self.backend, "check": self.check,
+            "ours": self.ours.__dict__ if self.ours else None, "ours_tflops": ours,
+            "pct_datasheet": 100 * ours / ceilings.datasheet_tflops if ours and ceilings.datasheet_tflops else None,
+            "pct_matmul_ceiling": 100 * ours / ceilings.matmul_tflops if ours else None,
+            "peers": {n: (t.__dict__ | {"tflops": self.tflops(t)} if isinstance(t, Timing) else {"error": t})
+                      for n, t in self.peers.items()},
+            "speedup": {n: self.speedup(n) for n in self.peers},
+            "best_peer": best, "speedup_vs_best": self.speedup(best) if best else None,
+        }
+
+
+def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float) -> Row:
+    import xkernels
+
+    first = case.inputs("cuda", seed=0)
+    check = case.check(first).row()
+    row = Row(kernel_name(case), case.recipe, case.shape, case.flops, check, xkernels.last_backend())
+    if not (timed and row.passed):
+        return row
+    sets = [first] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]
+    row.ours = time_cuda(case.run, sets, warmup=warmup, iters=iters, sleep_s=sleep_s)
+    for peer in peers_for(case):
+        try:
+            prepared = [peer.prepare(s) for s in sets]
+            with peer.context():
+                row.peers[peer.name] = time_cuda(peer.fn, prepared, warmup=warmup, iters=iters, sleep_s=sleep_s)
+        except RuntimeError as e:  # e.g. a forced SDPA backend that does not support this shape
+            row.peers[peer.name] = str(e).splitlines()[0][:160]
+    del sets
+    torch.cuda.empty_cache()
+    return row

@@ -1,0 +1,39 @@
+"""The benchmark suites: the seeds' tables plus the LLM and Hopper-relevant shapes."""
+
+from __future__ import annotations
+
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing.cases import AttentionCase, Case, GemmCase
+
+WALKS = ("row", "grouped", "zorder")
+LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
+
+
+def gemm_suite(quick: bool) -> tuple[list[Case], list[Case]]:
+    """(gate, timed): the seeds check M=N=K=256 before any timing."""
+    dtypes = ("fp16", "bf16")
+    gate: list[Case] = [GemmCase(256, 256, 256, dt, lay) for dt in dtypes for lay in ("kn", "nk")]
+    if quick:
+        timed: list[Case] = [GemmCase(4096, 4096, 4096, dt, lay, "grouped") for dt in dtypes for lay in ("kn", "nk")]
+        timed += [GemmCase(8192, 8192, 8192, "bf16", "kn", "grouped"), GemmCase(8192, 14336, 4096, "bf16")]
+        return gate, timed
+    timed = [GemmCase(n, n, n, dt, lay, w)
+             for dt in dtypes for n in (4096, 8192) for lay in ("kn", "nk") for w in WALKS]
+    timed += [GemmCase(8192, n, k, dt) for dt in dtypes for n, k in LLM_NK]
+    return gate, timed
+
+
+def attention_suite(quick: bool) -> list[Case]:
+    recipes = list(ATTENTION_RECIPES)
+    if quick:
+        cases: list[Case] = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in recipes]
+        return cases + [AttentionCase(1, 32, 32, 8192, 8192, 128, True, "bf16"),
+                        AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16")]
+    seeds = [(8192, 8192), (8192, 16384), (16384, 16384)]  # the seeds' table: B1 H32 D128 non-causal
+    cases = [AttentionCase(1, 32, 32, sq, skv, 128, False, r) for sq, skv in seeds for r in recipes]
+    extra = [AttentionCase(1, 32, 32, 8192, 8192, 128, True, ""), AttentionCase(4, 32, 32, 4096, 4096, 64, False, ""),
+             AttentionCase(1, 16, 16, 8192, 8192, 256, False, ""), AttentionCase(1, 16, 16, 8192, 8192, 256, True, ""),
+             AttentionCase(1, 32, 8, 8192, 8192, 128, False, "")]
+    for e in extra:
+        cases += [AttentionCase(e.b, e.hq, e.hkv, e.sq, e.skv, e.d, e.causal, r) for r in recipes]
+    return cases

@@ -1,0 +1,1 @@
+"""The `xkernels` command: check, bench, inspect."""

@@ -1,0 +1,56 @@
+"""`xkernels bench`: the seeds' performance method against peers in the same run; CPU: the correctness sweep only."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+
+
+def run_bench(device: str, args: argparse.Namespace) -> int:
+    console = Console(width=None if sys.stdout.isatty() else 250)
+    if device != "cuda":
+        console.print("[bold yellow]No CUDA device: nothing can be timed here, and no timings are made up.[/] "
+                      "Running the CPU correctness sweep instead.")
+        from xkernels.cli.check import run_check
+
+        return run_check(device, args.json)
+    if args.warmup < 20 or args.iters < 1:
+        console.print("[red]--warmup must be >= 20 (the seeds' rule) and --iters >= 1")
+        return 2
+
+    from xkernels.bench import report
+    from xkernels.bench.ceilings import measure_ceilings
+    from xkernels.bench.runner import run_case
+    from xkernels.bench.suites import attention_suite, gemm_suite
+
+    plan: list[tuple[object, bool]] = []
+    if args.suite in ("all", "gemm"):
+        gate, timed = gemm_suite(args.quick)
+        plan += [(c, False) for c in gate] + [(c, True) for c in timed]
+    if args.suite in ("all", "attention"):
+        plan += [(c, True) for c in attention_suite(args.quick)]
+
+    command = "xkernels " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("ceilings", total=len(plan) + 1)
+        ceilings = measure_ceilings()
+        progress.advance(task)
+        for case, timed in plan:
+            progress.update(task, description=f"{case.recipe} {case.shape}")
+            rows.append(run_case(case, timed=timed, warmup=args.warmup, iters=args.iters, sleep_s=args.sleep))
+            progress.advance(task)
+    console.print(report.rich_table(rows, ceilings))
+    out_dir = Path(args.out)
+    written = report.write_outputs(rows, ceilings, out_dir, Path(args.json) if args.json else out_dir / "bench.json",
+                                   command)
+    console.print("wrote " + ", ".join(map(str, written)))
+    failed = [r for r in rows if not r.passed]
+    for r in failed:
+        console.print(f"[red]FAIL[/] {r.kernel} {r.recipe} {r.shape}: {r.check['reason']}")
+    return 1 if failed else 0

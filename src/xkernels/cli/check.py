@@ -1,0 +1,61 @@
+"""`xkernels check`: the seeds' correctness sweep, as a table; non-zero exit on any FAIL."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing.cases import AttentionCase, Case, GemmCase, kernel_name, threshold
+
+
+def check_cases(device: str) -> list[Case]:
+    """GPU: the seeds' 1K x 1K and 512 x 1K plus 8K x 8K (32 heads, D128), GEMM 256^3 first, then 4096^3.
+    CPU (interpreter): the same kinds of case at small shapes."""
+    if device == "cuda":
+        attn = [(32, 1024, 1024, False), (32, 512, 1024, False), (32, 1024, 1024, True), (32, 8192, 8192, False)]
+        gemm = [256, 4096]
+    else:
+        attn = [(2, 128, 128, False), (2, 64, 128, False), (2, 128, 128, True)]
+        gemm = [256]
+    cases: list[Case] = [AttentionCase(1, h, h, sq, skv, 128, causal, r)
+                         for h, sq, skv, causal in attn for r in ATTENTION_RECIPES]
+    cases += [GemmCase(n, n, n, dt, lay) for n in gemm for dt in ("fp16", "bf16") for lay in ("kn", "nk")]
+    return cases
+
+
+def run_check(device: str, json_path: str | None) -> int:
+    import xkernels
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
+    where = "CUDA " + _gpu_name() if device == "cuda" else "CPU through the Triton interpreter (no CUDA device)"
+    console.print(f"[bold]xkernels check[/] on {where}")
+    rows = []
+    for case in track(check_cases(device), description="checking", console=console, transient=True):
+        c = case.check(case.inputs(device, seed=len(rows)))
+        rows.append({"kernel": kernel_name(case), "recipe": case.recipe, "shape": case.shape,
+                     "backend": xkernels.last_backend(), "threshold": threshold(case), **c.row()})
+    table = Table(title="correctness (float64 reference on the kernel's quantized inputs)")
+    for col in ("kernel", "recipe", "shape", "rel-RMS", "max-diff", "threshold", "result"):
+        table.add_column(col)
+    for r in rows:
+        verdict = "[green]PASS" if r["passed"] else f"[red]FAIL[/] {r['reason']}"
+        table.add_row(r["kernel"], r["recipe"], r["shape"], f"{r['rel_rms']:.2e}", f"{r['max_abs_diff']:.2e}",
+                      r["threshold"], verdict)
+    console.print(table)
+    failed = sum(not r["passed"] for r in rows)
+    console.print(f"{len(rows) - failed} passed, {failed} failed")
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump({"device": where, "rows": rows}, f, indent=1)
+    return 1 if failed else 0
+
+
+def _gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name()

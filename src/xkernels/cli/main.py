@@ -1,0 +1,55 @@
+"""`xkernels` entry point. Chooses GPU or interpreter before any kernel module is imported."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def select_device() -> str:
+    """'cuda' when a CUDA device is present; otherwise switch the kernels to the Triton interpreter and say so."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    return "cpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="xkernels", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("check", help="the seeds' correctness sweep on the best available device")
+    p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+
+    p = sub.add_parser("bench", help="benchmark against peers timed in the same run (GPU)")
+    p.add_argument("--suite", choices=["all", "gemm", "attention"], default="all")
+    p.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for routine device calls")
+    p.add_argument("--iters", type=int, default=100, help="timed runs per row (seeds: 1000 for compute-bound)")
+    p.add_argument("--warmup", type=int, default=20, help="warm-up runs per row (at least 20)")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep before timing (seeds: 5)")
+    p.add_argument("--out", metavar="DIR", default="bench-out", help="folder for the JSON, Markdown and PNG")
+    p.add_argument("--json", metavar="PATH", help="JSON path (default: DIR/bench.json)")
+
+    p = sub.add_parser("inspect", help="compile each kernel config for Hopper (no GPU needed): registers, spills, SASS")
+    p.add_argument("--kernel", choices=["all", "attention", "gemm"], default="all")
+    p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+
+    args = parser.parse_args(argv)
+    if args.command == "check":
+        from xkernels.cli.check import run_check
+
+        return run_check(select_device(), args.json)
+    if args.command == "bench":
+        from xkernels.cli.bench import run_bench
+
+        return run_bench(select_device(), args)
+    from xkernels.cli.inspect import run_inspect
+
+    return run_inspect(args.kernel, args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

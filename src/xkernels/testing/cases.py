@@ -1,0 +1,118 @@
+"""Problem cases shared by `xkernels check` and `xkernels bench`: shape, FLOPs, inputs and the correctness check."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import xkernels
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing.inputs import attention_inputs, gemm_inputs
+from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm
+from xkernels.testing.reference import reference_attention, reference_matmul
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def _k(n: int) -> str:
+    return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    b: int
+    hq: int
+    hkv: int
+    sq: int
+    skv: int
+    d: int
+    causal: bool
+    recipe: str
+
+    @property
+    def shape(self) -> str:
+        heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
+        return f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
+
+    @property
+    def flops(self) -> int:
+        """4 * D per attended (query, key) pair; causal counts only the pairs the top-left mask keeps."""
+        if self.causal:
+            n = min(self.sq, self.skv)
+            pairs = n * (n + 1) // 2 + max(self.sq - self.skv, 0) * self.skv
+        else:
+            pairs = self.sq * self.skv
+        return 4 * self.d * pairs * self.b * self.hq
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.d * self.b * (2 * self.hq * self.sq + 2 * self.hkv * self.skv)
+
+    def inputs(self, device: str, seed: int = 0):
+        dtype = ATTENTION_RECIPES[self.recipe].io_dtype
+        return attention_inputs(self.b, self.hq, self.sq, self.skv, self.d, dtype, device, hkv=self.hkv, seed=seed)
+
+    def run(self, inputs, out: torch.Tensor | None = None) -> torch.Tensor:
+        q, k, v = inputs
+        return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
+                                  precision=self.recipe, out=out)
+
+    def check(self, inputs) -> Comparison:
+        """Run on a NaN-poisoned output and compare with the float64 reference."""
+        q, k, v = inputs
+        out = self.run(inputs, out=torch.full_like(q, float("nan")))
+        ref = reference_attention(q, k, v, is_causal=self.causal)
+        return compare_attention(out, ref, ATTENTION_RECIPES[self.recipe])
+
+
+@dataclass(frozen=True)
+class GemmCase:
+    m: int
+    n: int
+    k: int
+    dtype: str
+    b_layout: str = "kn"
+    walk: str = "auto"
+
+    @property
+    def recipe(self) -> str:
+        return self.dtype
+
+    @property
+    def shape(self) -> str:
+        return f"{self.m}x{self.n}x{self.k} {self.b_layout} {self.walk}"
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * (self.m * self.k + self.k * self.n + self.m * self.n)
+
+    def inputs(self, device: str, seed: int = 0):
+        return gemm_inputs(self.m, self.n, self.k, DTYPES[self.dtype], device, self.b_layout, seed=seed)
+
+    def run(self, inputs, out: torch.Tensor | None = None) -> torch.Tensor:
+        a, b = inputs
+        return xkernels.matmul(a, b, b_layout=self.b_layout, walk=self.walk, out=out)
+
+    def check(self, inputs) -> Comparison:
+        a, b = inputs
+        out = self.run(inputs, out=torch.full((self.m, self.n), float("nan"), dtype=a.dtype, device=a.device))
+        return compare_gemm(out, reference_matmul(a, b, self.b_layout))
+
+
+Case = AttentionCase | GemmCase
+
+
+def kernel_name(case: Case) -> str:
+    return "attention" if isinstance(case, AttentionCase) else "gemm"
+
+
+def threshold(case: Case) -> str:
+    if isinstance(case, AttentionCase):
+        r = ATTENTION_RECIPES[case.recipe]
+        return f"rms<{r.rel_rms:g} max<{r.max_abs_diff:g}"
+    return "rms<5e-3 elem<5%"

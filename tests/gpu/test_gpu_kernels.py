@@ -1,0 +1,48 @@
+"""The CPU matrix at real sizes, on a CUDA device (skipped without one). Real bf16 tensor-core numerics live here."""
+
+import pytest
+import torch
+
+import xkernels
+from tests.helpers import poisoned_like
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import (
+    attention_inputs,
+    compare,
+    compare_attention,
+    compare_gemm,
+    gemm_inputs,
+    reference_attention,
+    reference_lse,
+    reference_matmul,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("sq,skv", [(1024, 1024), (1000, 3001), (2049, 513), (1, 4096)])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("recipe", list(ATTENTION_RECIPES))
+def test_attention_real_sizes(recipe, d, causal, hq, hkv, sq, skv):
+    rec = ATTENTION_RECIPES[recipe]
+    q, k, v = attention_inputs(2, hq, sq, skv, d, rec.io_dtype, "cuda", hkv=hkv, seed=sq + skv + d)
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
+                                return_lse=True, out=poisoned_like(q))
+    c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
+    assert c.passed, c
+    assert compare(lse, reference_lse(q, k, is_causal=causal), rel_rms=1e-5, max_abs=1e-3).passed
+    again = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe)
+    assert torch.equal(o, again), "two runs on the same inputs differ"
+
+
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4095, 4097, 1000), (8192, 1024, 512), (1, 4096, 4096)])
+@pytest.mark.parametrize("walk", ["row", "grouped", "zorder"])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gemm_real_sizes(dtype, b_layout, walk, m, n, k):
+    a, b = gemm_inputs(m, n, k, dtype, "cuda", b_layout, seed=m + n + k)
+    c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)))
+    r = compare_gemm(c, reference_matmul(a, b, b_layout))
+    assert r.passed, r

@@ -1,0 +1,97 @@
+"""Bad input gets an error naming the argument, or a correct (empty) result; inputs are never modified."""
+
+import pytest
+import torch
+
+import xkernels
+from xkernels.testing import attention_inputs
+
+
+@pytest.fixture
+def qkv(device):
+    return attention_inputs(1, 2, 8, 8, 64, torch.float16, device, seed=0)
+
+
+def test_attention_bad_inputs(qkv, device):
+    q, k, v = qkv
+    cases = [
+        (dict(q=q.float()), TypeError, "q: dtype"),
+        (dict(k=k.bfloat16()), TypeError, "k: dtype"),
+        (dict(q=q[0]), ValueError, "q: expected 4 dims"),
+        (dict(v=v[:, :, :4]), ValueError, "v: shape"),
+        (dict(k=k[:, :1], v=v[:, :1]), ValueError, "enable_gqa"),
+        (dict(q=torch.cat([q, q]), ), ValueError, "batch"),
+        (dict(q=q[..., :32], k=k[..., :32], v=v[..., :32]), ValueError, "head dim 32"),
+        (dict(k=k[..., :32], v=v[..., :32]), ValueError, "k: head dim"),
+        (dict(k=k[:, :, :0], v=v[:, :, :0]), ValueError, "sequence length is 0"),
+        (dict(q="q"), TypeError, "q: expected a torch.Tensor"),
+        (dict(precision="fp8"), ValueError, "precision"),
+        (dict(precision="bf16"), TypeError, "precision='bf16' needs"),
+        (dict(scale=float("nan")), ValueError, "scale"),
+        (dict(is_causal=1), TypeError, "is_causal"),
+        (dict(out=q), ValueError, "out: shares memory with q"),
+        (dict(out=torch.empty(1, 2, 8, 32, dtype=q.dtype, device=device)), ValueError, "out: shape"),
+    ]
+    for over, exc, msg in cases:
+        args = dict(q=q, k=k, v=v) | over
+        kwargs = {n: args.pop(n) for n in list(args) if n not in ("q", "k", "v")}
+        with pytest.raises(exc, match=msg):
+            xkernels.attention(args["q"], args["k"], args["v"], **kwargs)
+
+
+def test_attention_gqa_indivisible(device):
+    q, k, v = attention_inputs(1, 3, 8, 8, 64, torch.float16, device, hkv=2, seed=0)
+    with pytest.raises(ValueError, match="do not divide"):
+        xkernels.attention(q, k, v, enable_gqa=True)
+
+
+def test_attention_empty_gives_empty(device):
+    q, k, v = attention_inputs(0, 2, 8, 8, 64, torch.float16, device)
+    assert xkernels.attention(q, k, v).shape == (0, 2, 8, 64)
+    q, k, v = attention_inputs(1, 2, 0, 8, 64, torch.float16, device)
+    o, lse = xkernels.attention(q, k, v, return_lse=True)
+    assert o.shape == (1, 2, 0, 64) and lse.shape == (1, 2, 0)
+
+
+def test_requires_grad_is_refused(qkv):
+    q, k, v = qkv
+    with pytest.raises(RuntimeError, match="q requires grad"):
+        xkernels.attention(q.clone().requires_grad_(), k, v)
+
+
+def test_matmul_bad_inputs(device):
+    a = torch.rand(8, 16, device=device).half()
+    b = torch.rand(16, 8, device=device).half()
+    cases = [
+        (dict(b=b.bfloat16()), TypeError, "b: dtype"),
+        (dict(a=a.float(), b=b.float()), TypeError, "a: dtype"),
+        (dict(b=b[:8]), ValueError, "b: inner dim"),
+        (dict(a=a[0]), ValueError, "a: expected at least 2 dims"),
+        (dict(b_layout="tn"), ValueError, "b_layout"),
+        (dict(walk="hilbert"), ValueError, "walk"),
+        (dict(out_dtype=torch.int8), TypeError, "out_dtype"),
+        (dict(a=a.expand(2, 8, 16), b=b.expand(3, 16, 8)), ValueError, "do not broadcast"),
+        (dict(out=a[:, :8]), ValueError, "out: shares memory with a"),
+    ]
+    for over, exc, msg in cases:
+        args = dict(a=a, b=b) | over
+        kwargs = {n: args.pop(n) for n in list(args) if n not in ("a", "b")}
+        with pytest.raises(exc, match=msg):
+            xkernels.matmul(args["a"], args["b"], **kwargs)
+
+
+def test_matmul_empty(device):
+    a = torch.rand(0, 16, device=device).half()
+    b = torch.rand(16, 8, device=device).half()
+    assert xkernels.matmul(a, b).shape == (0, 8)
+    assert xkernels.last_backend() == "empty"
+
+
+def test_cpu_without_interpreter_is_refused(monkeypatch, device):
+    if device != "cpu":
+        pytest.skip("the refusal is for CPU tensors")
+    from xkernels.portable import runtime
+    monkeypatch.setattr(runtime, "INTERPRET", False)
+    a = torch.rand(8, 16).half()
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        xkernels.matmul(a, a.t().contiguous())

@@ -1,0 +1,73 @@
+"""Each check must fail on a broken kernel: zeros, a wrong scale, NaN, an unwritten element, a wrong layout."""
+
+import math
+
+import pytest
+import torch
+
+import xkernels
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import (
+    attention_inputs,
+    compare,
+    compare_attention,
+    compare_gemm,
+    gemm_inputs,
+    reference_attention,
+    reference_matmul,
+)
+
+
+@pytest.fixture
+def attn_case(device):
+    q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=7)
+    return q, k, v, reference_attention(q, k, v)
+
+
+def test_zero_output_fails_although_max_diff_alone_passes(device):
+    # attention outputs of U(-0.5, 0.5) inputs shrink like 1/sqrt(Skv): at 1K keys they are all under 0.05
+    q, k, v = attention_inputs(1, 1, 1024, 1024, 64, torch.float16, device, seed=7)
+    ref = reference_attention(q, k, v)
+    rec = ATTENTION_RECIPES["fp16"]
+    c = compare_attention(torch.zeros_like(q), ref, rec)
+    assert c.max_abs_diff < rec.max_abs_diff  # the seeds' bound alone is fooled by an all-zero output...
+    assert not c.passed and "rel_rms" in c.reason  # ...the rel-RMS bound is not
+
+
+def test_wrong_scale_fails(attn_case):
+    q, k, v, ref = attn_case
+    o = xkernels.attention(q, k, v, scale=2 / math.sqrt(q.shape[-1]))
+    c = compare_attention(o, ref, ATTENTION_RECIPES["fp16"])
+    assert not c.passed and "rel_rms" in c.reason
+
+
+def test_wrong_causal_and_wrong_kv_head_fail(attn_case):
+    q, k, v, ref = attn_case
+    assert not compare_attention(xkernels.attention(q, k, v, is_causal=True), ref, ATTENTION_RECIPES["fp16"]).passed
+    swapped = xkernels.attention(q, k.flip(1), v.flip(1))
+    assert not compare_attention(swapped, ref, ATTENTION_RECIPES["fp16"]).passed
+
+
+def test_nan_and_unwritten_fail(attn_case):
+    q, k, v, ref = attn_case
+    o = xkernels.attention(q, k, v)
+    assert compare_attention(o, ref, ATTENTION_RECIPES["fp16"]).passed
+    for poison in (float("nan"), float("inf")):
+        bad = o.clone()
+        bad[0, 1, 5, 3] = poison  # one element left unwritten in a NaN-poisoned buffer, or overflowed
+        c = compare(bad, ref, rel_rms=1e9, max_abs=1e9)  # even absurd bounds never let a non-finite value pass
+        assert not c.passed and c.nonfinite == 1
+
+
+def test_gemm_checks_fail(device):
+    a, b = gemm_inputs(64, 48, 80, torch.float16, device, "kn", seed=8)
+    ref = reference_matmul(a, b)
+    good = xkernels.matmul(a, b)
+    assert compare_gemm(good, ref).passed
+    assert not compare_gemm(torch.zeros_like(good), ref).passed
+    assert not compare_gemm(xkernels.matmul(a, b.flip(0)), ref).passed
+    one_off = good.clone()
+    i = (ref.abs() - ref.abs().median()).abs().argmin()  # a typical element
+    one_off.view(-1)[i] *= 1.1  # a single element 10 % off: under the rel-RMS bound, caught per element
+    c = compare_gemm(one_off, ref)
+    assert c.rel_rms < 5e-3 and not c.passed and c.outliers == 1
