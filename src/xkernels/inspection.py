@@ -1,0 +1,117 @@
+"""Compile every shipped kernel config for Hopper without a GPU and read what the compiler made of it.
+
+The seeds' "check for spills before benchmarking" step: registers, stack and local memory (spills), shared memory,
+and counts of the instructions that matter on sm_90 (HGMMA tensor-core ops, UTMALDG/UTMASTG TMA copies, BAR
+barriers, LDL/STL local-memory traffic) from the cubin through the cuobjdump and nvdisasm that ship in triton's wheel.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+TARGET = ("cuda", 90, 32)
+SASS_OPS = ("HGMMA", "UTMALDG", "UTMASTG", "BAR", "LDL", "STL")
+_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    name: str
+    fn: object  # a @triton.jit function
+    pointer_args: dict[str, str]  # argument -> triton pointer type; every other runtime argument is i32
+    float_args: tuple[str, ...]
+    constexprs: dict[str, object]
+    num_warps: int
+    num_stages: int
+    spill_free: bool = True  # CI fails when a config marked spill-free spills
+
+
+@dataclass(frozen=True)
+class Report:
+    name: str
+    registers: int
+    stack: int
+    local: int
+    shared: int
+    sass: dict[str, int]
+    spill_free_required: bool
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.stack or self.local or self.sass.get("LDL") or self.sass.get("STL"))
+
+    @property
+    def ok(self) -> bool:
+        return not (self.spill_free_required and self.spills) and self.sass.get("HGMMA", 0) > 0
+
+
+def portable_configs() -> Iterator[KernelConfig]:
+    from xkernels.portable import attention_fwd as attn
+    from xkernels.portable import gemm
+    from xkernels.recipes import ATTENTION_RECIPES
+
+    tl_dtype = {"fp16": tl.float16, "bf16": tl.bfloat16}
+    name_of = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+    for d, cfg in sorted(attn._GPU_CONFIGS.items()):
+        for recipe in ATTENTION_RECIPES.values():
+            io, pv = name_of[recipe.io_dtype], name_of[recipe.pv_dtype]
+            for causal in (False, True):
+                yield KernelConfig(
+                    f"portable.attention {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
+                    attn.attention_fwd_kernel, {"Q": _PTR[io], "K": _PTR[io], "V": _PTR[io], "O": _PTR[io],
+                                                "LSE": "*fp32"}, ("qk_scale",),
+                    dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+                         PV_DTYPE=tl_dtype[pv], WRITE_LSE=True, INTERPRET=False),
+                    cfg.num_warps, cfg.num_stages)
+    g = gemm._GPU_CONFIG
+    for dt in ("fp16", "bf16"):
+        for lay in ("kn", "nk"):
+            for walk in ("row", "grouped", "zorder"):
+                yield KernelConfig(
+                    f"portable.gemm {dt} {lay} {walk} {g}", gemm.gemm_kernel,
+                    {"A": _PTR[dt], "B": _PTR[dt], "C": _PTR[dt]}, (),
+                    dict(BLOCK_M=g.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, B_NK=lay == "nk", WALK=walk,
+                         GROUP_M=g.group_m, INTERPRET=False),
+                    g.num_warps, g.num_stages)
+
+
+def compile_config(cfg: KernelConfig):
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = {}
+    for name in cfg.fn.arg_names:
+        if name in cfg.constexprs:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = cfg.pointer_args.get(name, "fp32" if name in cfg.float_args else "i32")
+    src = ASTSource(cfg.fn, sig, constexprs=cfg.constexprs)
+    return triton.compile(src, target=GPUTarget(*TARGET),
+                          options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+
+
+def _tool(name: str) -> str:
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
+
+
+def analyse(cfg: KernelConfig) -> Report:
+    compiled = compile_config(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "k.cubin"
+        cubin.write_bytes(compiled.asm["cubin"])
+        res = subprocess.run([_tool("cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True,
+                             check=True).stdout
+        sass = subprocess.run([_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", res))
+    counts = {op: len(re.findall(rf"\b{op}(?:\.|\b)", sass)) for op in SASS_OPS}
+    return Report(cfg.name, int(usage.get("REG", 0)), int(usage.get("STACK", 0)), int(usage.get("LOCAL", 0)),
+                  int(compiled.metadata.shared), counts, cfg.spill_free)
