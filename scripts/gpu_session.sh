@@ -2,7 +2,8 @@
 # One whole device session in one command (see README "GPU verification"):
 #   bash scripts/gpu_session.sh [quick|full]
 # installs the package, runs the GPU tests, compute-sanitizer memcheck on small shapes, `xkernels check` and
-# `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, memcheck.log, check.json, bench.*.
+# `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, memcheck.log, check.json,
+# gemm_floor_probe.json, bench.json, bench.md, bench.png.
 # Every stage runs even when an earlier one fails; the exit code is the number of failed stages.
 set -uo pipefail
 MODE=${1:-quick}
@@ -16,13 +17,16 @@ stage() { echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$L
 stage python3 -m pip install -q --no-deps --no-build-isolation -e .
 stage nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 stage python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-stage python3 -m pytest -q -p no:cacheprovider tests
+# the device image has pytest-xdist: 8 workers compile kernel variants in parallel
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+stage python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
 echo "=== compute-sanitizer memcheck" | tee -a "$LOG"
 compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/small_shapes.py > "$OUT/memcheck.log" 2>&1
 rc=$?; tail -3 "$OUT/memcheck.log" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1))
 stage xkernels check --json "$OUT/check.json"
+stage python3 scripts/gemm_floor_probe.py
 if [ "$MODE" = full ]; then
-  stage xkernels bench --out "$OUT" --sleep 5
+  stage xkernels bench --out "$OUT"
 else
   stage xkernels bench --quick --out "$OUT"
 fi

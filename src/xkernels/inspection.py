@@ -72,13 +72,13 @@ def portable_configs() -> Iterator[KernelConfig]:
                     dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
                          PV_DTYPE=tl_dtype[pv], WRITE_LSE=True, INTERPRET=False),
                     cfg.num_warps, cfg.num_stages)
-    g = gemm._GPU_CONFIG
-    for dt in ("fp16", "bf16"):
+    for dt, out in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32")):
+        g = gemm.gemm_config(torch.float32 if out == "fp32" else torch.float16)
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):
                 yield KernelConfig(
-                    f"portable.gemm {dt} {lay} {walk} {g}", gemm.gemm_kernel,
-                    {"A": _PTR[dt], "B": _PTR[dt], "C": _PTR[dt]}, (),
+                    f"portable.gemm {dt}->{out} {lay} {walk} {g}", gemm.gemm_kernel,
+                    {"A": _PTR[dt], "B": _PTR[dt], "C": _PTR.get(out, "*fp32")}, (),
                     dict(BLOCK_M=g.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, B_NK=lay == "nk", WALK=walk,
                          GROUP_M=g.group_m, INTERPRET=False),
                     g.num_warps, g.num_stages)

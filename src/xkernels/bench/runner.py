@@ -3,6 +3,7 @@ every peer on the same rotating input sets."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -65,12 +66,14 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
     if not (timed and row.passed):
         return row
     sets = [first] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]
-    row.ours = time_cuda(case.run, sets, warmup=warmup, iters=iters, sleep_s=sleep_s)
+    if sleep_s:
+        time.sleep(sleep_s)  # the seeds' pre-sleep: start each row's timings from a settled GPU
+    row.ours = time_cuda(case.run, sets, warmup=warmup, iters=iters)
     for peer in peers_for(case):
         try:
             prepared = [peer.prepare(s) for s in sets]
             with peer.context():
-                row.peers[peer.name] = time_cuda(peer.fn, prepared, warmup=warmup, iters=iters, sleep_s=sleep_s)
+                row.peers[peer.name] = time_cuda(peer.fn, prepared, warmup=warmup, iters=iters)
         except RuntimeError as e:  # e.g. a forced SDPA backend that does not support this shape
             row.peers[peer.name] = str(e).splitlines()[0][:160]
     del sets

@@ -1,9 +1,8 @@
-"""CUDA-event timing with the seeds' method: warm-up, optional pre-sleep, rotation over input sets, many runs."""
+"""CUDA-event timing with the seeds' method: warm-up, rotation over input sets, many runs, median and spread."""
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -35,15 +34,13 @@ def rotation_count(working_set_bytes: int) -> int:
     return int(min(max(need, 1), 8))
 
 
-def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, warmup: int = 20, iters: int = 100,
-              sleep_s: float = 0.0) -> Timing:
+def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, warmup: int = 20,
+              iters: int = 100) -> Timing:
     """Time fn(inputs) cycling through `input_sets`; each run between its own pair of CUDA events."""
     n = len(input_sets)
     for i in range(warmup):
         fn(input_sets[i % n])
     torch.cuda.synchronize()
-    if sleep_s:
-        time.sleep(sleep_s)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     for i in range(iters):

@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for routine device calls")
     p.add_argument("--iters", type=int, default=100, help="timed runs per row (seeds: 1000 for compute-bound)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up runs per row (at least 20)")
-    p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep before timing (seeds: 5)")
+    p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep before each row's timings (seeds: 5)")
     p.add_argument("--out", metavar="DIR", default="bench-out", help="folder for the JSON, Markdown and PNG")
     p.add_argument("--json", metavar="PATH", help="JSON path (default: DIR/bench.json)")
 

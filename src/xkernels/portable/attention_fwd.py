@@ -51,7 +51,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, qk_scale, SK
     return acc, l_i, m_i
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["HQ", "GROUP", "SQ", "SKV"])  # one compile serves every sequence length
 def attention_fwd_kernel(Q, K, V, O, LSE,
                          q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
                          HQ, GROUP, SQ, SKV, qk_scale,

@@ -17,7 +17,7 @@ from xkernels.portable.runtime import INTERPRET
 from xkernels.portable.tile_walk import tile_coords, zorder_grid
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "N", "K"])  # one compile serves every problem size
 def gemm_kernel(A, B, C, M, N, K, a_sb, a_sm, b_sb, b_s0, c_sb, c_sm, z_bits, z_tall,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_NK: tl.constexpr,
                 WALK: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr):
@@ -62,12 +62,13 @@ class GemmConfig:
         return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
 
 
-_GPU_CONFIG = GemmConfig(128, 256, 64, 8, 3)
+# Compiled, by output element size: a 128x256 fp32 C tile plus three A/B stages would overflow 227 KB of shared memory.
+_GPU_CONFIGS = {2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)}
 _INTERPRETER_CONFIG = GemmConfig(32, 32, 32, 4, 1, group_m=2)
 
 
-def gemm_config() -> GemmConfig:
-    return _INTERPRETER_CONFIG if INTERPRET else _GPU_CONFIG
+def gemm_config(out_dtype: torch.dtype) -> GemmConfig:
+    return _INTERPRETER_CONFIG if INTERPRET else _GPU_CONFIGS[out_dtype.itemsize]
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: int, *, b_layout: str,
@@ -75,7 +76,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: i
     """Launch on 3-D (batch, rows, cols) views whose layouts descriptors accept (the last dim may be zero-padded
     past the logical m, n, k); writes c[:, :m, :n]."""
     batch = a.shape[0]
-    cfg = gemm_config()
+    cfg = gemm_config(c.dtype)
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     programs, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
     gemm_kernel[(programs, batch)](

@@ -101,7 +101,7 @@ class GemmCase:
     def check(self, inputs) -> Comparison:
         a, b = inputs
         out = self.run(inputs, out=torch.full((self.m, self.n), float("nan"), dtype=a.dtype, device=a.device))
-        return compare_gemm(out, reference_matmul(a, b, self.b_layout))
+        return compare_gemm(out, reference_matmul(a, b, self.b_layout), self.k)
 
 
 Case = AttentionCase | GemmCase

@@ -49,17 +49,6 @@ def reference_lse(q: torch.Tensor, k: torch.Tensor, *, is_causal: bool = False,
 
 
 def reference_matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "kn") -> torch.Tensor:
-    """a @ b (or a @ b^T for the [N, K] layout) in float64 (float32 on CUDA, where fp64 GEMM is slow at 8K^3)."""
-    dt = torch.float32 if a.is_cuda else torch.float64
-    bb = b.to(dt)
-    if b_layout == "nk":
-        bb = bb.transpose(-1, -2)
-    if a.is_cuda:
-        # full-precision fp32: no tf32 in the reference
-        prev = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = False
-        try:
-            return a.to(dt) @ bb
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = prev
-    return a.to(dt) @ bb
+    """a @ b (or a @ b^T for the [N, K] layout) in float64, so the reference adds no rounding of its own."""
+    bb = b.double()
+    return a.double() @ (bb.transpose(-1, -2) if b_layout == "nk" else bb)
