@@ -86,8 +86,10 @@ def markdown(rows: list[Row], ceilings: Ceilings, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[Row], path: Path) -> bool:
-    """TFLOP/s per config, ours next to each peer; False when matplotlib is not installed."""
+def plot(rows: list[dict], path: Path) -> bool:
+    """TFLOP/s per config, one panel per kernel, ours next to each peer that ran; False without matplotlib.
+
+    Works on the JSON rows, so `python -m xkernels.bench.report bench.json` redraws a committed run."""
     try:
         import matplotlib
 
@@ -95,35 +97,71 @@ def plot(rows: list[Row], path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    timed = [r for r in rows if r.ours]
-    if not timed:
+    panels = {}
+    for r in rows:
+        if r["ours_tflops"]:
+            panels.setdefault(r["kernel"], []).append(r)
+    if not panels:
         return False
-    peers = _peer_names(timed)
-    series = ["xkernels"] + peers
-    width = 0.8 / len(series)
-    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(timed)), 5))
-    for i, s in enumerate(series):
-        vals = [(r.tflops(r.ours) if s == "xkernels" else r.tflops(r.peers.get(s))) or 0 for r in timed]
-        ax.bar([j + i * width for j in range(len(timed))], vals, width, label=s)
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(timed))])
-    ax.set_xticklabels([f"{r.kernel} {r.recipe}\n{r.shape}" for r in timed], rotation=75, fontsize=6)
-    ax.set_ylabel("TFLOP/s")
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(14, 4.5 * len(panels)), squeeze=False)
+    for ax, (kernel, prow) in zip(axes[:, 0], panels.items(), strict=True):
+        peers = list(dict.fromkeys(n for r in prow for n, p in r["peers"].items() if "tflops" in p))
+        series = ["xkernels", *peers]
+        width = 0.8 / len(series)
+        for i, s in enumerate(series):
+            vals = [r["ours_tflops"] if s == "xkernels" else r["peers"].get(s, {}).get("tflops") or 0 for r in prow]
+            ax.bar([j + i * width for j in range(len(prow))], vals, width, label=s)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(prow))])
+        ax.set_xticklabels([f"{r['recipe']} {r['shape']}" for r in prow], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel("TFLOP/s")
+        ax.set_title(kernel)
+        ax.legend(fontsize=7, ncol=len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def summary_markdown(rows: list[dict]) -> str:
+    """A compact table per kernel from the JSON rows: ours against each peer that ran (for the README)."""
+    out = []
+    for kernel in dict.fromkeys(r["kernel"] for r in rows):
+        krows = [r for r in rows if r["kernel"] == kernel and r["ours_tflops"]]
+        if not krows:
+            continue
+        peers = list(dict.fromkeys(n for r in krows for n, p in r["peers"].items() if "tflops" in p))
+        out += ["| recipe | shape | rel-RMS | xkernels TFLOP/s | % peak | "
+                + " | ".join(f"{p} | x{p}" for p in peers) + " |", "|---" * (5 + 2 * len(peers)) + "|"]
+        for r in krows:
+            cells = [r["recipe"], r["shape"], f"{r['check']['rel_rms']:.1e}", _f(r["ours_tflops"]),
+                     _f(r["pct_datasheet"])]
+            for p in peers:
+                cells += [_f(r["peers"].get(p, {}).get("tflops")), _f(r["speedup"].get(p), ".2f")]
+            out.append("| " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
 
 
 def write_outputs(rows: list[Row], ceilings: Ceilings, out_dir: Path, json_path: Path, command: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps({"command": command, "ceilings": ceilings.as_dict(),
-                                     "rows": [r.as_dict(ceilings) for r in rows]}, indent=1))
+    dict_rows = [r.as_dict(ceilings) for r in rows]
+    json_path.write_text(json.dumps({"command": command, "ceilings": ceilings.as_dict(), "rows": dict_rows},
+                                    indent=1))
     md = out_dir / "bench.md"
     md.write_text(markdown(rows, ceilings, command))
     written = [json_path, md]
     png = out_dir / "bench.png"
-    if plot(rows, png):
+    if plot(dict_rows, png):
         written.append(png)
     return written
+
+
+if __name__ == "__main__":
+    import sys
+
+    src = Path(sys.argv[1])
+    data = json.loads(src.read_text())["rows"]
+    src.with_name("summary.md").write_text(summary_markdown(data))
+    ok = plot(data, src.with_suffix(".png"))
+    print(f"wrote {src.with_name('summary.md')}" + (f", {src.with_suffix('.png')}" if ok else ""))
