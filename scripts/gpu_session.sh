@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One whole device session in one command (see README "GPU verification"):
 #   bash scripts/gpu_session.sh [quick|full]
-# installs the package, runs the GPU tests, compute-sanitizer memcheck on small shapes, `xkernels check` and
-# `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, memcheck.log, check.json,
-# gemm_floor_probe.json, bench.json, bench.md, bench.png.
+# installs the package, runs the GPU tests, compute-sanitizer on small shapes, `xkernels check` and
+# `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, sanitizer.log (memcheck, racecheck,
+# synccheck), check.json, bench.json, bench.md, bench.png. (scripts/gemm_floor_probe.py is a separate probe.)
 # Every stage runs even when an earlier one fails; the exit code is the number of failed stages.
 set -uo pipefail
 MODE=${1:-quick}
@@ -20,11 +20,12 @@ stage python3 -c "import torch, triton; print('torch', torch.__version__, 'trito
 # the device image has pytest-xdist: 8 workers compile kernel variants in parallel
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 stage python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
-echo "=== compute-sanitizer memcheck" | tee -a "$LOG"
-compute-sanitizer --tool memcheck --print-limit 20 python3 scripts/small_shapes.py > "$OUT/memcheck.log" 2>&1
-rc=$?; tail -3 "$OUT/memcheck.log" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1))
+for tool in memcheck racecheck synccheck; do
+  echo "=== compute-sanitizer $tool" | tee -a "$LOG" "$OUT/sanitizer.log" >/dev/null
+  compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
+  rc=$?; tail -2 "$OUT/sanitizer.log" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1))
+done
 stage xkernels check --json "$OUT/check.json"
-stage python3 scripts/gemm_floor_probe.py
 if [ "$MODE" = full ]; then
   stage xkernels bench --out "$OUT"
 else

@@ -6,10 +6,14 @@ There is no silent fallback: every call records the kernel, its recipe and confi
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import logging
 
 import torch
 
+from xkernels.hopper import gemm as hopper_gemm
+from xkernels.hopper.runtime import available as hopper_available
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
 from xkernels.portable.runtime import prepare_device, tma_copy, tma_ready
@@ -17,6 +21,22 @@ from xkernels.recipes import AttentionRecipe
 
 log = logging.getLogger("xkernels")
 _last: str | None = None
+_forced: tuple[str | None, dict] = (None, {})
+LAYERS = ("portable", "hopper")
+
+
+@contextlib.contextmanager
+def use_layer(layer: str | None, **config):
+    """Force a kernel layer ("portable" or "hopper") and optionally override its tile config, for benchmarks and
+    tests. A forced layer that cannot run raises instead of falling back."""
+    global _forced
+    if layer not in (None, *LAYERS):
+        raise ValueError(f"layer: {layer!r} is not one of {LAYERS}")
+    saved, _forced = _forced, (layer, config)
+    try:
+        yield
+    finally:
+        _forced = saved
 
 
 def last_backend() -> str | None:
@@ -91,8 +111,20 @@ def matmul(a, b, out, *, batch: tuple[int, ...], m: int, n: int, k: int, out_dty
     if not (c3.dim() == 3 and tma_ready(c3)):
         copies.append("out")
         c3 = tma_copy(torch.empty((a3.shape[0], a3.shape[1], n), dtype=out_dtype, device=a.device))
-    cfg = portable_gemm.gemm(a3, b3, c3, a3.shape[1], n, k, b_layout=b_layout, walk=walk)
+    layer, config = _forced
+    # the Hopper kernel takes one 2-D problem with a 16-bit C tile; fp32 outputs and batches stay portable
+    fits_hopper = hopper_available(a) and a3.shape[0] == 1 and out_dtype != torch.float32
+    if layer == "hopper" and not fits_hopper:
+        raise ValueError("layer 'hopper' was forced, but this call needs sm_90, triton 3.6, one 2-D problem and a "
+                         "16-bit output")
+    if layer != "portable" and fits_hopper:
+        cfg = dataclasses.replace(hopper_gemm.CONFIG, **config)
+        hopper_gemm.gemm(a3[0], b3[0], c3[0], a3.shape[1], n, k, b_layout=b_layout, walk=walk, cfg=cfg)
+        name = "hopper.gemm"
+    else:
+        cfg = portable_gemm.gemm(a3, b3, c3, a3.shape[1], n, k, b_layout=b_layout, walk=walk)
+        name = "portable.gemm"
     if "out" in copies:
         out.copy_(c3[..., :n].reshape(out.shape))
-    _record(f"portable.gemm[{b_layout} {walk} {cfg}]{_suffix(copies)}")
+    _record(f"{name}[{b_layout} {walk} {cfg}]{_suffix(copies)}")
     return out

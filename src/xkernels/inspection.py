@@ -26,12 +26,12 @@ _PTR = {"fp16": "*fp16", "bf16": "*bf16"}
 @dataclass(frozen=True)
 class KernelConfig:
     name: str
-    fn: object  # a @triton.jit function
-    pointer_args: dict[str, str]  # argument -> triton pointer type; every other runtime argument is i32
-    float_args: tuple[str, ...]
+    fn: object  # a @triton.jit or @gluon.jit function
+    arg_types: dict[str, str]  # argument -> triton type string; every other runtime argument is i32
     constexprs: dict[str, object]
     num_warps: int
-    num_stages: int
+    num_stages: int = 1
+    gluon: bool = False
     spill_free: bool = True  # CI fails when a config marked spill-free spills
 
 
@@ -68,7 +68,7 @@ def portable_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(
                     f"portable.attention {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
                     attn.attention_fwd_kernel, {"Q": _PTR[io], "K": _PTR[io], "V": _PTR[io], "O": _PTR[io],
-                                                "LSE": "*fp32"}, ("qk_scale",),
+                                                "LSE": "*fp32", "qk_scale": "fp32"},
                     dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
                          PV_DTYPE=tl_dtype[pv], WRITE_LSE=True, INTERPRET=False),
                     cfg.num_warps, cfg.num_stages)
@@ -78,23 +78,44 @@ def portable_configs() -> Iterator[KernelConfig]:
             for walk in ("row", "grouped", "zorder"):
                 yield KernelConfig(
                     f"portable.gemm {dt}->{out} {lay} {walk} {g}", gemm.gemm_kernel,
-                    {"A": _PTR[dt], "B": _PTR[dt], "C": _PTR.get(out, "*fp32")}, (),
+                    {"A": _PTR[dt], "B": _PTR[dt], "C": _PTR.get(out, "*fp32")},
                     dict(BLOCK_M=g.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, B_NK=lay == "nk", WALK=walk,
                          GROUP_M=g.group_m, INTERPRET=False),
                     g.num_warps, g.num_stages)
 
 
+def hopper_configs() -> Iterator[KernelConfig]:
+    from triton.experimental.gluon import language as gl
+
+    from xkernels.hopper import gemm
+
+    c = gemm.CONFIG
+    for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
+        for lay in ("kn", "nk"):
+            for walk in ("row", "grouped", "zorder"):
+                b_block = [c.block_n, c.block_k] if lay == "nk" else [c.block_k, c.block_n]
+                descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
+                               f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"
+                         for name, shape in (("a_desc", [c.block_m, c.block_k]), ("b_desc", b_block),
+                                             ("c_desc", [c.block_m, c.block_n]))}
+                yield KernelConfig(f"hopper.gemm {dt} {lay} {walk} {c}", gemm.persistent_gemm_kernel, descs,
+                                   dict(B_NK=lay == "nk", WALK=walk, GROUP_M=c.group_m, STAGES=c.stages,
+                                        num_warps=c.num_warps), c.num_warps, gluon=True)
+
+
+def all_configs() -> Iterator[KernelConfig]:
+    yield from portable_configs()
+    yield from hopper_configs()
+
+
 def compile_config(cfg: KernelConfig):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
+    from triton.experimental.gluon._runtime import GluonASTSource
 
-    sig = {}
-    for name in cfg.fn.arg_names:
-        if name in cfg.constexprs:
-            sig[name] = "constexpr"
-        else:
-            sig[name] = cfg.pointer_args.get(name, "fp32" if name in cfg.float_args else "i32")
-    src = ASTSource(cfg.fn, sig, constexprs=cfg.constexprs)
+    sig = {name: "constexpr" if name in cfg.constexprs else cfg.arg_types.get(name, "i32")
+           for name in cfg.fn.arg_names}
+    src = (GluonASTSource if cfg.gluon else ASTSource)(cfg.fn, sig, constexprs=cfg.constexprs)
     return triton.compile(src, target=GPUTarget(*TARGET),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 

@@ -5,6 +5,7 @@ import torch
 
 import xkernels
 from tests.helpers import poisoned_like
+from xkernels.dispatch import LAYERS, use_layer
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
     attention_inputs,
@@ -41,8 +42,28 @@ def test_attention_real_sizes(recipe, d, causal, hq, hkv, sq, skv):
 @pytest.mark.parametrize("walk", ["row", "grouped", "zorder"])
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gemm_real_sizes(dtype, b_layout, walk, m, n, k):
+@pytest.mark.parametrize("layer", LAYERS)
+def test_gemm_real_sizes(layer, dtype, b_layout, walk, m, n, k):
     a, b = gemm_inputs(m, n, k, dtype, "cuda", b_layout, seed=m + n + k)
-    c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)))
+    with use_layer(layer):
+        c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)))
+    assert xkernels.last_backend().startswith(f"{layer}.gemm")
     r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
     assert r.passed, r
+
+
+@pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])
+def test_hopper_gemm_ablation_configs(overrides):
+    a, b = gemm_inputs(1000, 3000, 2000, torch.bfloat16, "cuda", "nk", seed=9)
+    with use_layer("hopper", **overrides):
+        c = xkernels.matmul(a, b, b_layout="nk")
+    assert compare_gemm(c, reference_matmul(a, b, "nk"), 2000).passed
+
+
+def test_hopper_gemm_deterministic_and_auto_dispatch():
+    a, b = gemm_inputs(2048, 2048, 4096, torch.float16, "cuda", seed=10)
+    c1 = xkernels.matmul(a, b)
+    assert xkernels.last_backend().startswith("hopper.gemm")
+    assert torch.equal(c1, xkernels.matmul(a, b))
+    xkernels.matmul(a.expand(2, -1, -1), b.expand(2, -1, -1))
+    assert xkernels.last_backend().startswith("portable.gemm")  # batched: the portable kernel, visibly

@@ -15,12 +15,20 @@ def gemm_suite(quick: bool) -> tuple[list[Case], list[Case]]:
     gate: list[Case] = [GemmCase(256, 256, 256, dt, lay) for dt in dtypes for lay in ("kn", "nk")]
     if quick:
         timed: list[Case] = [GemmCase(4096, 4096, 4096, dt, lay, "grouped") for dt in dtypes for lay in ("kn", "nk")]
-        timed += [GemmCase(8192, 8192, 8192, "bf16", "kn", "grouped"), GemmCase(8192, 14336, 4096, "bf16")]
+        timed += [GemmCase(8192, 8192, 8192, "bf16", "kn", "grouped"), GemmCase(8192, 14336, 4096, "bf16"),
+                  GemmCase(8192, 8192, 8192, "bf16", "kn", "grouped", "portable")]
         return gate, timed
     timed = [GemmCase(n, n, n, dt, lay, w)
              for dt in dtypes for n in (4096, 8192) for lay in ("kn", "nk") for w in WALKS]
     timed += [GemmCase(8192, n, k, dt) for dt in dtypes for n, k in LLM_NK]
-    return gate, timed
+    timed += [GemmCase(8192, 8192, 8192, dt, lay, "grouped", "portable") for dt in dtypes for lay in ("kn", "nk")]
+    return gate, timed + gemm_ablation()
+
+
+def gemm_ablation() -> list[Case]:
+    """Stage count x k-tile of the Hopper GEMM's ring (the default, BK64 x 3 stages, is the plain 8192^3 row)."""
+    return [GemmCase(8192, 8192, 8192, "bf16", "kn", "grouped", "hopper", (("block_k", bk), ("stages", s)))
+            for bk, s in ((64, 2), (32, 3), (32, 4), (32, 6))]
 
 
 def attention_suite(quick: bool) -> list[Case]:

@@ -16,9 +16,9 @@ def run_inspect(kernel: str, json_path: str | None) -> int:
     if os.environ.get("TRITON_INTERPRET") == "1":
         console.print("[red]inspect compiles kernels: unset TRITON_INTERPRET")
         return 2
-    from xkernels.inspection import SASS_OPS, analyse, portable_configs
+    from xkernels.inspection import SASS_OPS, all_configs, analyse
 
-    configs = [c for c in portable_configs() if kernel == "all" or f".{kernel} " in c.name]
+    configs = [c for c in all_configs() if kernel == "all" or f".{kernel} " in c.name]
     reports = [analyse(c) for c in track(configs, description="compiling for sm_90", console=console,
                                          transient=True)]
     table = Table(title="Hopper (sm_90) compile report")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 import xkernels
+from xkernels.dispatch import use_layer
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing.inputs import attention_inputs, gemm_inputs
 from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm
@@ -74,6 +75,8 @@ class GemmCase:
     dtype: str
     b_layout: str = "kn"
     walk: str = "auto"
+    layer: str | None = None  # force "portable" or "hopper"; None lets the dispatcher choose
+    overrides: tuple[tuple[str, int], ...] = ()  # tile-config overrides for ablations, e.g. (("stages", 4),)
 
     @property
     def recipe(self) -> str:
@@ -81,7 +84,8 @@ class GemmCase:
 
     @property
     def shape(self) -> str:
-        return f"{self.m}x{self.n}x{self.k} {self.b_layout} {self.walk}"
+        forced = f" [{self.layer}{''.join(f' {k}={v}' for k, v in self.overrides)}]" if self.layer else ""
+        return f"{self.m}x{self.n}x{self.k} {self.b_layout} {self.walk}{forced}"
 
     @property
     def flops(self) -> int:
@@ -96,7 +100,8 @@ class GemmCase:
 
     def run(self, inputs, out: torch.Tensor | None = None) -> torch.Tensor:
         a, b = inputs
-        return xkernels.matmul(a, b, b_layout=self.b_layout, walk=self.walk, out=out)
+        with use_layer(self.layer, **dict(self.overrides)):
+            return xkernels.matmul(a, b, b_layout=self.b_layout, walk=self.walk, out=out)
 
     def check(self, inputs) -> Comparison:
         a, b = inputs
