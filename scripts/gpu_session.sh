@@ -17,9 +17,20 @@ stage() { echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$L
 stage python3 -m pip install -q --no-deps --no-build-isolation -e .
 stage nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 stage python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+# a hung Hopper pipeline must not eat the session: smoke-test it under a timeout, else run the rest portable-only
+if ! timeout 120 python3 -c "
+import torch, xkernels
+a, b = (torch.rand(3000, 2000, device='cuda') - 0.5).half(), (torch.rand(2000, 1000, device='cuda') - 0.5).half()
+c = xkernels.matmul(a, b); torch.cuda.synchronize()
+err = ((c.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm()).item()
+print(xkernels.last_backend(), 'rel err', err); assert err < 5e-3
+" 2>&1 | tee -a "$LOG"; then
+  echo "!!! Hopper smoke test failed or hung: XKERNELS_LAYER=portable for the rest of this session" | tee -a "$LOG"
+  export XKERNELS_LAYER=portable; failed=$((failed + 1))
+fi
 # the device image has pytest-xdist: 8 workers compile kernel variants in parallel
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-stage python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
+stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
 for tool in memcheck racecheck synccheck; do
   echo "=== compute-sanitizer $tool" | tee -a "$LOG" "$OUT/sanitizer.log" >/dev/null
   compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1

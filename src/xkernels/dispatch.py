@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 
 import torch
 
@@ -21,8 +22,11 @@ from xkernels.recipes import AttentionRecipe
 
 log = logging.getLogger("xkernels")
 _last: str | None = None
-_forced: tuple[str | None, dict] = (None, {})
 LAYERS = ("portable", "hopper")
+# XKERNELS_LAYER=portable (or hopper) forces a layer process-wide, e.g. to compare layers or to rule one out
+_forced: tuple[str | None, dict] = (os.environ.get("XKERNELS_LAYER") or None, {})
+if _forced[0] not in (None, *LAYERS):
+    raise ValueError(f"XKERNELS_LAYER: {_forced[0]!r} is not one of {LAYERS}")
 
 
 @contextlib.contextmanager
