@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One whole device session in one command (see README "GPU verification"):
-#   bash scripts/gpu_session.sh [quick|full]
+#   bash scripts/gpu_session.sh [quick|full|gemm]   (gemm: no sanitizers, GEMM suite only)
 # installs the package, runs the GPU tests, compute-sanitizer on small shapes, `xkernels check` and
 # `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, sanitizer.log (memcheck, racecheck,
 # synccheck), check.json, bench.json, bench.md, bench.png. (scripts/gemm_floor_probe.py is a separate probe.)
@@ -31,7 +31,9 @@ fi
 # the device image has pytest-xdist: 8 workers compile kernel variants in parallel
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
-for tool in memcheck racecheck synccheck; do
+SANITIZERS="memcheck racecheck synccheck"
+[ "$MODE" = gemm ] && SANITIZERS=""
+for tool in $SANITIZERS; do
   echo "=== compute-sanitizer $tool" | tee -a "$LOG" "$OUT/sanitizer.log" >/dev/null
   compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
   rc=$?; tail -2 "$OUT/sanitizer.log" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1))
@@ -39,6 +41,8 @@ done
 stage xkernels check --json "$OUT/check.json"
 if [ "$MODE" = full ]; then
   stage xkernels bench --out "$OUT"
+elif [ "$MODE" = gemm ]; then
+  stage xkernels bench --suite gemm --out "$OUT"
 else
   stage xkernels bench --quick --out "$OUT"
 fi

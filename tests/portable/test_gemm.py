@@ -20,7 +20,7 @@ def test_gemm_matrix(device, dtype, b_layout, walk, m, n, k):
     out = poisoned_like(a, shape=(m, n))
     c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=out)
     assert c is out
-    assert xkernels.last_backend().startswith(f"portable.gemm[{b_layout} {walk}")
+    assert f"gemm[{b_layout} {walk}" in xkernels.last_backend()  # portable, or the Hopper layer on an H100/H200
     assert_unchanged(before, a, b)
     r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
     assert r.passed, r

@@ -25,11 +25,11 @@ def _peer_names(rows: list[Row]) -> list[str]:
 def _cells(r: Row, ceilings: Ceilings, peers: list[str]) -> list[str]:
     check = "PASS" if r.passed else "FAIL " + str(r.check["reason"])
     if r.ours is None:
-        return [r.kernel, r.recipe, r.shape, check, f"{r.check['rel_rms']:.1e}"] + ["—"] * (4 + 2 * len(peers) + 1)
+        return [r.kernel, r.recipe, r.shape, check, f"{r.check['rel_rms']:.1e}"] + ["—"] * (5 + 2 * len(peers) + 1)
     ours = r.tflops(r.ours)
     pct = 100 * ours / ceilings.datasheet_tflops if ceilings.datasheet_tflops else None
     cells = [r.kernel, r.recipe, r.shape, check, f"{r.check['rel_rms']:.1e}",
-             f"{r.ours.median_ms:.3f} [{r.ours.min_ms:.3f}-{r.ours.max_ms:.3f}]", _f(ours), _f(pct),
+             f"{r.ours.median_ms:.3f} [{r.ours.min_ms:.3f}-{r.ours.max_ms:.3f}]", _f(r.ours.host_us), _f(ours), _f(pct),
              _f(100 * ours / ceilings.matmul_tflops)]
     for p in peers:
         cells += [_f(r.tflops(r.peers.get(p))), _f(r.speedup(p), ".2f")]
@@ -39,7 +39,8 @@ def _cells(r: Row, ceilings: Ceilings, peers: list[str]) -> list[str]:
 
 
 def headers(peers: list[str]) -> list[str]:
-    cols = ["kernel", "recipe", "shape", "check", "rel-RMS", "ms median [min-max]", "TFLOP/s", "% peak", "% mm ceil"]
+    cols = ["kernel", "recipe", "shape", "check", "rel-RMS", "ms median [min-max]", "host us", "TFLOP/s", "% peak",
+            "% mm ceil"]
     for p in peers:
         cols += [f"{p} TFLOP/s", f"x{p}"]
     return cols + ["x best"]

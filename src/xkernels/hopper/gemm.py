@@ -14,6 +14,7 @@ B is read as [K, N] or, for the "nk" layout, as [N, K] tiles viewed transposed i
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -129,10 +130,22 @@ CONFIG = HopperGemmConfig()
 _GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
+_DESCS: OrderedDict = OrderedDict()
+
+
 def _desc(t: torch.Tensor, block: list[int]):
+    """A TMA descriptor, cached: it encodes only address, shape, strides, dtype and box, so an equal key gives an equal
+    descriptor even for a new tensor at a reused address. Saves host time on every repeated call."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPE[t.dtype]))
+    key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, tuple(block))
+    d = _DESCS.get(key)
+    if d is None:
+        d = TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPE[t.dtype]))
+        _DESCS[key] = d
+        if len(_DESCS) > 64:
+            _DESCS.popitem(last=False)
+    return d
 
 
 def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: int, *, b_layout: str, walk: str,
