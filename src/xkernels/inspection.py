@@ -100,7 +100,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                              ("c_desc", [c.block_m, c.block_n]))}
                 yield KernelConfig(f"hopper.gemm {dt} {lay} {walk} {c}", gemm.persistent_gemm_kernel, descs,
                                    dict(B_NK=lay == "nk", WALK=walk, GROUP_M=c.group_m, STAGES=c.stages,
-                                        num_warps=c.num_warps), c.num_warps, gluon=True)
+                                        ACC_FP16=False, num_warps=c.num_warps), c.num_warps, gluon=True)
 
 
 def all_configs() -> Iterator[KernelConfig]:

@@ -64,7 +64,7 @@ def _loader(a_desc, b_desc, a_ring, b_ring, full, empty, K, tiles_m, tiles_n, wa
 @gluon.jit
 def _mma_epilogue(a_desc, b_desc, c_desc, a_ring, b_ring, c_smem, full, empty, K, tiles_m, tiles_n, walk_len,
                   z_bits, z_tall, B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                  num_warps: gl.constexpr):
+                  ACC_FP16: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
@@ -74,7 +74,8 @@ def _mma_epilogue(a_desc, b_desc, c_desc, a_ring, b_ring, c_smem, full, empty, K
     for tile in range(gl.program_id(0), walk_len, gl.num_programs(0)):
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):
-            acc = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float32, layout=acc_layout))
+            acc = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float16 if ACC_FP16 else gl.float32,
+                                              layout=acc_layout))
             first = it
             for _ in range(gl.cdiv(K, BLOCK_K)):
                 s = consumer_wait(full, it, STAGES)
@@ -100,14 +101,15 @@ def _mma_epilogue(a_desc, b_desc, c_desc, a_ring, b_ring, c_smem, full, empty, K
 
 @gluon.jit
 def persistent_gemm_kernel(a_desc, b_desc, c_desc, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
-                           WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, num_warps: gl.constexpr):
+                           WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, ACC_FP16: gl.constexpr,
+                           num_warps: gl.constexpr):
     a_ring = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_ring = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     full, empty = allocate_ring(STAGES)
     gl.warp_specialize([
         (_mma_epilogue, (a_desc, b_desc, c_desc, a_ring, b_ring, c_smem, full, empty, K, tiles_m, tiles_n, walk_len,
-                         z_bits, z_tall, B_NK, WALK, GROUP_M, STAGES, num_warps)),
+                         z_bits, z_tall, B_NK, WALK, GROUP_M, STAGES, ACC_FP16, num_warps)),
         (_loader, (a_desc, b_desc, a_ring, b_ring, full, empty, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK,
                    WALK, GROUP_M, STAGES)),
     ], [1], [24])
@@ -121,9 +123,11 @@ class HopperGemmConfig:
     stages: int = 3
     num_warps: int = 8  # two consumer warpgroups: 64 x 256 fp32 accumulator rows each, 128 registers
     group_m: int = 8
+    acc_fp16: bool = False  # the seeds' fp16-accumulate variant (fp16 inputs only): an ablation, off the contract
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}"
+        acc = "-acc16" if self.acc_fp16 else ""
+        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}"
 
 
 CONFIG = HopperGemmConfig()
@@ -151,6 +155,8 @@ def _desc(t: torch.Tensor, block: list[int]):
 def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: int, *, b_layout: str, walk: str,
          cfg: HopperGemmConfig = CONFIG) -> HopperGemmConfig:
     """c[:m, :n] = a @ b (or a @ b^T for "nk") on 2-D, descriptor-ready tensors (last dims may be zero-padded)."""
+    if cfg.acc_fp16 and a.dtype != torch.float16:
+        raise ValueError("acc_fp16: wgmma accumulates bf16 products in fp32 only")
     a_desc = _desc(a[:m, :k] if a.shape[1] != k else a, [cfg.block_m, cfg.block_k])
     b_logical = b[:n, :k] if b_layout == "nk" else b[:k, :n]
     b_desc = _desc(b_logical, [cfg.block_n, cfg.block_k] if b_layout == "nk" else [cfg.block_k, cfg.block_n])
@@ -160,5 +166,5 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: i
     sms = torch.cuda.get_device_properties(a.device).multi_processor_count
     persistent_gemm_kernel[(min(sms, tiles_m * tiles_n),)](
         a_desc, b_desc, c_desc, k, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK=b_layout == "nk", WALK=walk,
-        GROUP_M=cfg.group_m, STAGES=cfg.stages, num_warps=cfg.num_warps)
+        GROUP_M=cfg.group_m, STAGES=cfg.stages, ACC_FP16=cfg.acc_fp16, num_warps=cfg.num_warps)
     return cfg
