@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rich.markup import escape
 from rich.table import Table
 
 from xkernels.bench.ceilings import Ceilings
@@ -53,7 +54,7 @@ def rich_table(rows: list[Row], ceilings: Ceilings) -> Table:
     for h in headers(peers):
         t.add_column(h, overflow="fold")
     for r in rows:
-        t.add_row(*_cells(r, ceilings, peers))
+        t.add_row(*(escape(c) for c in _cells(r, ceilings, peers)))
     return t
 
 

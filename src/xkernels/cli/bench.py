@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress
 
 
@@ -52,5 +53,5 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
     console.print("wrote " + ", ".join(map(str, written)))
     failed = [r for r in rows if not r.passed]
     for r in failed:
-        console.print(f"[red]FAIL[/] {r.kernel} {r.recipe} {r.shape}: {r.check['reason']}")
+        console.print(f"[red]FAIL[/] {r.kernel} {r.recipe} {escape(r.shape)}: {escape(str(r.check['reason']))}")
     return 1 if failed else 0

@@ -6,6 +6,7 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import track
 from rich.table import Table
 
@@ -43,8 +44,8 @@ def run_check(device: str, json_path: str | None) -> int:
     for col in ("kernel", "recipe", "shape", "rel-RMS", "max-diff", "threshold", "result"):
         table.add_column(col)
     for r in rows:
-        verdict = "[green]PASS" if r["passed"] else f"[red]FAIL[/] {r['reason']}"
-        table.add_row(r["kernel"], r["recipe"], r["shape"], f"{r['rel_rms']:.2e}", f"{r['max_abs_diff']:.2e}",
+        verdict = "[green]PASS" if r["passed"] else f"[red]FAIL[/] {escape(r['reason'])}"
+        table.add_row(r["kernel"], r["recipe"], escape(r["shape"]), f"{r['rel_rms']:.2e}", f"{r['max_abs_diff']:.2e}",
                       r["threshold"], verdict)
     console.print(table)
     failed = sum(not r["passed"] for r in rows)
