@@ -5,6 +5,10 @@ import os
 import subprocess
 import sys
 
+import triton
+
+from xkernels.hopper.runtime import TESTED_TRITON
+
 
 def test_inspect_all_configs_spill_free(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # inspect compiles; it never interprets
@@ -13,7 +17,10 @@ def test_inspect_all_configs_spill_free(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     reports = json.loads(path.read_text())
-    assert {r["name"].split()[0] for r in reports} >= {"portable.attention", "portable.gemm", "hopper.gemm"}
+    expected = {"portable.attention", "portable.gemm"}
+    if triton.__version__.startswith(TESTED_TRITON):
+        expected.add("hopper.gemm")
+    assert {r["name"].split()[0] for r in reports} >= expected
     for r in reports:
         assert r["sass"]["HGMMA"] > 0, r["name"]
         if r["spill_free_required"]:
