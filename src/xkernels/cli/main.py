@@ -39,13 +39,15 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "check":
+        device = select_device()  # before the import below pulls in any kernel module
         from xkernels.cli.check import run_check
 
-        return run_check(select_device(), args.json)
+        return run_check(device, args.json)
     if args.command == "bench":
+        device = select_device()
         from xkernels.cli.bench import run_bench
 
-        return run_bench(select_device(), args)
+        return run_bench(device, args)
     from xkernels.cli.inspect import run_inspect
 
     return run_inspect(args.kernel, args.json)
