@@ -17,7 +17,7 @@ from xkernels.hopper import gemm as hopper_gemm
 from xkernels.hopper.runtime import available as hopper_available
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
-from xkernels.portable.runtime import prepare_device, tma_copy, tma_ready
+from xkernels.portable.runtime import prepare_device, tma_copy, tma_empty, tma_ready
 from xkernels.recipes import AttentionRecipe
 
 log = logging.getLogger("xkernels")
@@ -76,7 +76,7 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float, recipe: AttentionR
     prepare_device(q, "q")
     copies: list[str] = []
     qq, kk, vv = _ready(q, "q", copies), _ready(k, "k", copies), _ready(v, "v", copies)
-    oo = _ready(out, "out", copies) if not tma_ready(out) else out
+    oo = _ready(out, "out", copies)
     cfg = portable_attention.attention_fwd(qq, kk, vv, oo, lse, is_causal=is_causal, scale=scale, recipe=recipe)
     if oo is not out:
         out.copy_(oo[..., :d])
@@ -114,7 +114,7 @@ def matmul(a, b, out, *, batch: tuple[int, ...], m: int, n: int, k: int, out_dty
     c3 = out.view(a3.shape[0], -1, n) if out.is_contiguous() else out
     if not (c3.dim() == 3 and tma_ready(c3)):
         copies.append("out")
-        c3 = tma_copy(torch.empty((a3.shape[0], a3.shape[1], n), dtype=out_dtype, device=a.device))
+        c3 = tma_empty((a3.shape[0], a3.shape[1], n), out_dtype, a.device)
     layer, config = _forced
     # the Hopper kernel takes one 2-D problem with a 16-bit C tile; fp32 outputs and batches stay portable
     fits_hopper = hopper_available(a) and a3.shape[0] == 1 and out_dtype != torch.float32

@@ -31,6 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from xkernels.hopper.pipeline import allocate_ring, consumer_release, consumer_wait, producer_acquire
+from xkernels.hopper.runtime import sm_count
 from xkernels.portable.tile_walk import tile_coords, zorder_grid
 
 
@@ -163,8 +164,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: i
     c_desc = _desc(c[:m, :n], [cfg.block_m, cfg.block_n])
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     walk_len, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
-    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-    persistent_gemm_kernel[(min(sms, tiles_m * tiles_n),)](
+    persistent_gemm_kernel[(min(sm_count(a.device.index), tiles_m * tiles_n),)](
         a_desc, b_desc, c_desc, k, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK=b_layout == "nk", WALK=walk,
         GROUP_M=cfg.group_m, STAGES=cfg.stages, ACC_FP16=cfg.acc_fp16, num_warps=cfg.num_warps)
     return cfg

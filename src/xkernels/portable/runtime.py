@@ -36,11 +36,19 @@ def tma_ready(t: torch.Tensor) -> bool:
             and all((s * es) % 16 == 0 for s in t.stride()[:-1]))
 
 
+def _padded_cols(cols: int, dtype: torch.dtype) -> int:
+    mult = 16 // dtype.itemsize
+    return -(-cols // mult) * mult
+
+
 def tma_copy(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy whose last dim is zero-padded to a 16-byte multiple (zeros add nothing to a dot product)."""
     cols = t.shape[-1]
-    mult = 16 // t.element_size()
-    padded = -(-cols // mult) * mult
-    out = torch.zeros((*t.shape[:-1], padded), dtype=t.dtype, device=t.device)
+    out = torch.zeros((*t.shape[:-1], _padded_cols(cols, t.dtype)), dtype=t.dtype, device=t.device)
     out[..., :cols] = t
     return out
+
+
+def tma_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialized output with its last dim padded like `tma_copy` (the kernel writes [..., :shape[-1]])."""
+    return torch.empty((*shape[:-1], _padded_cols(shape[-1], dtype)), dtype=dtype, device=device)
