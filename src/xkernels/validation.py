@@ -111,9 +111,13 @@ def check_matmul(a, b, *, b_layout: str, walk: str, out_dtype: torch.dtype | Non
     n, kb = (b.shape[-2], b.shape[-1]) if b_layout == "nk" else (b.shape[-1], b.shape[-2])
     if kb != k:
         raise ValueError(f"b: inner dim {kb} does not match a's inner dim {k} (b_layout={b_layout!r})")
-    try:
-        batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
-    except RuntimeError as e:
-        raise ValueError(f"b: batch dims {tuple(b.shape[:-2])} do not broadcast with a's {tuple(a.shape[:-2])}") from e
+    if b.dim() == 2:  # the common case, without torch.broadcast_shapes' ~20 us
+        batch = tuple(a.shape[:-2])
+    else:
+        try:
+            batch = tuple(torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]))
+        except RuntimeError as e:
+            raise ValueError(f"b: batch dims {tuple(b.shape[:-2])} do not broadcast with a's "
+                             f"{tuple(a.shape[:-2])}") from e
     _check_out(out, (*batch, m, n), out_dtype, a.device, named)
     return batch, m, n, k, out_dtype

@@ -14,6 +14,7 @@ B is read as [K, N] or, for the "nk" layout, as [N, K] tiles viewed transposed i
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -138,6 +139,11 @@ _GL_DTYPE = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _DESCS: OrderedDict = OrderedDict()
 
 
+@functools.cache
+def _smem_layout(block: tuple[int, ...], dtype: torch.dtype):
+    return gl.NVMMASharedLayout.get_default_for(list(block), _GL_DTYPE[dtype])
+
+
 def _desc(t: torch.Tensor, block: list[int]):
     """A TMA descriptor, cached: it encodes only address, shape, strides, dtype and box, so an equal key gives an equal
     descriptor even for a new tensor at a reused address. Saves host time on every repeated call."""
@@ -146,7 +152,7 @@ def _desc(t: torch.Tensor, block: list[int]):
     key = (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, tuple(block))
     d = _DESCS.get(key)
     if d is None:
-        d = TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, _GL_DTYPE[t.dtype]))
+        d = TensorDescriptor.from_tensor(t, block, _smem_layout(tuple(block), t.dtype))
         _DESCS[key] = d
         if len(_DESCS) > 64:
             _DESCS.popitem(last=False)
