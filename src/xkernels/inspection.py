@@ -87,7 +87,20 @@ def portable_configs() -> Iterator[KernelConfig]:
 def hopper_configs() -> Iterator[KernelConfig]:
     from triton.experimental.gluon import language as gl
 
+    from xkernels.hopper import attention_fwd as attn
     from xkernels.hopper import gemm
+    from xkernels.recipes import ATTENTION_RECIPES
+
+    for d, ac in sorted(attn.CONFIGS.items()):
+        for recipe in ATTENTION_RECIPES.values():
+            io = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
+            for causal in (False, True):
+                yield KernelConfig(
+                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}", attn.attention_fwd_kernel,
+                    {"Q": _PTR[io], "K": _PTR[io], "V": _PTR[io], "O": _PTR[io], "LSE": "*fp32", "qk_scale": "fp32"},
+                    dict(HEAD_DIM=d, BLOCK_M=ac.block_m, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
+                         CONVERT_V=recipe.converts_v, WRITE_LSE=True, num_warps=ac.num_warps), ac.num_warps,
+                    gluon=True)
 
     c = gemm.CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):

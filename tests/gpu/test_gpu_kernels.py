@@ -67,3 +67,21 @@ def test_hopper_gemm_deterministic_and_auto_dispatch():
     assert torch.equal(c1, xkernels.matmul(a, b))
     xkernels.matmul(a.expand(2, -1, -1), b.expand(2, -1, -1))
     assert xkernels.last_backend().startswith("portable.gemm")  # batched: the portable kernel, visibly
+
+
+@pytest.mark.parametrize("sq,skv", [(1024, 1024), (1000, 3001), (2049, 513), (1, 300)])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("recipe", list(ATTENTION_RECIPES))
+def test_hopper_attention(recipe, d, causal, hq, hkv, sq, skv):
+    """The Gluon attention kernel (opt-in until validated here) against the float64 reference."""
+    rec = ATTENTION_RECIPES[recipe]
+    q, k, v = attention_inputs(2, hq, sq, skv, d, rec.io_dtype, "cuda", hkv=hkv, seed=sq + skv + d + 1)
+    with use_layer("hopper"):
+        o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
+                                    return_lse=True, out=poisoned_like(q))
+    assert xkernels.last_backend().startswith(f"hopper.attention[{recipe}")
+    c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
+    assert c.passed, c
+    assert compare(lse, reference_lse(q, k, is_causal=causal), rel_rms=1e-5, max_abs=1e-3).passed
