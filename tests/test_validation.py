@@ -55,8 +55,30 @@ def test_attention_empty_gives_empty(device):
 
 def test_requires_grad_is_refused(qkv):
     q, k, v = qkv
-    with pytest.raises(RuntimeError, match="q requires grad"):
+    with pytest.raises(ValueError, match="q: requires grad"):
         xkernels.attention(q.clone().requires_grad_(), k, v)
+    with pytest.raises(ValueError, match="out: requires grad"):
+        xkernels.attention(q, k, v, out=torch.empty_like(q).requires_grad_())
+
+
+def test_flag_and_scale_types(qkv):
+    q, k, v = qkv
+    with pytest.raises(TypeError, match="enable_gqa"):
+        xkernels.attention(q, k, v, enable_gqa="no")
+    with pytest.raises(TypeError, match="scale"):
+        xkernels.attention(q, k, v, scale=True)
+    np = pytest.importorskip("numpy")
+    ref = xkernels.attention(q, k, v, scale=0.25)
+    assert torch.equal(xkernels.attention(q, k, v, scale=np.float32(0.25)), ref)
+
+
+def test_self_overlapping_out_is_refused(qkv, device):
+    q, k, v = qkv
+    with pytest.raises(ValueError, match="out: several of its elements"):
+        xkernels.attention(q, k, v, out=torch.zeros(1, 1, 8, 64, dtype=q.dtype, device=device).expand(1, 2, 8, 64))
+    a = torch.rand(8, 16, device=device).half()
+    with pytest.raises(ValueError, match="out: several"):
+        xkernels.matmul(a, a.t().contiguous(), out=torch.zeros(1, 8, dtype=a.dtype, device=device).expand(8, 8))
 
 
 def test_matmul_bad_inputs(device):
@@ -78,6 +100,36 @@ def test_matmul_bad_inputs(device):
         kwargs = {n: args.pop(n) for n in list(args) if n not in ("a", "b")}
         with pytest.raises(exc, match=msg):
             xkernels.matmul(args["a"], args["b"], **kwargs)
+
+
+def test_matmul_strided_out_with_folded_batch(device):
+    """a's batch folds into M against a 2-D b; a strided `out` must be written through its own strides only."""
+    g = torch.Generator(device=device).manual_seed(3)
+    a = (torch.rand(2, 32, 64, device=device, generator=g) - 0.5).half()
+    b = (torch.rand(64, 64, device=device, generator=g) - 0.5).half()
+    buf = torch.full((2, 40, 64), float("nan"), dtype=torch.float16, device=device)
+    out = buf[:, :32]
+    xkernels.matmul(a, b, out=out)
+    assert "copied:out" in xkernels.last_backend()
+    assert torch.isnan(buf[:, 32:]).all(), "wrote outside out"
+    torch.testing.assert_close(out.double(), a.double() @ b.double(), atol=2e-2, rtol=1e-2)
+
+
+def test_folded_copy_is_reported(device):
+    a = torch.rand(2, 64, 32, device=device).half().transpose(1, 2)  # (2, 32, 64), not foldable without a copy
+    xkernels.matmul(a, torch.rand(64, 16, device=device).half())
+    assert "copied:a" in xkernels.last_backend()
+
+
+def test_use_layer_rejects_config_it_cannot_apply():
+    from xkernels.dispatch import use_layer
+
+    with pytest.raises(ValueError, match="config"):
+        with use_layer("portable", block_m=64):
+            pass
+    with pytest.raises(ValueError, match="config"):
+        with use_layer("hopper", no_such_field=1):
+            pass
 
 
 def test_matmul_empty(device):

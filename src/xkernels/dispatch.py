@@ -37,6 +37,9 @@ def use_layer(layer: str | None, **config):
     global _forced
     if layer not in (None, *LAYERS):
         raise ValueError(f"layer: {layer!r} is not one of {LAYERS}")
+    unknown = set(config) - {f.name for f in dataclasses.fields(hopper_gemm.HopperGemmConfig)}
+    if config and (layer != "hopper" or unknown):
+        raise ValueError(f"config: overrides apply to the hopper GEMM's fields only, got {sorted(config)}")
     saved, _forced = _forced, (layer, config)
     try:
         yield
@@ -63,7 +66,7 @@ def _ready(t: torch.Tensor, name: str, copies: list[str]) -> torch.Tensor:
 
 
 def _suffix(copies: list[str]) -> str:
-    return f" copied:{','.join(copies)}" if copies else ""
+    return f" copied:{','.join(dict.fromkeys(copies))}" if copies else ""
 
 
 def attention(q, k, v, out, *, is_causal: bool, scale: float, recipe: AttentionRecipe, return_lse: bool):
@@ -116,9 +119,15 @@ def matmul(a, b, out, *, batch: tuple[int, ...], m: int, n: int, k: int, out_dty
         b3 = b.unsqueeze(0)
     else:
         a3, b3 = _as_3d(a, batch), _as_3d(b, batch)
+    for name, src, view in (("a", a, a3), ("b", b, b3)):
+        if view.untyped_storage().data_ptr() != src.untyped_storage().data_ptr():
+            copies.append(name)  # reshape had to copy (e.g. a transposed batched a folded into M)
     a3, b3 = _ready(a3, "a", copies), _ready(b3, "b", copies)
-    c3 = out.view(a3.shape[0], -1, n) if out.is_contiguous() else out
-    if not (c3.dim() == 3 and tma_ready(c3)):
+    try:
+        c3 = out.view(a3.shape[0], a3.shape[1], n)  # never reinterpret out with other strides
+    except RuntimeError:
+        c3 = None
+    if c3 is None or not tma_ready(c3):
         copies.append("out")
         c3 = tma_empty((a3.shape[0], a3.shape[1], n), out_dtype, a.device)
     layer, config = _forced

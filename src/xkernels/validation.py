@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
@@ -33,9 +34,14 @@ def _same_dtype_and_device(named: dict[str, torch.Tensor]) -> None:
 def _no_grad(named: dict[str, torch.Tensor]) -> None:
     if torch.is_grad_enabled():
         for name, t in named.items():
-            if t.requires_grad:
-                raise RuntimeError(f"{name} requires grad, but xkernels has forward kernels only (no backward yet); "
-                                   "call under torch.no_grad() or detach the inputs")
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name}: requires grad, but xkernels has forward kernels only (no backward yet); "
+                                 "call under torch.no_grad() or detach it")
+
+
+def _flag(x: object, name: str) -> None:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected bool, got {type(x).__name__}")
 
 
 def _check_out(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
@@ -49,6 +55,9 @@ def _check_out(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dt
         raise TypeError(f"out: dtype {out.dtype} != expected {dtype}")
     if out.device != device:
         raise ValueError(f"out: on device {out.device}, expected {device}")
+    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape, strict=True)):
+        raise ValueError("out: several of its elements share one memory location (an expanded view)")
+    _no_grad({"out": out})
     for name, t in inputs.items():
         if t.numel() and out.numel() and out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
             raise ValueError(f"out: shares memory with {name}; inputs are never overwritten")
@@ -63,8 +72,8 @@ def check_attention(q, k, v, *, is_causal: bool, scale: float | None, enable_gqa
             raise ValueError(f"{name}: expected 4 dims (B, H, S, D), got shape {tuple(t.shape)}")
     _same_dtype_and_device(named)
     _no_grad(named)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal: expected bool, got {type(is_causal).__name__}")
+    _flag(is_causal, "is_causal")
+    _flag(enable_gqa, "enable_gqa")
     b, hq, sq, d = q.shape
     if k.shape != v.shape:
         raise ValueError(f"v: shape {tuple(v.shape)} does not match k's {tuple(k.shape)}")
@@ -84,7 +93,9 @@ def check_attention(q, k, v, *, is_causal: bool, scale: float | None, enable_gqa
         raise ValueError("k: sequence length is 0; softmax over no keys is undefined")
     if scale is None:
         scale = 1.0 / math.sqrt(d)
-    elif not isinstance(scale, (int, float)) or not math.isfinite(scale):
+    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number, got {type(scale).__name__}")
+    elif not math.isfinite(scale):
         raise ValueError(f"scale: expected a finite number, got {scale!r}")
     _check_out(out, q.shape, q.dtype, q.device, named)
     return float(scale)

@@ -71,3 +71,16 @@ def test_gemm_checks_fail(device):
     one_off.view(-1)[i] *= 1.1  # a single element 10 % off: under the rel-RMS bound, caught per element
     c = compare_gemm(one_off, ref, 80)
     assert c.rel_rms < 5e-3 and not c.passed and c.outliers == 1
+
+
+def test_a_wrong_row_fails_although_global_bounds_pass():
+    # 262k query rows with the magnitudes of an 8K-key attention output (all < 0.01): one unwritten row moves the
+    # global rel-RMS by sqrt(1 / 262144) = 1.95e-3 and the max-diff by < 0.05, both under the fp16 bounds
+    g = torch.Generator().manual_seed(11)
+    ref = torch.randn(1, 4, 65536, 16, dtype=torch.float64, generator=g) * 2e-3
+    rec = ATTENTION_RECIPES["fp16"]
+    bad = ref * (1 + 1e-4 * torch.randn(ref.shape, dtype=torch.float64, generator=g))
+    bad[0, 1, 700] = 0
+    c = compare_attention(bad, ref, rec)
+    assert c.rel_rms < rec.rel_rms and c.max_abs_diff < rec.max_abs_diff  # the global bounds miss it...
+    assert not c.passed and "worst row" in c.reason and c.worst_row_rel == 1.0  # ...the per-row bound does not

@@ -13,7 +13,7 @@ def select_device() -> str:
 
     if torch.cuda.is_available():
         return "cuda"
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+    os.environ["TRITON_INTERPRET"] = "1"
     return "cpu"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -10,8 +11,8 @@ import xkernels
 from xkernels.dispatch import use_layer
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing.inputs import attention_inputs, gemm_inputs
-from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm
-from xkernels.testing.reference import reference_attention, reference_matmul
+from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm, compare_lse
+from xkernels.testing.reference import reference_attention, reference_lse, reference_matmul
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -60,11 +61,13 @@ class AttentionCase:
                                   precision=self.recipe, out=out)
 
     def check(self, inputs) -> Comparison:
-        """Run on a NaN-poisoned output and compare with the float64 reference."""
+        """Run on a NaN-poisoned output and compare O and the LSE with their float64 references."""
         q, k, v = inputs
-        out = self.run(inputs, out=torch.full_like(q, float("nan")))
-        ref = reference_attention(q, k, v, is_causal=self.causal)
-        return compare_attention(out, ref, ATTENTION_RECIPES[self.recipe])
+        out, lse = xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
+                                      precision=self.recipe, out=torch.full_like(q, float("nan")), return_lse=True)
+        c = compare_attention(out, reference_attention(q, k, v, is_causal=self.causal), ATTENTION_RECIPES[self.recipe])
+        c_lse = compare_lse(lse, reference_lse(q, k, is_causal=self.causal))
+        return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ class Comparison:
     rel_rms: float
     max_abs_diff: float
     outliers: int  # elements outside the per-element bound
+    worst_row_rel: float  # max over rows (last dim) of ||out_row - ref_row|| / ||ref_row||; 0 when not asked
     rel_rms_bound: float
     max_abs_bound: float | None
     passed: bool
@@ -26,14 +27,16 @@ class Comparison:
 
     def row(self) -> dict[str, object]:
         return {"rel_rms": self.rel_rms, "max_abs_diff": self.max_abs_diff, "outliers": self.outliers,
-                "nonfinite": self.nonfinite, "passed": self.passed, "reason": self.reason}
+                "worst_row_rel": self.worst_row_rel, "nonfinite": self.nonfinite, "passed": self.passed,
+                "reason": self.reason}
 
 
 def compare(out: torch.Tensor, ref: torch.Tensor, *, rel_rms: float, max_abs: float | None = None,
-            elem_rel: float | None = None, elem_floor: float = 0.0) -> Comparison:
+            elem_rel: float | None = None, elem_floor: float = 0.0, row_rel: float | None = None) -> Comparison:
     """Compare `out` with a higher-precision `ref` of the same shape.
 
-    `max_abs` bounds |out - ref| everywhere; `elem_rel` bounds |out - ref| / |ref| where |ref| >= elem_floor.
+    `max_abs` bounds |out - ref| everywhere; `elem_rel` bounds |out - ref| / |ref| where |ref| >= elem_floor;
+    `row_rel` bounds each row's (last dim's) relative error, so a few wrong rows cannot hide in a global norm.
     """
     if out.shape != ref.shape:
         raise ValueError(f"out shape {tuple(out.shape)} != ref shape {tuple(ref.shape)}")
@@ -41,10 +44,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, *, rel_rms: float, max_abs: fl
     r = ref.detach().to(device=o.device, dtype=torch.float64)
     nonfinite = int((~torch.isfinite(o)).sum().item())
     if nonfinite:
-        return Comparison(nonfinite, float("nan"), float("nan"), 0, rel_rms, max_abs, False,
+        return Comparison(nonfinite, float("nan"), float("nan"), 0, float("nan"), rel_rms, max_abs, False,
                           f"{nonfinite} non-finite elements")
     if o.numel() == 0:
-        return Comparison(0, 0.0, 0.0, 0, rel_rms, max_abs, True, "empty")
+        return Comparison(0, 0.0, 0.0, 0, 0.0, rel_rms, max_abs, True, "empty")
     err = o - r
     ref_norm = r.norm().item()
     rr = err.norm().item() / ref_norm if ref_norm > 0 else (0.0 if err.norm().item() == 0 else float("inf"))
@@ -56,6 +59,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, *, rel_rms: float, max_abs: fl
         outliers = int((err.abs() >= max_abs).sum().item())
     else:
         outliers = 0
+    worst_row = 0.0
+    if row_rel is not None:
+        rows = err.norm(dim=-1) / r.norm(dim=-1).clamp_min(torch.finfo(torch.float64).tiny)
+        worst_row = rows.max().item()
     fails = []
     if not rr < rel_rms:
         fails.append(f"rel_rms {rr:.3g} >= {rel_rms:g}")
@@ -63,14 +70,21 @@ def compare(out: torch.Tensor, ref: torch.Tensor, *, rel_rms: float, max_abs: fl
         fails.append(f"max_abs_diff {mad:.3g} >= {max_abs:g}")
     if elem_rel is not None and outliers:
         fails.append(f"{outliers} elements off by > {elem_rel:.0%}")
-    return Comparison(0, rr, mad, outliers, rel_rms, max_abs, not fails, "; ".join(fails) or "ok")
+    if row_rel is not None and not worst_row < row_rel:
+        fails.append(f"worst row off by {worst_row:.3g} >= {row_rel:g}")
+    return Comparison(0, rr, mad, outliers, worst_row, rel_rms, max_abs, not fails, "; ".join(fails) or "ok")
 
 
 def compare_attention(out: torch.Tensor, ref: torch.Tensor, recipe: AttentionRecipe) -> Comparison:
-    return compare(out, ref, rel_rms=recipe.rel_rms, max_abs=recipe.max_abs_diff)
+    return compare(out, ref, rel_rms=recipe.rel_rms, max_abs=recipe.max_abs_diff, row_rel=recipe.row_rel)
 
 
 def compare_gemm(out: torch.Tensor, ref: torch.Tensor, k: int) -> Comparison:
     """The seeds' GEMM contract for an inner dimension of k (see GemmContract for the floor)."""
     c = GEMM_CONTRACT
     return compare(out, ref, rel_rms=c.rel_rms, elem_rel=c.elem_rel, elem_floor=c.elem_floor(k))
+
+
+def compare_lse(lse: torch.Tensor, ref: torch.Tensor) -> Comparison:
+    """The log-sum-exp is fp32 from fp32 row maxima and sums: it must match to near fp32 precision."""
+    return compare(lse, ref, rel_rms=1e-5, max_abs=1e-3)
