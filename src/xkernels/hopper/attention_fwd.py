@@ -121,8 +121,9 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
                          HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                          BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                          WRITE_LSE: gl.constexpr, num_warps: gl.constexpr):
-    start_m = gl.program_id(0) * BLOCK_M
-    bh = gl.program_id(1).to(gl.int64)
+    m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
+    start_m = (gl.program_id(0) % m_blocks) * BLOCK_M
+    bh = (gl.program_id(0) // m_blocks).to(gl.int64)
     b = bh // HQ
     h = bh % HQ
     hk = h // GROUP
@@ -179,7 +180,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     """Same contract as `portable.attention_fwd.attention_fwd`."""
     bsz, hq, sq, d = q.shape
     cfg = CONFIGS[d]
-    grid = (triton.cdiv(sq, cfg.block_m), bsz * hq)
+    grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     attention_fwd_kernel[grid](
         q, k, v, out, lse if lse is not None else out,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],

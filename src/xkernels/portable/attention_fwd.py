@@ -58,8 +58,10 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
                          INTERPRET: tl.constexpr):
-    start_m = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1).to(tl.int64)  # int64: batch/head offsets can pass 2^31 elements
+    # one grid axis (CUDA caps the others at 65535): row blocks of one (batch, head) are neighbours, sharing K/V in L2
+    m_blocks = tl.cdiv(SQ, BLOCK_M)
+    start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
+    bh = (tl.program_id(0) // m_blocks).to(tl.int64)  # int64: batch/head offsets can pass 2^31 elements
     b = bh // HQ
     h = bh % HQ
     hk = h // GROUP
@@ -124,7 +126,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     bsz, hq, sq, d = q.shape
     cfg = attention_config(d)
     assert cfg.block_m % cfg.block_n == 0, "the causal split needs BLOCK_M to be a multiple of BLOCK_N"
-    grid = (triton.cdiv(sq, cfg.block_m), bsz * hq)
+    grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     attention_fwd_kernel[grid](
         q, k, v, out, lse if lse is not None else out,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],

@@ -1,7 +1,7 @@
 """Portable GEMM: C = A @ B with B as [K, N] or [N, K] (the seeds' "gather" layout, read without a transpose copy).
 
 One program per output tile, placed by the selectable walk order; fp32 accumulation; tails come from descriptor
-bounds (loads past the edge read zeros, stores past it are clipped). A leading batch axis is the grid's second axis.
+bounds (loads past the edge read zeros, stores past it are clipped). A leading batch axis folds into the program id.
 """
 
 from __future__ import annotations
@@ -17,15 +17,16 @@ from xkernels.portable.runtime import INTERPRET
 from xkernels.portable.tile_walk import tile_coords, zorder_grid
 
 
-@triton.jit(do_not_specialize=["M", "N", "K"])  # one compile serves every problem size
-def gemm_kernel(A, B, C, M, N, K, a_sb, a_sm, b_sb, b_s0, c_sb, c_sm, z_bits, z_tall,
+@triton.jit(do_not_specialize=["M", "N", "K", "programs"])  # one compile serves every problem size
+def gemm_kernel(A, B, C, M, N, K, a_sb, a_sm, b_sb, b_s0, c_sb, c_sm, programs, z_bits, z_tall,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_NK: tl.constexpr,
                 WALK: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr):
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    tile_m, tile_n = tile_coords(tl.program_id(0), tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
+    # one grid axis (CUDA caps the others at 65535): the batch index is the slow part of the program id
+    tile_m, tile_n = tile_coords(tl.program_id(0) % programs, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
     if (tile_m < tiles_m) & (tile_n < tiles_n):  # Z-order launches a power-of-two grid; the rest do nothing
-        batch = tl.program_id(1).to(tl.int64)
+        batch = (tl.program_id(0) // programs).to(tl.int64)
         off_m = tile_m * BLOCK_M
         off_n = tile_n * BLOCK_N
         a_desc = tl.make_tensor_descriptor(A + batch * a_sb, shape=[M, K], strides=[a_sm, 1],
@@ -79,8 +80,8 @@ def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: i
     cfg = gemm_config(c.dtype)
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     programs, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
-    gemm_kernel[(programs, batch)](
-        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1),
+    gemm_kernel[(programs * batch,)](
+        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), programs,
         z_bits, z_tall, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, B_NK=b_layout == "nk",
         WALK=walk, GROUP_M=cfg.group_m, INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
