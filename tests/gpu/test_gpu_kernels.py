@@ -26,15 +26,18 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("recipe", list(ATTENTION_RECIPES))
-def test_attention_real_sizes(recipe, d, causal, hq, hkv, sq, skv):
+@pytest.mark.parametrize("layer", LAYERS)  # the hopper attention kernel is opt-in until these pass on a device
+def test_attention_real_sizes(layer, recipe, d, causal, hq, hkv, sq, skv):
     rec = ATTENTION_RECIPES[recipe]
     q, k, v = attention_inputs(2, hq, sq, skv, d, rec.io_dtype, "cuda", hkv=hkv, seed=sq + skv + d)
-    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
-                                return_lse=True, out=poisoned_like(q))
+    with use_layer(layer):
+        o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
+                                    return_lse=True, out=poisoned_like(q))
+        assert xkernels.last_backend().startswith(f"{layer}.attention[{recipe}")
+        again = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe)
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
     assert c.passed, c
     assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
-    again = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe)
     assert torch.equal(o, again), "two runs on the same inputs differ"
 
 
@@ -68,20 +71,3 @@ def test_hopper_gemm_deterministic_and_auto_dispatch():
     xkernels.matmul(a.expand(2, -1, -1), b.expand(2, -1, -1))
     assert xkernels.last_backend().startswith("portable.gemm")  # batched: the portable kernel, visibly
 
-
-@pytest.mark.parametrize("sq,skv", [(1024, 1024), (1000, 3001), (2049, 513), (1, 300)])
-@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2)])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("recipe", list(ATTENTION_RECIPES))
-def test_hopper_attention(recipe, d, causal, hq, hkv, sq, skv):
-    """The Gluon attention kernel (opt-in until validated here) against the float64 reference."""
-    rec = ATTENTION_RECIPES[recipe]
-    q, k, v = attention_inputs(2, hq, sq, skv, d, rec.io_dtype, "cuda", hkv=hkv, seed=sq + skv + d + 1)
-    with use_layer("hopper"):
-        o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
-                                    return_lse=True, out=poisoned_like(q))
-    assert xkernels.last_backend().startswith(f"hopper.attention[{recipe}")
-    c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
-    assert c.passed, c
-    assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
