@@ -21,6 +21,12 @@ import triton.language as tl
 TARGET = ("cuda", 90, 32)
 SASS_OPS = ("HGMMA", "UTMALDG", "UTMASTG", "BAR", "LDL", "STL")
 _PTR = {"fp16": "*fp16", "bf16": "*bf16"}
+_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def _attention_types(io: str) -> dict[str, str]:
+    """Argument types of the attention kernels' shared runtime arguments (portable/attention_fwd.runtime_args)."""
+    return {"Q": _PTR[io], "K": _PTR[io], "V": _PTR[io], "O": _PTR[io], "LSE": "*fp32", "qk_scale": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -60,15 +66,13 @@ def portable_configs() -> Iterator[KernelConfig]:
     from xkernels.recipes import ATTENTION_RECIPES
 
     tl_dtype = {"fp16": tl.float16, "bf16": tl.bfloat16}
-    name_of = {torch.float16: "fp16", torch.bfloat16: "bf16"}
     for d, cfg in sorted(attn._GPU_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
-            io, pv = name_of[recipe.io_dtype], name_of[recipe.pv_dtype]
+            io, pv = _NAME[recipe.io_dtype], _NAME[recipe.pv_dtype]
             for causal in (False, True):
                 yield KernelConfig(
                     f"portable.attention {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
-                    attn.attention_fwd_kernel, {"Q": _PTR[io], "K": _PTR[io], "V": _PTR[io], "O": _PTR[io],
-                                                "LSE": "*fp32", "qk_scale": "fp32"},
+                    attn.attention_fwd_kernel, _attention_types(io),
                     dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
                          PV_DTYPE=tl_dtype[pv], WRITE_LSE=True, INTERPRET=False),
                     cfg.num_warps, cfg.num_stages)
@@ -93,11 +97,10 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     for d, ac in sorted(attn.CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
-            io = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             for causal in (False, True):
                 yield KernelConfig(
                     f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}", attn.attention_fwd_kernel,
-                    {"Q": _PTR[io], "K": _PTR[io], "V": _PTR[io], "O": _PTR[io], "LSE": "*fp32", "qk_scale": "fp32"},
+                    _attention_types(_NAME[recipe.io_dtype]),
                     dict(HEAD_DIM=d, BLOCK_M=ac.block_m, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
                          CONVERT_V=recipe.converts_v, WRITE_LSE=True, num_warps=ac.num_warps), ac.num_warps,
                     gluon=True)

@@ -16,7 +16,6 @@ store. Causal is top-left aligned as in the portable kernel: fully masked tiles 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +25,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
 
 from xkernels.hopper.pipeline import allocate_ring, consumer_release, consumer_wait, producer_acquire
+from xkernels.portable.attention_fwd import runtime_args
 from xkernels.recipes import AttentionRecipe
 
 
@@ -182,9 +182,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     cfg = CONFIGS[d]
     grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     attention_fwd_kernel[grid](
-        q, k, v, out, lse if lse is not None else out,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        hq, hq // k.shape[1], sq, k.shape[2], scale * math.log2(math.e),
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,
-        CONVERT_V=recipe.converts_v, WRITE_LSE=lse is not None, num_warps=cfg.num_warps)
+        *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        STAGES=cfg.stages, CAUSAL=is_causal, CONVERT_V=recipe.converts_v, WRITE_LSE=lse is not None,
+        num_warps=cfg.num_warps)
     return cfg

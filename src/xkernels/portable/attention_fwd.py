@@ -120,6 +120,16 @@ def attention_config(head_dim: int) -> AttentionConfig:
     return _INTERPRETER_CONFIG if INTERPRET else _GPU_CONFIGS[head_dim]
 
 
+def runtime_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+                 scale: float) -> tuple:
+    """The runtime arguments every attention kernel (portable and Hopper) takes, in order: pointers, (B, H, S)
+    strides of Q, K, V, O, then HQ, GROUP, SQ, SKV and the scale folded with log2(e) for exp2."""
+    hq = q.shape[1]
+    return (q, k, v, out, lse if lse is not None else out,
+            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            hq, hq // k.shape[1], q.shape[2], k.shape[2], scale * math.log2(math.e))
+
+
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                   *, is_causal: bool, scale: float, recipe: AttentionRecipe) -> AttentionConfig:
     """Launch on validated (B, H, S, D) views whose layouts descriptors accept; writes `out` (and `lse`)."""
@@ -128,11 +138,7 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     assert cfg.block_m % cfg.block_n == 0, "the causal split needs BLOCK_M to be a multiple of BLOCK_N"
     grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     attention_fwd_kernel[grid](
-        q, k, v, out, lse if lse is not None else out,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-        hq, hq // k.shape[1], sq, k.shape[2], scale * math.log2(math.e),
-        HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=is_causal,
-        PV_DTYPE=_TL_DTYPE[recipe.pv_dtype], WRITE_LSE=lse is not None, INTERPRET=INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        CAUSAL=is_causal, PV_DTYPE=_TL_DTYPE[recipe.pv_dtype], WRITE_LSE=lse is not None, INTERPRET=INTERPRET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return cfg
