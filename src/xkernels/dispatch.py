@@ -30,6 +30,18 @@ if _forced[0] not in (None, *LAYERS):
     raise ValueError(f"XKERNELS_LAYER: {_forced[0]!r} is not one of {LAYERS}")
 
 
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _configured(default, config: dict):
+    """The kernel's default config with the forced overrides; an override this kernel lacks is an error."""
+    unknown = set(config) - _fields(type(default))
+    if unknown:
+        raise ValueError(f"config: {sorted(unknown)} are not fields of {type(default).__name__}")
+    return dataclasses.replace(default, **config)
+
+
 @contextlib.contextmanager
 def use_layer(layer: str | None, **config):
     """Force a kernel layer ("portable" or "hopper") and optionally override its tile config, for benchmarks and
@@ -37,9 +49,10 @@ def use_layer(layer: str | None, **config):
     global _forced
     if layer not in (None, *LAYERS):
         raise ValueError(f"layer: {layer!r} is not one of {LAYERS}")
-    unknown = set(config) - {f.name for f in dataclasses.fields(hopper_gemm.HopperGemmConfig)}
-    if config and (layer != "hopper" or unknown):
-        raise ValueError(f"config: overrides apply to the hopper GEMM's fields only, got {sorted(config)}")
+    known = _fields(hopper_gemm.HopperGemmConfig) | _fields(hopper_attention.HopperAttentionConfig)
+    if config and (layer != "hopper" or set(config) - known):
+        raise ValueError(f"config: overrides apply to the hopper kernels' config fields {sorted(known)} only, "
+                         f"got {sorted(config)}")
     saved, _forced = _forced, (layer, config)
     try:
         yield
@@ -82,11 +95,16 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float, recipe: AttentionR
     qq, kk, vv = _ready(q, "q", copies), _ready(k, "k", copies), _ready(v, "v", copies)
     oo = _ready(out, "out", copies)
     # the Hopper attention kernel runs only when forced, until a device run has validated and timed it
-    layer = _forced[0]
+    layer, config = _forced
     if layer == "hopper" and not hopper_available(q):
         raise ValueError("layer 'hopper' was forced, but attention there needs sm_90 and triton 3.6")
-    kernel, name = (hopper_attention, "hopper") if layer == "hopper" else (portable_attention, "portable")
-    cfg = kernel.attention_fwd(qq, kk, vv, oo, lse, is_causal=is_causal, scale=scale, recipe=recipe)
+    if layer == "hopper":
+        cfg = _configured(hopper_attention.CONFIGS[d], config)
+        hopper_attention.attention_fwd(qq, kk, vv, oo, lse, is_causal=is_causal, scale=scale, recipe=recipe, cfg=cfg)
+        name = "hopper"
+    else:
+        cfg = portable_attention.attention_fwd(qq, kk, vv, oo, lse, is_causal=is_causal, scale=scale, recipe=recipe)
+        name = "portable"
     if oo is not out:
         out.copy_(oo[..., :d])
     _record(f"{name}.attention[{recipe.name} {cfg}]{_suffix(copies)}")
@@ -137,7 +155,7 @@ def matmul(a, b, out, *, batch: tuple[int, ...], m: int, n: int, k: int, out_dty
         raise ValueError("layer 'hopper' was forced, but this call needs sm_90, triton 3.6, one 2-D problem and a "
                          "16-bit output")
     if layer != "portable" and fits_hopper:
-        cfg = dataclasses.replace(hopper_gemm.CONFIG, **config)
+        cfg = _configured(hopper_gemm.CONFIG, config)
         hopper_gemm.gemm(a3[0], b3[0], c3[0], a3.shape[1], n, k, b_layout=b_layout, walk=walk, cfg=cfg)
         name = "hopper.gemm"
     else:

@@ -176,13 +176,11 @@ CONFIGS = {64: HopperAttentionConfig(128, 128, 3), 128: HopperAttentionConfig(12
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
-                  *, is_causal: bool, scale: float, recipe: AttentionRecipe) -> HopperAttentionConfig:
-    """Same contract as `portable.attention_fwd.attention_fwd`."""
+                  *, is_causal: bool, scale: float, recipe: AttentionRecipe, cfg: HopperAttentionConfig) -> None:
+    """Same contract as `portable.attention_fwd.attention_fwd`, with the tile config chosen by the dispatcher."""
     bsz, hq, sq, d = q.shape
-    cfg = CONFIGS[d]
     grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     attention_fwd_kernel[grid](
         *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         STAGES=cfg.stages, CAUSAL=is_causal, CONVERT_V=recipe.converts_v, WRITE_LSE=lse is not None,
         num_warps=cfg.num_warps)
-    return cfg

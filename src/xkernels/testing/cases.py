@@ -17,6 +17,10 @@ from xkernels.testing.reference import reference_attention, reference_lse, refer
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def _forced(layer: str | None, overrides: tuple[tuple[str, int], ...]) -> str:
+    return f" [{layer}{''.join(f' {k}={v}' for k, v in overrides)}]" if layer else ""
+
+
 def _k(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
@@ -31,11 +35,14 @@ class AttentionCase:
     d: int
     causal: bool
     recipe: str
+    layer: str | None = None  # force "portable" or "hopper"; None lets the dispatcher choose
+    overrides: tuple[tuple[str, int], ...] = ()  # hopper tile/feature overrides for ablations, e.g. (("stages", 3),)
 
     @property
     def shape(self) -> str:
         heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
-        return f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
+        return (f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
+                f"{_forced(self.layer, self.overrides)}")
 
     @property
     def flops(self) -> int:
@@ -55,16 +62,16 @@ class AttentionCase:
         dtype = ATTENTION_RECIPES[self.recipe].io_dtype
         return attention_inputs(self.b, self.hq, self.sq, self.skv, self.d, dtype, device, hkv=self.hkv, seed=seed)
 
-    def run(self, inputs, out: torch.Tensor | None = None) -> torch.Tensor:
+    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
         q, k, v = inputs
-        return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
-                                  precision=self.recipe, out=out)
+        with use_layer(self.layer, **dict(self.overrides)):
+            return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
+                                      precision=self.recipe, out=out, return_lse=return_lse)
 
     def check(self, inputs) -> Comparison:
         """Run on a NaN-poisoned output and compare O and the LSE with their float64 references."""
         q, k, v = inputs
-        out, lse = xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
-                                      precision=self.recipe, out=torch.full_like(q, float("nan")), return_lse=True)
+        out, lse = self.run(inputs, out=torch.full_like(q, float("nan")), return_lse=True)
         c = compare_attention(out, reference_attention(q, k, v, is_causal=self.causal), ATTENTION_RECIPES[self.recipe])
         c_lse = compare_lse(lse, reference_lse(q, k, is_causal=self.causal))
         return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
@@ -87,8 +94,7 @@ class GemmCase:
 
     @property
     def shape(self) -> str:
-        forced = f" [{self.layer}{''.join(f' {k}={v}' for k, v in self.overrides)}]" if self.layer else ""
-        return f"{self.m}x{self.n}x{self.k} {self.b_layout} {self.walk}{forced}"
+        return f"{self.m}x{self.n}x{self.k} {self.b_layout} {self.walk}{_forced(self.layer, self.overrides)}"
 
     @property
     def flops(self) -> int:

@@ -1,0 +1,85 @@
+"""Hopper attention probe: correctness gate, then the fast path timed against cuDNN (and the portable kernel).
+
+    python3 scripts/attn_probe.py [--rows targets|quick] [--variant key=value,...]... [--json out.json]
+
+Each row: NaN-poisoned check against the float64 reference (O and LSE), then CUDA-event medians for every variant, the
+portable kernel and SDPA-cuDNN on the same rotated inputs. It prints one line per row as it goes, so a hang or crash
+still leaves the rows before it. The committed bench (`xkernels bench`) is the reference; this is the quick loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from xkernels.bench.peers import _sdpa_peer
+from xkernels.bench.timing import rotation_count, time_cuda
+from xkernels.testing.cases import AttentionCase
+
+
+def rows(kind: str) -> list[AttentionCase]:
+    """The issue's target rows (bf16), then fp16 and bf16io on the first seeds' row."""
+    shapes = [(1, 32, 8192, 8192, 128, False), (1, 32, 8192, 16384, 128, False), (1, 32, 16384, 16384, 128, False),
+              (1, 32, 8192, 8192, 128, True), (4, 32, 4096, 4096, 64, False), (1, 16, 8192, 8192, 256, False),
+              (1, 16, 8192, 8192, 256, True)]
+    if kind == "quick":
+        shapes = [shapes[i] for i in (0, 3, 4, 5)]
+    cases = [AttentionCase(b, h, h, sq, skv, d, causal, "bf16") for b, h, sq, skv, d, causal in shapes]
+    if kind == "quick":
+        return cases
+    return cases + [AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in ("fp16", "bf16io")]
+
+
+def parse_variant(text: str) -> tuple[tuple[str, int], ...]:
+    return tuple((k, int(v)) for k, v in (kv.split("=") for kv in text.split(",") if kv))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", default="targets")
+    ap.add_argument("--variant", action="append", default=None, help="hopper config overrides, e.g. stages=3")
+    ap.add_argument("--portable", action="store_true", help="also time the portable kernel")
+    ap.add_argument("--iters", type=int, default=60)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in (args.variant or [""])]
+    results = []
+    for base in rows(args.rows):
+        first = base.inputs("cuda", seed=0)
+        sets = [first] + [base.inputs("cuda", seed=i) for i in range(1, rotation_count(base.nbytes))]
+        line = {"shape": base.shape, "recipe": base.recipe, "tflops": {}, "check": {}}
+        cases = {"hopper" + "".join(f" {k}={v}" for k, v in ov): AttentionCase(**{**base.__dict__, "layer": "hopper",
+                                                                                    "overrides": ov})
+                 for ov in variants}
+        if args.portable:
+            cases["portable"] = AttentionCase(**{**base.__dict__, "layer": "portable"})
+        for name, case in cases.items():
+            try:
+                c = case.check(first)
+            except Exception as e:  # compile error or a config that does not fit: report, go on
+                line["check"][name] = f"error: {str(e).splitlines()[0][:200]}"
+                continue
+            line["check"][name] = "ok" if c.passed else f"FAIL {c.reason}"
+            if c.passed:
+                line["tflops"][name] = round(time_cuda(case.run, sets, iters=args.iters).tflops(base.flops), 1)
+        peer = _sdpa_peer("cuDNN", "CUDNN_ATTENTION", base)
+        with peer.context():
+            line["tflops"]["cuDNN"] = round(time_cuda(peer.fn, sets, iters=args.iters).tflops(base.flops), 1)
+        ref = line["tflops"]["cuDNN"]
+        print(f"{base.recipe:6s} {base.shape:32s} " + "  ".join(
+            f"{k}: {v} ({v / ref:.2f}x)" for k, v in line["tflops"].items()) +
+            "".join(f"  [{k}: {v}]" for k, v in line["check"].items() if v != "ok"), flush=True)
+        results.append(line)
+        del sets, first
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
