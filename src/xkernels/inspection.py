@@ -101,9 +101,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(
                     f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}", attn.attention_fwd_kernel,
                     _attention_types(_NAME[recipe.io_dtype]),
-                    dict(HEAD_DIM=d, BLOCK_M=ac.block_m, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
-                         CONVERT_V=recipe.converts_v, WRITE_LSE=True, num_warps=ac.num_warps), ac.num_warps,
-                    gluon=True)
+                    dict(HEAD_DIM=d, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
+                         CONVERT_V=recipe.converts_v, POSITIVE_SCALE=True, OVERLAP=bool(ac.overlap),
+                         PINGPONG=bool(ac.pingpong), WRITE_LSE=True), 4, gluon=True)
 
     c = gemm.CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):

@@ -41,6 +41,27 @@ def test_attention_real_sizes(layer, recipe, d, causal, hq, hkv, sq, skv):
     assert torch.equal(o, again), "two runs on the same inputs differ"
 
 
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 2.0])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("layer", LAYERS)
+def test_attention_any_scale(layer, causal, scale):
+    """The Hopper softmax takes the row max before scaling only when scale > 0; other scales take the general path."""
+    q, k, v = attention_inputs(1, 4, 300, 257, 128, torch.bfloat16, "cuda", seed=5)
+    with use_layer(layer):
+        o = xkernels.attention(q, k, v, is_causal=causal, scale=scale, out=poisoned_like(q))
+    c = compare_attention(o, reference_attention(q, k, v, is_causal=causal, scale=scale), ATTENTION_RECIPES["bf16"])
+    assert c.passed, c
+
+
+@pytest.mark.parametrize("overrides", [dict(overlap=0), dict(pingpong=1), dict(stages=3, block_n=64)])
+def test_hopper_attention_ablation_configs(overrides):
+    q, k, v = attention_inputs(2, 4, 1000, 1500, 128, torch.float16, "cuda", hkv=2, seed=8)
+    for causal in (False, True):
+        with use_layer("hopper", **overrides):
+            o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision="fp16")
+        assert compare_attention(o, reference_attention(q, k, v, is_causal=causal), ATTENTION_RECIPES["fp16"]).passed
+
+
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4095, 4097, 1000), (8192, 1024, 512), (1, 4096, 4096)])
 @pytest.mark.parametrize("walk", ["row", "grouped", "zorder"])
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])

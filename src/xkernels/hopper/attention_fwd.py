@@ -1,17 +1,22 @@
-"""Hopper flash-attention forward in Gluon: a TMA producer warp feeding two consumer warpgroups through K/V rings.
+"""Hopper flash-attention forward in Gluon: a TMA producer warp feeding two consumer warpgroups through K and V rings.
 
-STATUS: compiled for sm_90 and spill-free (`xkernels inspect`), NOT yet run on a GPU. It is reachable only when the
-hopper layer is forced (`XKERNELS_LAYER=hopper` or `dispatch.use_layer("hopper")`); `tests/gpu` runs it against the
-float64 reference, and the default dispatch keeps the portable kernel until a device run has validated and timed it.
+Per program: BLOCK_M query rows of one (batch, head), split over two consumer warpgroups (own partitions, 64 rows
+each) that share the K/V tiles. Partitions:
+  - loader (1 warp): both Q halves once, then for each key tile: acquire a K stage, TMA K; acquire a V stage, TMA V.
+    K and V have separate rings, so a K stage frees as soon as both QK^T wgmmas that read it retire, and the loader
+    fetches the next K while this tile's P.V is still reading V;
+  - consumer warpgroup w (4 warps): its 64 Q rows against every key tile, the pipelined loop below.
 
-Per program: BLOCK_M query rows of one (batch, head), the 128 rows split 64/64 over two consumer warpgroups.
-  - loader (1 warp): Q once, then for each K/V tile: acquire a ring stage, TMA K onto `k_full`, V onto `v_full`
-    (separate barriers, so QK^T starts before V has landed);
-  - consumers: wait K -> wgmma S = Q K^T -> online softmax in exp2 with the scale folded in -> wait V ->
-    wgmma O += P V with P from registers -> release the stage.
-Split-barrier windows: K and V of later tiles stream in while a tile's softmax runs (ring of STAGES); V's wait comes
-after the softmax, so V's copy hides behind QK^T and the softmax. The O tile leaves through Q's shared buffer and a TMA
-store. Causal is top-left aligned as in the portable kernel: fully masked tiles are never loaded.
+The pipelined loop (the seeds' split barrier: arrive -> independent work -> wait), tile j:
+  issue QK^T(j) async -> [bf16io: convert V(j-1) to fp16 while QK^T(j) runs] -> issue P.V(j-1) async
+  -> wait QK^T(j) only -> release K(j) -> mask + online softmax of tile j   <- window: P.V(j-1) runs on the tensor cores
+  -> wait P.V(j-1) -> release V(j-1) -> rescale O by alpha(j).
+OVERLAP=False waits for both wgmmas before the softmax (the window closed) for the ablation. PINGPONG orders the two
+warpgroups' wgmma issue through a pair of mbarriers (Gluon 3.6 has no named barriers), so one warpgroup's softmax runs
+while the other's wgmmas own the tensor cores.
+
+Causal is top-left aligned as in the portable kernel: fully masked tiles are never loaded, only the diagonal and tail
+tiles are masked, and row blocks run longest first. O leaves through the Q buffers and a TMA store.
 """
 
 from __future__ import annotations
@@ -22,11 +27,20 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier, tma, warpgroup_mma
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from xkernels.hopper.pipeline import allocate_ring, consumer_release, consumer_wait, producer_acquire
+from xkernels.hopper.softmax import mask_scores, softmax_step
 from xkernels.portable.attention_fwd import runtime_args
 from xkernels.recipes import AttentionRecipe
+
+WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup: S and O accumulators of 64 x N fit its registers
 
 
 @gluon.jit
@@ -41,76 +55,123 @@ def _kv_bounds(start_m, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_ready, k_full, v_full, kv_empty, start_m, hi,
+def _loader(q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, start_m, hi,
             BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    mbarrier.expect(q_ready, q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_ready, q_smem)
+    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_ready, q_bufs.index(0))
+    tma.async_copy_global_to_shared(q_desc, [start_m + q_desc.block_type.shape[0], 0], q_ready, q_bufs.index(1))
     it = 0
     for start_n in range(0, hi, BLOCK_N):
-        s = producer_acquire(kv_empty, it, STAGES)
+        s = producer_acquire(k_empty, it, STAGES)
         mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_full.index(s), k_ring.index(s))
+        s = producer_acquire(v_empty, it, STAGES)
         mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_full.index(s), v_ring.index(s))
         it += 1
 
 
 @gluon.jit
-def _consumers(o_desc, q_smem, k_ring, v_ring, v16_smem, q_ready, k_full, v_full, kv_empty, LSE, lse_row0, start_m,
-               full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-               STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, WRITE_LSE: gl.constexpr,
-               num_warps: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+def _pv_operand(v_ring, v_full, v16, it, STAGES: gl.constexpr, CONVERT_V: gl.constexpr):
+    """Tile `it`'s V as the P.V wgmma reads it: the ring stage itself, or (bf16io) its fp16 copy in this warpgroup's
+    staging buffer, converted through registers while the QK^T wgmma issued just before runs."""
+    s = consumer_wait(v_full, it, STAGES)
+    v = v_ring.index(s)
+    if CONVERT_V:
+        v16.store(v.load(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])).to(v16.dtype))
+        fence_async_shared()
+        v = v16
+    return v
+
+
+@gluon.jit
+def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
+            cols_layout: gl.constexpr):
+    if not POSITIVE_SCALE:
+        qk = qk * qk_scale  # the softmax's max-then-scale identity needs a scale > 0: scale first, then mask
+    if start_n >= full_hi:  # tail or diagonal tile
+        qk = mask_scores(qk, start_n, offs_m, SKV, CAUSAL, cols_layout)
+    return qk
+
+
+@gluon.jit
+def _take_turn(turn, slot, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    """Ping-pong: wait until the other warpgroup has issued its wgmmas of the previous slot (warpgroup 0 starts)."""
+    if PINGPONG:
+        mbarrier.wait(turn.index(WG), (slot & 1) ^ (1 - WG))
+
+
+@gluon.jit
+def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+    if PINGPONG:
+        mbarrier.arrive(turn.index(1 - WG))
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_ready, k_full, k_empty, v_full, v_empty,
+              turn, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr,
+              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
+              POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+              WRITE_LSE: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, HEAD_DIM, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    pv_dtype: gl.constexpr = v16_smem.dtype if CONVERT_V else v_ring.dtype
+    pv_dtype: gl.constexpr = v16_bufs.dtype if CONVERT_V else v_ring.dtype
+    step_scale = qk_scale if POSITIVE_SCALE else 1.0
+    q = q_bufs.index(WG)
+    v16 = v16_bufs.index(WG)
+    row0 = start_m + WG * WG_ROWS
+    offs_m = row0 + gl.arange(0, WG_ROWS, rows_s)
+    zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
 
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_s)
-    l_i = gl.zeros([BLOCK_M], gl.float32, rows_s)
-    acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, o_layout)
-    offs_m = start_m + gl.arange(0, BLOCK_M, rows_s)
+    # tile 0: scores and softmax only; its P.V is issued together with tile 1's QK^T
+    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
+    l_i = gl.zeros([WG_ROWS], gl.float32, rows_s)
+    acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, o_layout)
     mbarrier.wait(q_ready, 0)
-    it = 0
-    for start_n in range(0, hi, BLOCK_N):
+    _take_turn(turn, 0, WG, PINGPONG)
+    s = consumer_wait(k_full, 0, STAGES)
+    qk = warpgroup_mma(q, k_ring.index(s).permute((1, 0)), zero_s, use_acc=False)
+    _pass_turn(turn, WG, PINGPONG)
+    consumer_release(k_empty, 0, STAGES)
+    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+    p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale)
+    p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
+    it = 1
+    for start_n in range(BLOCK_N, hi, BLOCK_N):
+        _take_turn(turn, it, WG, PINGPONG)
         s = consumer_wait(k_full, it, STAGES)
-        qk = warpgroup_mma(q_smem, k_ring.index(s).permute((1, 0)),
-                           gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)) * qk_scale
-        if start_n >= full_hi:  # tail or diagonal tile
-            keys = start_n + gl.arange(0, BLOCK_N, cols_s)
-            keep = gl.expand_dims(keys, 0) < SKV
-            if CAUSAL:
-                keep = keep & (gl.expand_dims(keys, 0) <= gl.expand_dims(offs_m, 1))
-            qk = gl.where(keep, qk, float("-inf"))
-        # every row sees key 0 in the first tile, so m_new is finite and alpha never NaN
-        m_new = gl.maximum(m_i, gl.max(qk, 1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.exp2(qk - gl.expand_dims(m_new, 1))
-        l_i = l_i * alpha + gl.sum(p, 1)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)
+        qk_tok = warpgroup_mma(q, k_ring.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        v = _pv_operand(v_ring, v_full, v16, it - 1, STAGES, CONVERT_V)
+        acc_tok = warpgroup_mma(p_op, v, acc, is_async=True)
+        _pass_turn(turn, WG, PINGPONG)
+        # arrive -> independent work -> wait: P.V(it-1) stays in flight while this warpgroup masks and exponentiates
+        # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
+        qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
+        consumer_release(k_empty, it, STAGES)
+        qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+        p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+        consumer_release(v_empty, it - 1, STAGES)
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)  # deferred rescale: P.V(it-1) has landed
         p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
-        # V's copy has been in flight since the loader issued it, hidden behind QK^T and the softmax above
-        mbarrier.wait(v_full.index(s), (it // STAGES) & 1)
-        if CONVERT_V:
-            # bf16io: V bf16 -> fp16 through registers into a staging buffer the tensor cores can read
-            v16_smem.store(v_ring.index(s).load(gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0]))
-                           .to(pv_dtype))
-            fence_async_shared()
-            acc = warpgroup_mma(p_op, v16_smem, acc)
-        else:
-            acc = warpgroup_mma(p_op, v_ring.index(s), acc)
-        consumer_release(kv_empty, it, STAGES)
         m_i = m_new
         it += 1
+    _take_turn(turn, it, WG, PINGPONG)
+    v = _pv_operand(v_ring, v_full, v16, it - 1, STAGES, CONVERT_V)
+    acc = warpgroup_mma(p_op, v, acc)
+    _pass_turn(turn, WG, PINGPONG)
+    consumer_release(v_empty, it - 1, STAGES)
 
     out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
-    q_smem.store(out.to(q_smem.dtype))  # Q's buffer is free: every QK^T wgmma above completed synchronously
+    q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [start_m, 0], q_smem)
+    tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
     if WRITE_LSE:
         gl.store(LSE + lse_row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < SQ)
     tma.store_wait(0)
@@ -118,69 +179,77 @@ def _consumers(o_desc, q_smem, k_ring, v_ring, v16_smem, q_ready, k_full, v_full
 
 @gluon.jit
 def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
-                         HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-                         BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
-                         WRITE_LSE: gl.constexpr, num_warps: gl.constexpr):
+                         HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
+                         POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+                         WRITE_LSE: gl.constexpr):
+    BLOCK_M: gl.constexpr = 2 * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
-    start_m = (gl.program_id(0) % m_blocks) * BLOCK_M
+    m_block = gl.program_id(0) % m_blocks
+    if CAUSAL:
+        m_block = m_blocks - 1 - m_block  # longest rows first: the last wave holds the short ones
+    start_m = m_block * BLOCK_M
     bh = (gl.program_id(0) // m_blocks).to(gl.int64)
     b = bh // HQ
     h = bh % HQ
     hk = h // GROUP
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], Q.dtype.element_ty)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_ROWS, HEAD_DIM], Q.dtype.element_ty)
     kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], K.dtype.element_ty)
     # per-(batch, head) descriptors: TMA bounds stop tiles at this head's sequence end (zero fill, clipped stores)
-    q_desc = tma.make_tensor_descriptor(Q + b * q_sb + h * q_sh, [SQ, HEAD_DIM], [q_ss, 1], [BLOCK_M, HEAD_DIM],
+    q_desc = tma.make_tensor_descriptor(Q + b * q_sb + h * q_sh, [SQ, HEAD_DIM], [q_ss, 1], [WG_ROWS, HEAD_DIM],
                                         q_layout)
     k_desc = tma.make_tensor_descriptor(K + b * k_sb + hk * k_sh, [SKV, HEAD_DIM], [k_ss, 1], [BLOCK_N, HEAD_DIM],
                                         kv_layout)
     v_desc = tma.make_tensor_descriptor(V + b * v_sb + hk * v_sh, [SKV, HEAD_DIM], [v_ss, 1], [BLOCK_N, HEAD_DIM],
                                         kv_layout)
-    o_desc = tma.make_tensor_descriptor(O + b * o_sb + h * o_sh, [SQ, HEAD_DIM], [o_ss, 1], [BLOCK_M, HEAD_DIM],
+    o_desc = tma.make_tensor_descriptor(O + b * o_sb + h * o_sh, [SQ, HEAD_DIM], [o_ss, 1], [WG_ROWS, HEAD_DIM],
                                         q_layout)
 
-    q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [BLOCK_M, HEAD_DIM], q_layout)
+    q_bufs = gl.allocate_shared_memory(Q.dtype.element_ty, [2, WG_ROWS, HEAD_DIM], q_layout)
     k_ring = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_ring = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v16_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.float16)
-    v16_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_N if CONVERT_V else 16, HEAD_DIM], v16_layout)
+    v16_bufs = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N if CONVERT_V else 16, HEAD_DIM], v16_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    k_full, kv_empty = allocate_ring(STAGES)
-    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for s in gl.static_range(STAGES):
-        mbarrier.init(v_full.index(s), count=1)
+    k_full, k_empty = allocate_ring(STAGES, 2)
+    v_full, v_empty = allocate_ring(STAGES, 2)
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(2):
+        mbarrier.init(turn.index(w), count=1)
     full_hi, hi = _kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     gl.warp_specialize([
-        (_consumers, (o_desc, q_smem, k_ring, v_ring, v16_smem, q_ready, k_full, v_full, kv_empty, LSE, bh * SQ,
-                      start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_M, BLOCK_N, STAGES, CAUSAL, CONVERT_V,
-                      WRITE_LSE, num_warps)),
-        (_loader, (q_desc, k_desc, v_desc, q_smem, k_ring, v_ring, q_ready, k_full, v_full, kv_empty, start_m, hi,
-                   BLOCK_N, STAGES)),
-    ], [1], [24])
+        (_consumer, (0, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_ready, k_full, k_empty, v_full, v_empty, turn,
+                     LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
+                     CONVERT_V, POSITIVE_SCALE, OVERLAP, PINGPONG, WRITE_LSE)),
+        (_consumer, (1, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_ready, k_full, k_empty, v_full, v_empty, turn,
+                     LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
+                     CONVERT_V, POSITIVE_SCALE, OVERLAP, PINGPONG, WRITE_LSE)),
+        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty,
+                   start_m, hi, BLOCK_N, STAGES)),
+    ], [4, 1], [240, 24])
 
 
 @dataclass(frozen=True)
 class HopperAttentionConfig:
-    block_m: int
     block_n: int
     stages: int
-    num_warps: int = 8  # two consumer warpgroups, 64 query rows each
+    overlap: int = 1  # the split-barrier window: softmax of tile j while P.V of tile j-1 runs
+    pingpong: int = 0  # order the two consumer warpgroups' wgmma issue through mbarriers
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}-W{self.num_warps}"
+        return f"BM{2 * WG_ROWS.value}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-pp" * self.pingpong
 
 
-CONFIGS = {64: HopperAttentionConfig(128, 128, 3), 128: HopperAttentionConfig(128, 128, 2),
-           256: HopperAttentionConfig(128, 64, 2)}
+CONFIGS = {64: HopperAttentionConfig(128, 3), 128: HopperAttentionConfig(128, 2), 256: HopperAttentionConfig(64, 2)}
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                   *, is_causal: bool, scale: float, recipe: AttentionRecipe, cfg: HopperAttentionConfig) -> None:
     """Same contract as `portable.attention_fwd.attention_fwd`, with the tile config chosen by the dispatcher."""
     bsz, hq, sq, d = q.shape
-    grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
+    grid = (triton.cdiv(sq, 2 * WG_ROWS.value) * bsz * hq,)
     attention_fwd_kernel[grid](
-        *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        STAGES=cfg.stages, CAUSAL=is_causal, CONVERT_V=recipe.converts_v, WRITE_LSE=lse is not None,
-        num_warps=cfg.num_warps)
+        *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
+        CAUSAL=is_causal, CONVERT_V=recipe.converts_v, POSITIVE_SCALE=scale > 0, OVERLAP=bool(cfg.overlap),
+        PINGPONG=bool(cfg.pingpong), WRITE_LSE=lse is not None, num_warps=4)

@@ -12,13 +12,14 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
 
 @gluon.jit
-def allocate_ring(STAGES: gl.constexpr):
-    """(full, empty) barrier arrays of STAGES entries, each expecting one arrive per lap."""
+def allocate_ring(STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1):
+    """(full, empty) barrier arrays of STAGES entries: full expects the producer's one arrive per lap, empty one arrive
+    from each of CONSUMERS partitions (a stage is free only when every consumer is done with it)."""
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(full.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=CONSUMERS)
     return full, empty
 
 

@@ -1,0 +1,34 @@
+"""Online softmax for the Hopper attention consumers: one K/V tile's scores in, P and the running statistics out.
+
+Scores stay unscaled until the exponent: with a positive scale (folded with log2 e on the host) the row maximum of the
+raw scores times the scale is the maximum of the scaled scores, so `exp2(s * scale - m)` is one FFMA + one MUFU.EX2
+per element. A scale <= 0 (legal in SDPA, never the default) breaks that identity: the consumer then scales the scores
+before masking and calls `softmax_step` with a scale of 1.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+
+@gluon.jit
+def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.constexpr):
+    """-inf for keys past the sequence end and, when causal, keys after the query (top-left aligned)."""
+    keys = gl.expand_dims(start_n + gl.arange(0, qk.shape[1], cols_layout), 0)
+    keep = keys < SKV
+    if CAUSAL:
+        keep = keep & (keys <= gl.expand_dims(offs_m, 1))
+    return gl.where(keep, qk, float("-inf"))
+
+
+@gluon.jit
+def softmax_step(qk, m_i, l_i, qk_scale):
+    """P = exp2(qk * qk_scale - new row max), the new max, the new row sum and alpha = exp2(old max - new max);
+    qk_scale must be > 0.
+
+    Every row has a finite score in the first tile it sees (key 0 is never masked), so after that m is finite and
+    alpha is never NaN; a fully masked row of a later tile gives p = 0 and alpha = 1.
+    """
+    m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
+    p = gl.exp2(qk * qk_scale - gl.expand_dims(m_new, 1))
+    alpha = gl.exp2(m_i - m_new)
+    return p, m_new, l_i * alpha + gl.sum(p, 1), alpha
