@@ -25,6 +25,10 @@ def rows(kind: str) -> list[AttentionCase]:
     shapes = [(1, 32, 8192, 8192, 128, False), (1, 32, 8192, 16384, 128, False), (1, 32, 16384, 16384, 128, False),
               (1, 32, 8192, 8192, 128, True), (4, 32, 4096, 4096, 64, False), (1, 16, 8192, 8192, 256, False),
               (1, 16, 8192, 8192, 256, True)]
+    if kind == "tune":  # D64, D256 causal and the three recipes on the first seeds' row
+        return [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16"),
+                AttentionCase(1, 16, 16, 8192, 8192, 256, True, "bf16")] + [
+                AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in ("fp16", "bf16", "bf16io")]
     if kind == "quick":
         shapes = [shapes[i] for i in (0, 3, 4, 5)]
     cases = [AttentionCase(b, h, h, sq, skv, d, causal, "bf16") for b, h, sq, skv, d, causal in shapes]
@@ -33,14 +37,17 @@ def rows(kind: str) -> list[AttentionCase]:
     return cases + [AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in ("fp16", "bf16io")]
 
 
-def parse_variant(text: str) -> tuple[tuple[str, int], ...]:
-    return tuple((k, int(v)) for k, v in (kv.split("=") for kv in text.split(",") if kv))
+def parse_variant(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
+    """'stages=3,block_n=64' -> overrides for every row; 'd64:stages=4' -> for rows of head dim 64 only."""
+    d, _, text = text.rpartition(":")
+    return (int(d[1:]) if d else None), tuple((k, int(v)) for k, v in (kv.split("=") for kv in text.split(",") if kv))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="targets")
-    ap.add_argument("--variant", action="append", default=None, help="hopper config overrides, e.g. stages=3")
+    ap.add_argument("--variant", action="append", default=None,
+                    help="hopper config overrides, e.g. stages=3; 'd64:block_n=64' applies to D64 rows only")
     ap.add_argument("--portable", action="store_true", help="also time the portable kernel")
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--json", default=None)
@@ -53,7 +60,7 @@ def main() -> int:
         line = {"shape": base.shape, "recipe": base.recipe, "tflops": {}, "check": {}}
         cases = {"hopper" + "".join(f" {k}={v}" for k, v in ov): AttentionCase(**{**base.__dict__, "layer": "hopper",
                                                                                     "overrides": ov})
-                 for ov in variants}
+                 for d, ov in variants if d in (None, base.d)}
         if args.portable:
             cases["portable"] = AttentionCase(**{**base.__dict__, "layer": "portable"})
         for name, case in cases.items():

@@ -100,7 +100,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
             for causal in (False, True):
                 yield KernelConfig(
                     f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}", attn.attention_fwd_kernel,
-                    _attention_types(_NAME[recipe.io_dtype]),
+                    {**_attention_types(_NAME[recipe.io_dtype]), "V": "*fp16" if recipe.converts_v else
+                     _PTR[_NAME[recipe.io_dtype]]},
                     dict(HEAD_DIM=d, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
                          CONVERT_V=recipe.converts_v, POSITIVE_SCALE=True, OVERLAP=bool(ac.overlap),
                          PINGPONG=bool(ac.pingpong), WRITE_LSE=True), 4, gluon=True)

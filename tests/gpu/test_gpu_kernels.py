@@ -26,7 +26,7 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("recipe", list(ATTENTION_RECIPES))
-@pytest.mark.parametrize("layer", LAYERS)  # the hopper attention kernel is opt-in until these pass on a device
+@pytest.mark.parametrize("layer", LAYERS)
 def test_attention_real_sizes(layer, recipe, d, causal, hq, hkv, sq, skv):
     rec = ATTENTION_RECIPES[recipe]
     q, k, v = attention_inputs(2, hq, sq, skv, d, rec.io_dtype, "cuda", hkv=hkv, seed=sq + skv + d)

@@ -55,8 +55,26 @@ def _kv_bounds(start_m, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, start_m, hi,
-            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr):
+    """bf16io: rewrite V tile `it` in place from bf16 to fp16 (the ring is typed fp16 and TMA copied the bf16 bits),
+    then hand it to the consumers. Runs in the producer warpgroup, off the consumers' critical path."""
+    s = consumer_wait(v_landed, it, STAGES)
+    tile = v_ring.index(s)
+    rows: gl.constexpr = tile.shape[0]
+    td: gl.constexpr = tile.shape[1] // 8  # threads along a row, 8 elements (16 bytes) each
+    chunk: gl.constexpr = 2 * 4 * (32 // td)  # rows per step: 16 elements per thread keep the warpgroup at few regs
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // td, td], [4, 1], [1, 0])
+    for r in gl.static_range(0, rows, chunk):
+        part = tile.slice(r, chunk)
+        part.store(part.load(layout).to(gl.bfloat16, bitcast=True).to(gl.float16))
+    fence_async_shared()  # generic-proxy stores -> visible to the consumers' wgmma (async proxy)
+    mbarrier.arrive(v_full.index(s))
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full, v_empty,
+              start_m, hi, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.constexpr):
+    """TMA loads (one warp, or with CONVERT_V a warpgroup that also converts V tile j-1 after issuing tile j)."""
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_ready, q_bufs.index(0))
     tma.async_copy_global_to_shared(q_desc, [start_m + q_desc.block_type.shape[0], 0], q_ready, q_bufs.index(1))
@@ -66,22 +84,14 @@ def _loader(q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_e
         mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_full.index(s), k_ring.index(s))
         s = producer_acquire(v_empty, it, STAGES)
-        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_full.index(s), v_ring.index(s))
+        mbarrier.expect(v_landed.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_landed.index(s), v_ring.index(s))
+        if CONVERT_V:
+            if it > 0:
+                _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)  # V(it-1) landed while K(it), V(it) went out
         it += 1
-
-
-@gluon.jit
-def _pv_operand(v_ring, v_full, v16, it, STAGES: gl.constexpr, CONVERT_V: gl.constexpr):
-    """Tile `it`'s V as the P.V wgmma reads it: the ring stage itself, or (bf16io) its fp16 copy in this warpgroup's
-    staging buffer, converted through registers while the QK^T wgmma issued just before runs."""
-    s = consumer_wait(v_full, it, STAGES)
-    v = v_ring.index(s)
     if CONVERT_V:
-        v16.store(v.load(gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])).to(v16.dtype))
-        fence_async_shared()
-        v = v16
-    return v
+        _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)
 
 
 @gluon.jit
@@ -108,11 +118,12 @@ def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_ready, k_full, k_empty, v_full, v_empty,
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty,
               turn, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr,
               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
               WRITE_LSE: gl.constexpr):
+    """One warpgroup's 64 query rows against every key tile: the pipelined loop of the module docstring."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -121,10 +132,9 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_read
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
-    pv_dtype: gl.constexpr = v16_bufs.dtype if CONVERT_V else v_ring.dtype
+    pv_dtype: gl.constexpr = v_ring.dtype  # bf16io: fp16, converted in place by the producer
     step_scale = qk_scale if POSITIVE_SCALE else 1.0
     q = q_bufs.index(WG)
-    v16 = v16_bufs.index(WG)
     row0 = start_m + WG * WG_ROWS
     offs_m = row0 + gl.arange(0, WG_ROWS, rows_s)
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
@@ -147,7 +157,7 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_read
         _take_turn(turn, it, WG, PINGPONG)
         s = consumer_wait(k_full, it, STAGES)
         qk_tok = warpgroup_mma(q, k_ring.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        v = _pv_operand(v_ring, v_full, v16, it - 1, STAGES, CONVERT_V)
+        v = v_ring.index(consumer_wait(v_full, it - 1, STAGES))
         acc_tok = warpgroup_mma(p_op, v, acc, is_async=True)
         _pass_turn(turn, WG, PINGPONG)
         # arrive -> independent work -> wait: P.V(it-1) stays in flight while this warpgroup masks and exponentiates
@@ -163,7 +173,7 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_read
         m_i = m_new
         it += 1
     _take_turn(turn, it, WG, PINGPONG)
-    v = _pv_operand(v_ring, v_full, v16, it - 1, STAGES, CONVERT_V)
+    v = v_ring.index(consumer_wait(v_full, it - 1, STAGES))
     acc = warpgroup_mma(p_op, v, acc)
     _pass_turn(turn, WG, PINGPONG)
     consumer_release(v_empty, it - 1, STAGES)
@@ -208,26 +218,29 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     q_bufs = gl.allocate_shared_memory(Q.dtype.element_ty, [2, WG_ROWS, HEAD_DIM], q_layout)
     k_ring = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_ring = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v16_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.float16)
-    v16_bufs = gl.allocate_shared_memory(gl.float16, [2, BLOCK_N if CONVERT_V else 16, HEAD_DIM], v16_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
     k_full, k_empty = allocate_ring(STAGES, 2)
-    v_full, v_empty = allocate_ring(STAGES, 2)
+    v_landed, v_empty = allocate_ring(STAGES, 2)
+    v_full = v_landed
+    if CONVERT_V:  # TMA lands on v_landed, the producer's conversion arrives on v_full
+        v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for s in gl.static_range(STAGES):
+            mbarrier.init(v_full.index(s), count=1)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for w in gl.static_range(2):
         mbarrier.init(turn.index(w), count=1)
     full_hi, hi = _kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     gl.warp_specialize([
-        (_consumer, (0, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_ready, k_full, k_empty, v_full, v_empty, turn,
+        (_consumer, (0, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, turn,
                      LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
                      CONVERT_V, POSITIVE_SCALE, OVERLAP, PINGPONG, WRITE_LSE)),
-        (_consumer, (1, o_desc, q_bufs, k_ring, v_ring, v16_bufs, q_ready, k_full, k_empty, v_full, v_empty, turn,
+        (_consumer, (1, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, turn,
                      LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
                      CONVERT_V, POSITIVE_SCALE, OVERLAP, PINGPONG, WRITE_LSE)),
-        (_loader, (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty,
-                   start_m, hi, BLOCK_N, STAGES)),
-    ], [4, 1], [240, 24])
+        (_producer, (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full,
+                     v_empty, start_m, hi, BLOCK_N, STAGES, CONVERT_V)),
+    ], [4, 4 if CONVERT_V else 1], [232 if CONVERT_V else 240, 40 if CONVERT_V else 24])
 
 
 @dataclass(frozen=True)
@@ -249,6 +262,8 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     """Same contract as `portable.attention_fwd.attention_fwd`, with the tile config chosen by the dispatcher."""
     bsz, hq, sq, d = q.shape
     grid = (triton.cdiv(sq, 2 * WG_ROWS.value) * bsz * hq,)
+    if recipe.converts_v:
+        v = v.view(torch.float16)  # the bf16 bits, converted in shared memory by the producer warpgroup
     attention_fwd_kernel[grid](
         *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         CAUSAL=is_causal, CONVERT_V=recipe.converts_v, POSITIVE_SCALE=scale > 0, OVERLAP=bool(cfg.overlap),
