@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One whole device session in one command (see README "GPU verification"):
-#   bash scripts/gpu_session.sh [quick|full|gemm]   (gemm: no sanitizers, GEMM suite only)
+#   bash scripts/gpu_session.sh [quick|full|gemm|attention]   (gemm: no sanitizers, GEMM suite only;
+#   attention: attention suite only; SKIP_TESTS=1 skips pytest when the same commit's tests ran in an earlier call)
 # installs the package, runs the GPU tests, compute-sanitizer on small shapes, `xkernels check` and
 # `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, sanitizer.log (memcheck, racecheck,
 # synccheck), check.json, bench.json, bench.md, bench.png. (scripts/gemm_floor_probe.py is a separate probe.)
@@ -30,7 +31,7 @@ print(xkernels.last_backend(), 'rel err', err); assert err < 5e-3
 fi
 # the device image has pytest-xdist: 8 workers compile kernel variants in parallel
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
-stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
+[ -z "${SKIP_TESTS:-}" ] && stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
 SANITIZERS="memcheck racecheck synccheck"
 [ "$MODE" = gemm ] && SANITIZERS=""
 for tool in $SANITIZERS; do
@@ -41,8 +42,8 @@ done
 stage xkernels check --json "$OUT/check.json"
 if [ "$MODE" = full ]; then
   stage xkernels bench --out "$OUT"
-elif [ "$MODE" = gemm ]; then
-  stage xkernels bench --suite gemm --out "$OUT"
+elif [ "$MODE" = gemm ] || [ "$MODE" = attention ]; then
+  stage xkernels bench --suite "$MODE" --out "$OUT"
 else
   stage xkernels bench --quick --out "$OUT"
 fi

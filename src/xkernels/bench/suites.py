@@ -32,6 +32,8 @@ def gemm_ablation() -> list[Case]:
 
 
 def attention_suite(quick: bool) -> list[Case]:
+    """Default dispatch (the Hopper kernel on an H100/H200) on the issue's rows, the portable kernel on two of them,
+    and the Hopper kernel's ablation rows."""
     recipes = list(ATTENTION_RECIPES)
     if quick:
         cases: list[Case] = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in recipes]
@@ -44,4 +46,13 @@ def attention_suite(quick: bool) -> list[Case]:
              AttentionCase(1, 32, 8, 8192, 8192, 128, False, "")]
     for e in extra:
         cases += [AttentionCase(e.b, e.hq, e.hkv, e.sq, e.skv, e.d, e.causal, r) for r in recipes]
-    return cases
+    cases += [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "portable"),
+              AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", "portable")]
+    return cases + attention_ablation()
+
+
+def attention_ablation() -> list[Case]:
+    """Each trick of the Hopper attention kernel switched off (or resized) on the first seeds' row."""
+    variants = ((("overlap", 0),), (("pingpong", 1),), (("stages", 3),))
+    rows = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "hopper", v) for v in variants]
+    return rows + [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", "hopper", (("stages", 4),))]

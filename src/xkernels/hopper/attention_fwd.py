@@ -2,13 +2,14 @@
 
 Per program: BLOCK_M query rows of one (batch, head), split over two consumer warpgroups (own partitions, 64 rows
 each) that share the K/V tiles. Partitions:
-  - loader (1 warp): both Q halves once, then for each key tile: acquire a K stage, TMA K; acquire a V stage, TMA V.
-    K and V have separate rings, so a K stage frees as soon as both QK^T wgmmas that read it retire, and the loader
-    fetches the next K while this tile's P.V is still reading V;
+  - producer (1 warp): both Q halves once, then for each key tile: acquire a K stage, TMA K; acquire a V stage,
+    TMA V. K and V have separate rings, so a K stage frees as soon as both QK^T wgmmas that read it retire, and the
+    producer fetches the next K while this tile's P.V is still reading V. For bf16io the producer is a warpgroup
+    that also rewrites each V tile in place from bf16 to fp16 (the seeds' conversion, off the consumers' path);
   - consumer warpgroup w (4 warps): its 64 Q rows against every key tile, the pipelined loop below.
 
 The pipelined loop (the seeds' split barrier: arrive -> independent work -> wait), tile j:
-  issue QK^T(j) async -> [bf16io: convert V(j-1) to fp16 while QK^T(j) runs] -> issue P.V(j-1) async
+  issue QK^T(j) async -> issue P.V(j-1) async
   -> wait QK^T(j) only -> release K(j) -> mask + online softmax of tile j   <- window: P.V(j-1) runs on the tensor cores
   -> wait P.V(j-1) -> release V(j-1) -> rescale O by alpha(j).
 OVERLAP=False waits for both wgmmas before the softmax (the window closed) for the ablation. PINGPONG orders the two
@@ -74,7 +75,7 @@ def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full, v_empty,
               start_m, hi, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.constexpr):
-    """TMA loads (one warp, or with CONVERT_V a warpgroup that also converts V tile j-1 after issuing tile j)."""
+    """TMA loads (one warp, or with CONVERT_V a warpgroup that also converts V tile j-1 after issuing K tile j)."""
     mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_ready, q_bufs.index(0))
     tma.async_copy_global_to_shared(q_desc, [start_m + q_desc.block_type.shape[0], 0], q_ready, q_bufs.index(1))
@@ -83,12 +84,14 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k
         s = producer_acquire(k_empty, it, STAGES)
         mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_full.index(s), k_ring.index(s))
+        if CONVERT_V:
+            if it > 0:
+                # V(it-1) landed a tile ago; converting it before waiting for V(it)'s stage keeps the conversion off
+                # the consumers' path: they need it only after issuing QK^T(it)
+                _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)
         s = producer_acquire(v_empty, it, STAGES)
         mbarrier.expect(v_landed.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_landed.index(s), v_ring.index(s))
-        if CONVERT_V:
-            if it > 0:
-                _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)  # V(it-1) landed while K(it), V(it) went out
         it += 1
     if CONVERT_V:
         _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)
