@@ -95,16 +95,18 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import gemm
     from xkernels.recipes import ATTENTION_RECIPES
 
-    for d, ac in sorted(attn.CONFIGS.items()):
+    shipped = [(d, ac, "") for d, ac in sorted(attn.CONFIGS.items())]
+    for d, ac, tag in shipped + [(d, ac, " (candidate)") for d, ac in sorted(attn.CANDIDATES.items())]:
         for recipe in ATTENTION_RECIPES.values():
             for causal in (False, True):
                 yield KernelConfig(
-                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}", attn.attention_fwd_kernel,
+                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}{tag}",
+                    attn.attention_fwd_kernel,
                     {**_attention_types(_NAME[recipe.io_dtype]), "V": "*fp16" if recipe.converts_v else
                      _PTR[_NAME[recipe.io_dtype]]},
                     dict(HEAD_DIM=d, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
                          CONVERT_V=recipe.converts_v, POSITIVE_SCALE=True, OVERLAP=bool(ac.overlap),
-                         PINGPONG=bool(ac.pingpong), WRITE_LSE=True), 4, gluon=True)
+                         PINGPONG=bool(ac.pingpong), NUM_WG=ac.consumers, WRITE_LSE=True), 4, gluon=True)
 
     c = gemm.CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):

@@ -53,13 +53,24 @@ def test_attention_any_scale(layer, causal, scale):
     assert c.passed, c
 
 
-@pytest.mark.parametrize("overrides", [dict(overlap=0), dict(pingpong=1), dict(stages=3, block_n=64)])
-def test_hopper_attention_ablation_configs(overrides):
-    q, k, v = attention_inputs(2, 4, 1000, 1500, 128, torch.float16, "cuda", hkv=2, seed=8)
+@pytest.mark.parametrize("d,overrides", [(128, dict(overlap=0)), (128, dict(pingpong=1)),
+                                         (128, dict(stages=3, block_n=64)), (64, dict(overlap=1)),
+                                         (64, dict(consumers=3)), (64, dict(consumers=3, pingpong=1, overlap=1))])
+@pytest.mark.parametrize("recipe", ["fp16", "bf16io"])
+def test_hopper_attention_ablation_configs(recipe, d, overrides):
+    rec = ATTENTION_RECIPES[recipe]
+    q, k, v = attention_inputs(2, 4, 1000, 1500, d, rec.io_dtype, "cuda", hkv=2, seed=8)
     for causal in (False, True):
         with use_layer("hopper", **overrides):
-            o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision="fp16")
-        assert compare_attention(o, reference_attention(q, k, v, is_causal=causal), ATTENTION_RECIPES["fp16"]).passed
+            o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision=recipe,
+                                   out=poisoned_like(q))
+        assert compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec).passed
+
+
+def test_hopper_attention_rejects_config_it_cannot_run():
+    q, k, v = attention_inputs(1, 2, 100, 100, 128, torch.float16, "cuda", seed=1)
+    with pytest.raises(ValueError, match="consumers"), use_layer("hopper", consumers=3):
+        xkernels.attention(q, k, v)
 
 
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4095, 4097, 1000), (8192, 1024, 512), (1, 4096, 4096)])

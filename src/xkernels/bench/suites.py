@@ -55,5 +55,5 @@ def attention_ablation() -> list[Case]:
     """Each trick of the Hopper attention kernel switched off (or resized) on the first seeds' row."""
     variants = ((("overlap", 0),), (("pingpong", 1),), (("stages", 3),))
     rows = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "hopper", v) for v in variants]
-    d64 = ((("overlap", 1),), (("stages", 4),))  # D64 ships with the window closed
+    d64 = ((("overlap", 1),), (("stages", 4),), (("consumers", 3),))  # D64 ships with the window closed
     return rows + [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", "hopper", v) for v in d64]

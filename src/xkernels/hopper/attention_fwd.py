@@ -73,12 +73,13 @@ def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full, v_empty,
-              start_m, hi, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.constexpr):
+def _producer(loads, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr):
     """TMA loads (one warp, or with CONVERT_V a warpgroup that also converts V tile j-1 after issuing K tile j)."""
-    mbarrier.expect(q_ready, 2 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(q_desc, [start_m, 0], q_ready, q_bufs.index(0))
-    tma.async_copy_global_to_shared(q_desc, [start_m + q_desc.block_type.shape[0], 0], q_ready, q_bufs.index(1))
+    (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full, v_empty, start_m,
+     hi) = loads
+    mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_copy_global_to_shared(q_desc, [start_m + w * WG_ROWS, 0], q_ready, q_bufs.index(w))
     it = 0
     for start_n in range(0, hi, BLOCK_N):
         s = producer_acquire(k_empty, it, STAGES)
@@ -109,23 +110,26 @@ def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, P
 
 @gluon.jit
 def _take_turn(turn, slot, WG: gl.constexpr, PINGPONG: gl.constexpr):
-    """Ping-pong: wait until the other warpgroup has issued its wgmmas of the previous slot (warpgroup 0 starts)."""
+    """Ping-pong: wait until the previous warpgroup in the ring has issued its wgmmas of this slot (warpgroup 0: the
+    last one's of the previous slot; its first wait passes at once)."""
     if PINGPONG:
-        mbarrier.wait(turn.index(WG), (slot & 1) ^ (1 - WG))
+        mbarrier.wait(turn.index(WG), (slot & 1) ^ (1 if WG == 0 else 0))
 
 
 @gluon.jit
-def _pass_turn(turn, WG: gl.constexpr, PINGPONG: gl.constexpr):
+def _pass_turn(turn, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.constexpr):
     if PINGPONG:
-        mbarrier.arrive(turn.index(1 - WG))
+        mbarrier.arrive(turn.index((WG + 1) % NUM_WG))
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty,
-              turn, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr,
-              BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
-              OVERLAP: gl.constexpr, PINGPONG: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """One warpgroup's 64 query rows against every key tile: the pipelined loop of the module docstring."""
+def _consumer(WG: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+              CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
+              NUM_WG: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """One warpgroup's 64 query rows against every key tile: the pipelined loop of the module docstring. `shared`
+    holds the runtime arguments common to all consumers (a tuple: Gluon 3.6 keeps constexprs only when passed alone)."""
+    (o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, turn, LSE, lse_row0, start_m, full_hi,
+     hi, SQ, SKV, qk_scale) = shared
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -149,7 +153,7 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full,
     _take_turn(turn, 0, WG, PINGPONG)
     s = consumer_wait(k_full, 0, STAGES)
     qk = warpgroup_mma(q, k_ring.index(s).permute((1, 0)), zero_s, use_acc=False)
-    _pass_turn(turn, WG, PINGPONG)
+    _pass_turn(turn, WG, NUM_WG, PINGPONG)
     consumer_release(k_empty, 0, STAGES)
     qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
     p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale)
@@ -161,7 +165,7 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full,
         qk_tok = warpgroup_mma(q, k_ring.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         v = v_ring.index(consumer_wait(v_full, it - 1, STAGES))
         acc_tok = warpgroup_mma(p_op, v, acc, is_async=True)
-        _pass_turn(turn, WG, PINGPONG)
+        _pass_turn(turn, WG, NUM_WG, PINGPONG)
         # arrive -> independent work -> wait: P.V(it-1) stays in flight while this warpgroup masks and exponentiates
         # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
         qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
@@ -177,7 +181,7 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full,
     _take_turn(turn, it, WG, PINGPONG)
     v = v_ring.index(consumer_wait(v_full, it - 1, STAGES))
     acc = warpgroup_mma(p_op, v, acc)
-    _pass_turn(turn, WG, PINGPONG)
+    _pass_turn(turn, WG, NUM_WG, PINGPONG)
     consumer_release(v_empty, it - 1, STAGES)
 
     out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
@@ -194,8 +198,8 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
                          HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                          POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                         WRITE_LSE: gl.constexpr):
-    BLOCK_M: gl.constexpr = 2 * WG_ROWS
+                         NUM_WG: gl.constexpr, WRITE_LSE: gl.constexpr):
+    BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
     m_block = gl.program_id(0) % m_blocks
     if CAUSAL:
@@ -217,33 +221,49 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     o_desc = tma.make_tensor_descriptor(O + b * o_sb + h * o_sh, [SQ, HEAD_DIM], [o_ss, 1], [WG_ROWS, HEAD_DIM],
                                         q_layout)
 
-    q_bufs = gl.allocate_shared_memory(Q.dtype.element_ty, [2, WG_ROWS, HEAD_DIM], q_layout)
+    q_bufs = gl.allocate_shared_memory(Q.dtype.element_ty, [NUM_WG, WG_ROWS, HEAD_DIM], q_layout)
     k_ring = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_ring = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
-    k_full, k_empty = allocate_ring(STAGES, 2)
-    v_landed, v_empty = allocate_ring(STAGES, 2)
+    k_full, k_empty = allocate_ring(STAGES, NUM_WG)
+    v_landed, v_empty = allocate_ring(STAGES, NUM_WG)
     v_full = v_landed
     if CONVERT_V:  # TMA lands on v_landed, the producer's conversion arrives on v_full
         v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         for s in gl.static_range(STAGES):
             mbarrier.init(v_full.index(s), count=1)
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for w in gl.static_range(2):
+    turn = gl.allocate_shared_memory(gl.int64, [NUM_WG, 1], mbarrier.MBarrierLayout())
+    for w in gl.static_range(NUM_WG):
         mbarrier.init(turn.index(w), count=1)
     full_hi, hi = _kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-    # the two consumers differ only in WG (Gluon 3.6 keeps constexpr-ness only for arguments written out in place)
-    gl.warp_specialize([
-        (_consumer, (0, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, turn,
-                     LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
-                     POSITIVE_SCALE, OVERLAP, PINGPONG, WRITE_LSE)),
-        (_consumer, (1, o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, turn,
-                     LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, STAGES, CAUSAL,
-                     POSITIVE_SCALE, OVERLAP, PINGPONG, WRITE_LSE)),
-        (_producer, (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full,
-                     v_empty, start_m, hi, BLOCK_N, STAGES, CONVERT_V)),
-    ], [4, 4 if CONVERT_V else 1], [232 if CONVERT_V else 240, 40 if CONVERT_V else 24])
+    shared = (o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, turn, LSE, bh * SQ, start_m,
+              full_hi, hi, SQ, SKV, qk_scale)
+    loads = (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full, v_empty,
+             start_m, hi)
+    # registers per thread of the worker consumers and of the producer (1 warp, or a warpgroup converting V); the
+    # default partition (consumer 0) gets what is left of the 64K: 512 per thread-of-a-warpgroup in all
+    regs: gl.constexpr = 160 if NUM_WG == 3 else (232 if CONVERT_V else 240)
+    producer_warps: gl.constexpr = 4 if CONVERT_V else 1
+    producer_regs: gl.constexpr = (32 if NUM_WG == 3 else 40) if CONVERT_V else 24
+    if NUM_WG == 2:
+        gl.warp_specialize([
+            (_consumer, (0, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
+                         WRITE_LSE)),
+            (_consumer, (1, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
+                         WRITE_LSE)),
+            (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG))], [4, producer_warps], [regs, producer_regs])
+    else:
+        gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
+        gl.warp_specialize([
+            (_consumer, (0, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
+                         WRITE_LSE)),
+            (_consumer, (1, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
+                         WRITE_LSE)),
+            (_consumer, (2, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
+                         WRITE_LSE)),
+            (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG))], [4, 4, producer_warps],
+            [regs, regs, producer_regs])
 
 
 @dataclass(frozen=True)
@@ -251,25 +271,35 @@ class HopperAttentionConfig:
     block_n: int
     stages: int
     overlap: int = 1  # the split-barrier window: softmax of tile j while P.V of tile j-1 runs
-    pingpong: int = 0  # order the two consumer warpgroups' wgmma issue through mbarriers
+    pingpong: int = 0  # order the consumer warpgroups' wgmma issue through mbarriers
+    consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
+
+    @property
+    def block_m(self) -> int:
+        return self.consumers * WG_ROWS.value
 
     def __str__(self) -> str:
-        return f"BM{2 * WG_ROWS.value}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-pp" * self.pingpong
+        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-pp" * self.pingpong
 
 
 # per head dim: the largest ring that fits shared memory; at D64 the window measured 3 % slower (run 8), so it is off
 CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0), 128: HopperAttentionConfig(128, 2),
            256: HopperAttentionConfig(64, 2)}
+# compiled spill-free and inspected, not yet run on a device: the next device session times them against CONFIGS
+# (the bench's ablation rows) and promotes what wins
+CANDIDATES = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3)}
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                   *, is_causal: bool, scale: float, recipe: AttentionRecipe, cfg: HopperAttentionConfig) -> None:
     """Same contract as `portable.attention_fwd.attention_fwd`, with the tile config chosen by the dispatcher."""
     bsz, hq, sq, d = q.shape
-    grid = (triton.cdiv(sq, 2 * WG_ROWS.value) * bsz * hq,)
+    if cfg.consumers not in (2, 3) or (cfg.consumers == 3 and d != 64):
+        raise ValueError(f"config: consumers={cfg.consumers} needs 2, or 3 with head dim 64 (registers)")
+    grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     if recipe.converts_v:
         v = v.view(torch.float16)  # the bf16 bits, converted in shared memory by the producer warpgroup
     attention_fwd_kernel[grid](
         *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         CAUSAL=is_causal, CONVERT_V=recipe.converts_v, POSITIVE_SCALE=scale > 0, OVERLAP=bool(cfg.overlap),
-        PINGPONG=bool(cfg.pingpong), WRITE_LSE=lse is not None, num_warps=4)
+        PINGPONG=bool(cfg.pingpong), NUM_WG=cfg.consumers, WRITE_LSE=lse is not None, num_warps=4)
