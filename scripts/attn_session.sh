@@ -2,7 +2,8 @@
 # Device loop for the Hopper attention fast path (one device call):
 #   bash scripts/attn_session.sh [probe args...]
 # installs, runs the GPU tests (everything but the hopper attention matrix, then that matrix on its own under a
-# timeout so a hung pipeline cannot eat the call), then scripts/attn_probe.py with the given args. Output under $OUT.
+# timeout so a hung pipeline cannot eat the call), then scripts/attn_probe.py with the given args, then (SANITIZE=1)
+# compute-sanitizer memcheck/racecheck/synccheck on scripts/small_shapes.py. Output under $OUT.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -20,4 +21,11 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST --maxfail=60 -k "att
   2>&1 | tail -40 | tee -a "$LOG"
 echo "=== probe $* ($(date -u +%T))" | tee -a "$LOG"
 timeout 300 python3 scripts/attn_probe.py --json "$OUT/probe.json" "$@" 2>&1 | tee -a "$LOG"
+if [ -n "${SANITIZE:-}" ]; then
+  for tool in memcheck racecheck synccheck; do
+    echo "=== compute-sanitizer $tool ($(date -u +%T))" | tee -a "$LOG" >> "$OUT/sanitizer.log"
+    timeout 120 compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
+    tail -1 "$OUT/sanitizer.log" | tee -a "$LOG"
+  done
+fi
 echo "=== done ($(date -u +%T))" | tee -a "$LOG"
