@@ -46,11 +46,13 @@ WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup: S and O accumul
 
 @gluon.jit
 def _kv_bounds(start_m, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """[0, full_hi) needs no mask; [full_hi, hi) holds the tail and diagonal tiles; keys >= hi are never visited."""
+    """[0, full_hi) needs no mask; [full_hi, hi) holds the tail and diagonal tiles; keys >= hi are never visited.
+    Causal: a tile is mask-free only if it ends at or before the block's first query, and BLOCK_M need not be a
+    multiple of BLOCK_N (192-row blocks start mid-tile), so full_hi rounds start_m down to a tile boundary."""
     full_hi = (SKV // BLOCK_N) * BLOCK_N
     hi = SKV
     if CAUSAL:
-        full_hi = min(full_hi, start_m)
+        full_hi = min(full_hi, (start_m // BLOCK_N) * BLOCK_N)
         hi = min(SKV, start_m + BLOCK_M)
     return full_hi, hi
 
