@@ -1,10 +1,12 @@
 """Hopper attention probe: correctness gate, then the fast path timed against cuDNN (and the portable kernel).
 
-    python3 scripts/attn_probe.py [--rows targets|quick] [--variant key=value,...]... [--json out.json]
+    python3 scripts/attn_probe.py [--rows targets|quick|tune|recipes] [--variant [dD:]key=value,...]... [--portable]
+                                  [--iters N] [--json out.json]
 
 Each row: NaN-poisoned check against the float64 reference (O and LSE), then CUDA-event medians for every variant, the
 portable kernel and SDPA-cuDNN on the same rotated inputs. It prints one line per row as it goes, so a hang or crash
-still leaves the rows before it. The committed bench (`xkernels bench`) is the reference; this is the quick loop.
+still leaves the rows before it (the JSON is rewritten after each row). Exit code 1 when any check failed. The
+committed bench (`xkernels bench`) is the reference; this is the quick loop.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def parse_variant(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="targets")
+    ap.add_argument("--rows", default="targets", choices=["targets", "quick", "tune", "recipes"])
     ap.add_argument("--variant", action="append", default=None,
                     help="hopper config overrides, e.g. stages=3; 'd64:block_n=64' applies to D64 rows only")
     ap.add_argument("--portable", action="store_true", help="also time the portable kernel")
@@ -69,7 +71,7 @@ def main() -> int:
             try:
                 c = case.check(first)
             except Exception as e:  # compile error or a config that does not fit: report, go on
-                line["check"][name] = f"error: {str(e).splitlines()[0][:200]}"
+                line["check"][name] = f"error: {type(e).__name__} {(str(e).splitlines() or [''])[0][:200]}"
                 continue
             line["check"][name] = "ok" if c.passed else f"FAIL {c.reason}"
             if c.passed:
@@ -82,12 +84,12 @@ def main() -> int:
             f"{k}: {v} ({v / ref:.2f}x)" for k, v in line["tflops"].items()) +
             "".join(f"  [{k}: {v}]" for k, v in line["check"].items() if v != "ok"), flush=True)
         results.append(line)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(results, f, indent=1)
         del sets, first
         torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
-    return 0
+    return int(any(v != "ok" for line in results for v in line["check"].values()))
 
 
 if __name__ == "__main__":

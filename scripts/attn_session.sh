@@ -1,31 +1,37 @@
 #!/usr/bin/env bash
 # Device loop for the Hopper attention fast path (one device call):
 #   bash scripts/attn_session.sh [probe args...]
-# installs, runs the GPU tests (everything but the hopper attention matrix, then that matrix on its own under a
-# timeout so a hung pipeline cannot eat the call), then scripts/attn_probe.py with the given args, then (SANITIZE=1)
-# compute-sanitizer memcheck/racecheck/synccheck on scripts/small_shapes.py. Output under $OUT.
+# installs, runs the GPU tests in two parts, each under a timeout so a hung pipeline cannot eat the call (all but the
+# forced-hopper attention tests, which on an H100/H200 still reach the Hopper kernel by default dispatch; then those),
+# then scripts/attn_probe.py with the given args, then (SANITIZE=1) compute-sanitizer
+# memcheck/racecheck/synccheck on scripts/small_shapes.py. Output under $OUT; exit code = failed stages.
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/session.log"
+failed=0
+note() { local rc=$1; echo "--- rc=$rc" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1)); }
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "=== gpu tests, all but hopper attention ($(date -u +%T))" | tee -a "$LOG"
   timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST -x -k "not (attention and hopper)" tests \
-    2>&1 | tail -25 | tee -a "$LOG"
+    2>&1 | tail -25 | tee -a "$LOG"; note "${PIPESTATUS[0]}"
 fi
 echo "=== gpu tests, hopper attention ($(date -u +%T))" | tee -a "$LOG"
 timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST --maxfail=60 -k "attention and hopper" tests/gpu \
-  2>&1 | tail -40 | tee -a "$LOG"
+  2>&1 | tail -40 | tee -a "$LOG"; note "${PIPESTATUS[0]}"
 echo "=== probe $* ($(date -u +%T))" | tee -a "$LOG"
-timeout 300 python3 scripts/attn_probe.py --json "$OUT/probe.json" "$@" 2>&1 | tee -a "$LOG"
+timeout 300 python3 scripts/attn_probe.py --json "$OUT/probe.json" "$@" 2>&1 | tee -a "$LOG"; note "${PIPESTATUS[0]}"
 if [ -n "${SANITIZE:-}" ]; then
   for tool in memcheck racecheck synccheck; do
     echo "=== compute-sanitizer $tool ($(date -u +%T))" | tee -a "$LOG" >> "$OUT/sanitizer.log"
-    timeout 120 compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
-    tail -1 "$OUT/sanitizer.log" | tee -a "$LOG"
+    exitcode=1; [ "$tool" = racecheck ] && exitcode=0  # racecheck: Gluon 3.6's partition hand-off, see README
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode "$exitcode" --print-limit 20 \
+      python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
+    rc=$?; tail -1 "$OUT/sanitizer.log" | tee -a "$LOG"; note "$rc"
   done
 fi
-echo "=== done ($(date -u +%T))" | tee -a "$LOG"
+echo "=== done ($(date -u +%T)), failed stages: $failed" | tee -a "$LOG"
+exit "$failed"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One whole device session in one command (see README "GPU verification"):
 #   bash scripts/gpu_session.sh [quick|full|gemm|attention]   (gemm: no sanitizers, GEMM suite only;
-#   attention: attention suite only; SKIP_TESTS=1 skips pytest when the same commit's tests ran in an earlier call)
+#   attention: attention suite only; SKIP_TESTS=1 skips pytest when the same commit's tests ran in an earlier call;
+#   full and attention take longer than one 10-minute device call: see benchmarks/NOTES.md for the split)
 # installs the package, runs the GPU tests, compute-sanitizer on small shapes, `xkernels check` and
 # `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, sanitizer.log (memcheck, racecheck,
 # synccheck), check.json, bench.json, bench.md, bench.png. (scripts/gemm_floor_probe.py is a separate probe.)
@@ -18,13 +19,19 @@ stage() { echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$L
 stage python3 -m pip install -q --no-deps --no-build-isolation -e .
 stage nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 stage python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-# a hung Hopper pipeline must not eat the session: smoke-test it under a timeout, else run the rest portable-only
+# a hung Hopper pipeline must not eat the session: smoke-test GEMM and attention under a timeout, else run the rest
+# portable-only
 if ! timeout 120 python3 -c "
 import torch, xkernels
 a, b = (torch.rand(3000, 2000, device='cuda') - 0.5).half(), (torch.rand(2000, 1000, device='cuda') - 0.5).half()
 c = xkernels.matmul(a, b); torch.cuda.synchronize()
 err = ((c.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm()).item()
 print(xkernels.last_backend(), 'rel err', err); assert err < 5e-3
+q, k, v = ((torch.rand(1, 4, 1000, 128, device='cuda') - 0.5).bfloat16() for _ in range(3))
+o = xkernels.attention(q, k, v, is_causal=True); torch.cuda.synchronize()
+ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+err = ((o.double() - ref).norm() / ref.norm()).item()
+print(xkernels.last_backend(), 'rel err', err); assert err < 1e-2
 " 2>&1 | tee -a "$LOG"; then
   echo "!!! Hopper smoke test failed or hung: XKERNELS_LAYER=portable for the rest of this session" | tee -a "$LOG"
   export XKERNELS_LAYER=portable; failed=$((failed + 1))
@@ -36,10 +43,14 @@ SANITIZERS="memcheck racecheck synccheck"
 [ "$MODE" = gemm ] && SANITIZERS=""
 for tool in $SANITIZERS; do
   echo "=== compute-sanitizer $tool" | tee -a "$LOG" "$OUT/sanitizer.log" >/dev/null
-  compute-sanitizer --tool "$tool" --print-limit 20 python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
+  # memcheck/synccheck findings fail the stage; racecheck reports Gluon 3.6's partition hand-off (README), so it is
+  # logged for reading rather than counted
+  exitcode=1; [ "$tool" = racecheck ] && exitcode=0
+  timeout 300 compute-sanitizer --tool "$tool" --error-exitcode "$exitcode" --print-limit 20 \
+    python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
   rc=$?; tail -2 "$OUT/sanitizer.log" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1))
 done
-stage xkernels check --json "$OUT/check.json"
+stage timeout 300 xkernels check --json "$OUT/check.json"
 if [ "$MODE" = full ]; then
   stage xkernels bench --out "$OUT"
 elif [ "$MODE" = gemm ] || [ "$MODE" = attention ]; then

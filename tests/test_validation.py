@@ -121,6 +121,21 @@ def test_folded_copy_is_reported(device):
     assert "copied:a" in xkernels.last_backend()
 
 
+def test_use_layer_none_keeps_the_outer_choice(device):
+    """Cases run with layer=None; that must not undo XKERNELS_LAYER or an outer use_layer."""
+    from xkernels.dispatch import use_layer
+    from xkernels.hopper.runtime import available
+
+    q, k, v = attention_inputs(1, 2, 17, 17, 64, torch.float16, device, seed=3)
+    with use_layer("hopper"), use_layer(None):
+        if available(q):
+            xkernels.attention(q, k, v)
+            assert xkernels.last_backend().startswith("hopper.attention")
+        else:  # the forced hopper layer still applies, and cannot run here
+            with pytest.raises(ValueError, match="'hopper' was forced"):
+                xkernels.attention(q, k, v)
+
+
 def test_use_layer_rejects_config_it_cannot_apply():
     from xkernels.dispatch import use_layer
 

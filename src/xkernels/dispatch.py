@@ -45,14 +45,18 @@ def _configured(default, config: dict):
 @contextlib.contextmanager
 def use_layer(layer: str | None, **config):
     """Force a kernel layer ("portable" or "hopper") and optionally override its tile config, for benchmarks and
-    tests. A forced layer that cannot run raises instead of falling back."""
+    tests; layer=None forces nothing. A forced layer that cannot run raises instead of falling back."""
     global _forced
     if layer not in (None, *LAYERS):
         raise ValueError(f"layer: {layer!r} is not one of {LAYERS}")
+    if config and layer != "hopper":
+        raise ValueError(f"config: overrides {sorted(config)} need layer='hopper', got layer={layer!r}")
     known = _fields(hopper_gemm.HopperGemmConfig) | _fields(hopper_attention.HopperAttentionConfig)
-    if config and (layer != "hopper" or set(config) - known):
-        raise ValueError(f"config: overrides apply to the hopper kernels' config fields {sorted(known)} only, "
-                         f"got {sorted(config)}")
+    if set(config) - known:
+        raise ValueError(f"config: {sorted(set(config) - known)} are not hopper config fields {sorted(known)}")
+    if layer is None:  # nothing forced: keep whatever XKERNELS_LAYER or an outer use_layer chose
+        yield
+        return
     saved, _forced = _forced, (layer, config)
     try:
         yield

@@ -1,11 +1,14 @@
 """The CPU matrix at real sizes, on a CUDA device (skipped without one). Real bf16 tensor-core numerics live here."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import xkernels
 from tests.helpers import poisoned_like
 from xkernels.dispatch import LAYERS, use_layer
+from xkernels.hopper import attention_fwd as hopper_attention
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
     attention_inputs,
@@ -48,9 +51,10 @@ def test_attention_any_scale(layer, causal, scale):
     """The Hopper softmax takes the row max before scaling only when scale > 0; other scales take the general path."""
     q, k, v = attention_inputs(1, 4, 300, 257, 128, torch.bfloat16, "cuda", seed=5)
     with use_layer(layer):
-        o = xkernels.attention(q, k, v, is_causal=causal, scale=scale, out=poisoned_like(q))
+        o, lse = xkernels.attention(q, k, v, is_causal=causal, scale=scale, out=poisoned_like(q), return_lse=True)
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal, scale=scale), ATTENTION_RECIPES["bf16"])
     assert c.passed, c
+    assert compare_lse(lse, reference_lse(q, k, is_causal=causal, scale=scale)).passed
 
 
 @pytest.mark.parametrize("d,overrides", [(128, dict(overlap=0)), (128, dict(pingpong=1)),
@@ -59,17 +63,21 @@ def test_attention_any_scale(layer, causal, scale):
 @pytest.mark.parametrize("recipe", ["fp16", "bf16io"])
 def test_hopper_attention_ablation_configs(recipe, d, overrides):
     rec = ATTENTION_RECIPES[recipe]
+    cfg = dataclasses.replace(hopper_attention.CONFIGS[d], **overrides)
     q, k, v = attention_inputs(2, 4, 1000, 1500, d, rec.io_dtype, "cuda", hkv=2, seed=8)
     for causal in (False, True):
         with use_layer("hopper", **overrides):
-            o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision=recipe,
-                                   out=poisoned_like(q))
-        assert compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec).passed
+            o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision=recipe,
+                                        out=poisoned_like(q), return_lse=True)
+        assert xkernels.last_backend() == f"hopper.attention[{recipe} {cfg}]"
+        c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
+        assert c.passed, c
+        assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
 
 
 def test_hopper_attention_rejects_config_it_cannot_run():
     q, k, v = attention_inputs(1, 2, 100, 100, 128, torch.float16, "cuda", seed=1)
-    with pytest.raises(ValueError, match="consumers"), use_layer("hopper", consumers=3):
+    with pytest.raises(ValueError, match="consumers=3 needs"), use_layer("hopper", consumers=3):
         xkernels.attention(q, k, v)
 
 

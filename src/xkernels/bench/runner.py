@@ -61,7 +61,11 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
     import xkernels
 
     first = case.inputs("cuda", seed=0)
-    check = case.check(first).row()
+    try:
+        check = case.check(first).row()
+    except Exception as e:  # e.g. a forced config that cannot compile or launch here: a failed row, not a lost bench
+        reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        check = {"passed": False, "reason": reason, "rel_rms": float("nan")}
     row = Row(kernel_name(case), case.recipe, case.shape, case.flops, check, xkernels.last_backend())
     if not (timed and row.passed):
         return row

@@ -22,7 +22,7 @@ def gemm_suite(quick: bool) -> tuple[list[Case], list[Case]]:
              for dt in dtypes for n in (4096, 8192) for lay in ("kn", "nk") for w in WALKS]
     timed += [GemmCase(8192, n, k, dt) for dt in dtypes for n, k in LLM_NK]
     timed += [GemmCase(8192, 8192, 8192, dt, lay, "grouped", "portable") for dt in dtypes for lay in ("kn", "nk")]
-    return gate, timed + gemm_ablation()
+    return gate, timed + (gemm_ablation() if hopper_here() else [])
 
 
 def gemm_ablation() -> list[Case]:
@@ -32,8 +32,8 @@ def gemm_ablation() -> list[Case]:
 
 
 def attention_suite(quick: bool) -> list[Case]:
-    """Default dispatch (the Hopper kernel on an H100/H200) on the issue's rows, the portable kernel on two of them,
-    and the Hopper kernel's ablation rows."""
+    """Full: default dispatch (the Hopper kernel on an H100/H200) on the issue's rows in every recipe, the portable
+    kernel on two of them, and the Hopper kernel's ablation rows. Quick: five rows, default dispatch."""
     recipes = list(ATTENTION_RECIPES)
     if quick:
         cases: list[Case] = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in recipes]
@@ -48,11 +48,20 @@ def attention_suite(quick: bool) -> list[Case]:
         cases += [AttentionCase(e.b, e.hq, e.hkv, e.sq, e.skv, e.d, e.causal, r) for r in recipes]
     cases += [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "portable"),
               AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", "portable")]
-    return cases + attention_ablation()
+    return cases + (attention_ablation() if hopper_here() else [])
+
+
+def hopper_here() -> bool:
+    """Whether this process's current device runs the Hopper kernels (their forced ablation rows need it)."""
+    import torch
+
+    from xkernels.hopper.runtime import available
+
+    return torch.cuda.is_available() and available(torch.empty(0, device="cuda"))
 
 
 def attention_ablation() -> list[Case]:
-    """Each trick of the Hopper attention kernel switched off (or resized) on the first seeds' row."""
+    """Each trick of the Hopper attention kernel switched off (or resized): on B1 H32 8K D128 and B4 H32 4K D64."""
     variants = ((("overlap", 0),), (("pingpong", 1),), (("stages", 3),))
     rows = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "hopper", v) for v in variants]
     d64 = ((("overlap", 1),), (("stages", 4),), (("consumers", 3),))  # D64 ships with the window closed
