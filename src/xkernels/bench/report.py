@@ -144,12 +144,19 @@ def summary_markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 
-def write_outputs(rows: list[Row], ceilings: Ceilings, out_dir: Path, json_path: Path, command: str) -> list[Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
+def write_json(rows: list[Row], ceilings: Ceilings, json_path: Path, command: str) -> list[dict]:
+    """The rows so far: written after every row, so a run cut short by a time limit keeps what it measured
+    (`python -m xkernels.bench.report bench.json` then draws the summary and plot)."""
     json_path.parent.mkdir(parents=True, exist_ok=True)
     dict_rows = [r.as_dict(ceilings) for r in rows]
     json_path.write_text(json.dumps({"command": command, "ceilings": ceilings.as_dict(), "rows": dict_rows},
                                     indent=1))
+    return dict_rows
+
+
+def write_outputs(rows: list[Row], ceilings: Ceilings, out_dir: Path, json_path: Path, command: str) -> list[Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    dict_rows = write_json(rows, ceilings, json_path, command)
     md = out_dir / "bench.md"
     md.write_text(markdown(rows, ceilings, command))
     written = [json_path, md]

@@ -37,6 +37,8 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
         plan += [(c, True) for c in attention_suite(args.quick)]
 
     command = "xkernels " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out_dir = Path(args.out)
+    json_path = Path(args.json) if args.json else out_dir / "bench.json"
     rows = []
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("ceilings", total=len(plan) + 1)
@@ -45,11 +47,10 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
         for case, timed in plan:
             progress.update(task, description=f"{case.recipe} {case.shape}")
             rows.append(run_case(case, timed=timed, warmup=args.warmup, iters=args.iters, sleep_s=args.sleep))
+            report.write_json(rows, ceilings, json_path, command)
             progress.advance(task)
     console.print(report.rich_table(rows, ceilings))
-    out_dir = Path(args.out)
-    written = report.write_outputs(rows, ceilings, out_dir, Path(args.json) if args.json else out_dir / "bench.json",
-                                   command)
+    written = report.write_outputs(rows, ceilings, out_dir, json_path, command)
     console.print("wrote " + ", ".join(map(str, written)))
     failed = [r for r in rows if not r.passed]
     for r in failed:
