@@ -5,7 +5,7 @@ each) that share the K/V tiles. Partitions:
   - producer (1 warp): both Q halves once, then for each key tile: acquire a K stage, TMA K; acquire a V stage,
     TMA V. K and V have separate rings, so a K stage frees as soon as both QK^T wgmmas that read it retire, and the
     producer fetches the next K while this tile's P.V is still reading V. For bf16io the producer is a warpgroup
-    that also rewrites each V tile in place from bf16 to fp16 (the seeds' conversion, off the consumers' path);
+    that also rewrites each V tile in place from bf16 to fp16 (the seeds' conversion, kept out of the consumers);
   - consumer warpgroup w (4 warps): its 64 Q rows against every key tile, the pipelined loop below.
 
 The pipelined loop (the seeds' split barrier: arrive -> independent work -> wait), tile j:
@@ -60,7 +60,8 @@ def _kv_bounds(start_m, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 @gluon.jit
 def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr):
     """bf16io: rewrite V tile `it` in place from bf16 to fp16 (the ring is typed fp16 and TMA copied the bf16 bits),
-    then hand it to the consumers. Runs in the producer warpgroup, off the consumers' critical path."""
+    then hand it to the consumers. Runs in the producer warpgroup, so the consumers' registers and issue slots stay
+    with the wgmma/softmax loop; its latency still adds to V's (benchmarks/NOTES.md, bf16io)."""
     s = consumer_wait(v_landed, it, STAGES)
     tile = v_ring.index(s)
     rows: gl.constexpr = tile.shape[0]
@@ -89,8 +90,8 @@ def _producer(loads, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.
         tma.async_copy_global_to_shared(k_desc, [start_n, 0], k_full.index(s), k_ring.index(s))
         if CONVERT_V:
             if it > 0:
-                # V(it-1) landed a tile ago; converting it before waiting for V(it)'s stage keeps the conversion off
-                # the consumers' path: they need it only after issuing QK^T(it)
+                # V(it-1) was issued a tile ago: converting it before waiting for V(it)'s stage starts it as early as
+                # the ring allows (the consumers need it right after issuing QK^T(it))
                 _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)
         s = producer_acquire(v_empty, it, STAGES)
         mbarrier.expect(v_landed.index(s), v_desc.block_type.nbytes)
