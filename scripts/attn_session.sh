@@ -3,10 +3,10 @@
 #   bash scripts/attn_session.sh [probe args...]
 # installs, runs the GPU tests in two parts, each under a timeout so a hung pipeline cannot eat the call (all but the
 # forced-hopper attention tests, which on an H100/H200 still reach the Hopper kernel by default dispatch; then those),
-# then scripts/attn_probe.py with the given args, then (SANITIZE=1) compute-sanitizer
-# memcheck/racecheck/synccheck on scripts/small_shapes.py. Output under $OUT; exit code = failed stages.
+# then scripts/attn_probe.py with the given args, then (SANITIZE=1) scripts/sanitize.sh. Output under $OUT; exit
+# code = failed stages.
 set -uo pipefail
-OUT=${OUT:-out}
+export OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/session.log"
@@ -25,13 +25,8 @@ timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST --maxfail=60 -k "att
 echo "=== probe $* ($(date -u +%T))" | tee -a "$LOG"
 timeout 300 python3 scripts/attn_probe.py --json "$OUT/probe.json" "$@" 2>&1 | tee -a "$LOG"; note "${PIPESTATUS[0]}"
 if [ -n "${SANITIZE:-}" ]; then
-  for tool in memcheck racecheck synccheck; do
-    echo "=== compute-sanitizer $tool ($(date -u +%T))" | tee -a "$LOG" >> "$OUT/sanitizer.log"
-    exitcode=1; [ "$tool" = racecheck ] && exitcode=0  # racecheck: Gluon 3.6's partition hand-off, see README
-    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode "$exitcode" --print-limit 20 \
-      python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
-    rc=$?; tail -1 "$OUT/sanitizer.log" | tee -a "$LOG"; note "$rc"
-  done
+  echo "=== sanitizers ($(date -u +%T))" | tee -a "$LOG"
+  bash scripts/sanitize.sh 120 2>&1 | tee -a "$LOG"; note "${PIPESTATUS[0]}"
 fi
 echo "=== done ($(date -u +%T)), failed stages: $failed" | tee -a "$LOG"
 exit "$failed"

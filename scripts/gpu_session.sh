@@ -3,13 +3,13 @@
 #   bash scripts/gpu_session.sh [quick|full|gemm|attention]   (gemm: no sanitizers, GEMM suite only;
 #   attention: attention suite only; SKIP_TESTS=1 skips pytest when the same commit's tests ran in an earlier call;
 #   full and attention take longer than one 10-minute device call: see benchmarks/NOTES.md for the split)
-# installs the package, runs the GPU tests, compute-sanitizer on small shapes, `xkernels check` and
-# `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, sanitizer.log (memcheck, racecheck,
-# synccheck), check.json, bench.json, bench.md, bench.png. (scripts/gemm_floor_probe.py is a separate probe.)
+# installs the package, runs the GPU tests, compute-sanitizer on small shapes (scripts/sanitize.sh), `xkernels
+# check` and `xkernels bench`, and leaves everything under $OUT (or ./out): session.log, sanitizer.log (memcheck,
+# racecheck, synccheck), check.json, bench.json, bench.md, bench.png. (scripts/gemm_floor_probe.py is a separate probe.)
 # Every stage runs even when an earlier one fails; the exit code is the number of failed stages.
 set -uo pipefail
 MODE=${1:-quick}
-OUT=${OUT:-out}
+export OUT=${OUT:-out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 LOG="$OUT/session.log"
@@ -39,17 +39,7 @@ fi
 # the device image has pytest-xdist: 8 workers compile kernel variants in parallel
 XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 [ -z "${SKIP_TESTS:-}" ] && stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
-SANITIZERS="memcheck racecheck synccheck"
-[ "$MODE" = gemm ] && SANITIZERS=""
-for tool in $SANITIZERS; do
-  echo "=== compute-sanitizer $tool" | tee -a "$LOG" "$OUT/sanitizer.log" >/dev/null
-  # memcheck/synccheck findings fail the stage; racecheck reports Gluon 3.6's partition hand-off (README), so it is
-  # logged for reading rather than counted
-  exitcode=1; [ "$tool" = racecheck ] && exitcode=0
-  timeout 300 compute-sanitizer --tool "$tool" --error-exitcode "$exitcode" --print-limit 20 \
-    python3 scripts/small_shapes.py >> "$OUT/sanitizer.log" 2>&1
-  rc=$?; tail -2 "$OUT/sanitizer.log" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1))
-done
+[ "$MODE" = gemm ] || stage bash scripts/sanitize.sh
 stage timeout 300 xkernels check --json "$OUT/check.json"
 if [ "$MODE" = full ]; then
   stage xkernels bench --out "$OUT"

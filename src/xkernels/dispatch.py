@@ -99,9 +99,10 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float, recipe: AttentionR
     qq, kk, vv = _ready(q, "q", copies), _ready(k, "k", copies), _ready(v, "v", copies)
     oo = _ready(out, "out", copies)
     layer, config = _forced
-    if layer == "hopper" and not hopper_available(q):
+    on_hopper = hopper_available(q)
+    if layer == "hopper" and not on_hopper:
         raise ValueError("layer 'hopper' was forced, but attention there needs sm_90 and triton 3.6")
-    if layer != "portable" and hopper_available(q):
+    if layer != "portable" and on_hopper:
         cfg = _configured(hopper_attention.CONFIGS[d], config)
         hopper_attention.attention_fwd(qq, kk, vv, oo, lse, is_causal=is_causal, scale=scale, recipe=recipe, cfg=cfg)
         name = "hopper"
