@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
 import torch
 
@@ -62,11 +63,10 @@ def main() -> int:
         first = base.inputs("cuda", seed=0)
         sets = [first] + [base.inputs("cuda", seed=i) for i in range(1, rotation_count(base.nbytes))]
         line = {"shape": base.shape, "recipe": base.recipe, "tflops": {}, "check": {}}
-        cases = {"hopper" + "".join(f" {k}={v}" for k, v in ov): AttentionCase(**{**base.__dict__, "layer": "hopper",
-                                                                                    "overrides": ov})
+        cases = {"hopper" + "".join(f" {k}={v}" for k, v in ov): replace(base, layer="hopper", overrides=ov)
                  for d, ov in variants if d in (None, base.d)}
         if args.portable:
-            cases["portable"] = AttentionCase(**{**base.__dict__, "layer": "portable"})
+            cases["portable"] = replace(base, layer="portable")
         for name, case in cases.items():
             try:
                 c = case.check(first)
