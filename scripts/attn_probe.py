@@ -1,7 +1,7 @@
 """Hopper attention probe: correctness gate, then the fast path timed against cuDNN (and the portable kernel).
 
     python3 scripts/attn_probe.py [--rows targets|quick|tune|recipes] [--variant [dD:]key=value,...]... [--portable]
-                                  [--iters N] [--json out.json]
+                                  [--iters N] [--time-failed] [--json out.json]
 
 Each row: NaN-poisoned check against the float64 reference (O and LSE), then CUDA-event medians for every variant, the
 portable kernel and SDPA-cuDNN on the same rotated inputs. It prints one line per row as it goes, so a hang or crash
@@ -55,6 +55,8 @@ def main() -> int:
                     help="hopper config overrides, e.g. stages=3; 'd64:block_n=64' applies to D64 rows only")
     ap.add_argument("--portable", action="store_true", help="also time the portable kernel")
     ap.add_argument("--iters", type=int, default=60)
+    ap.add_argument("--time-failed", action="store_true",
+                    help="also time variants that fail the accuracy contract (off-contract ablations such as acc16)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     variants = [parse_variant(v) for v in (args.variant or [""])]
@@ -62,7 +64,7 @@ def main() -> int:
     for base in rows(args.rows):
         first = base.inputs("cuda", seed=0)
         sets = [first] + [base.inputs("cuda", seed=i) for i in range(1, rotation_count(base.nbytes))]
-        line = {"shape": base.shape, "recipe": base.recipe, "tflops": {}, "check": {}}
+        line = {"shape": base.shape, "recipe": base.recipe, "tflops": {}, "check": {}, "accuracy": {}}
         cases = {"hopper" + "".join(f" {k}={v}" for k, v in ov): replace(base, layer="hopper", overrides=ov)
                  for d, ov in variants if d in (None, base.d)}
         if args.portable:
@@ -74,7 +76,8 @@ def main() -> int:
                 line["check"][name] = f"error: {type(e).__name__} {(str(e).splitlines() or [''])[0][:200]}"
                 continue
             line["check"][name] = "ok" if c.passed else f"FAIL {c.reason}"
-            if c.passed:
+            line["accuracy"][name] = {"rel_rms": c.rel_rms, "max_abs_diff": c.max_abs_diff}
+            if c.passed or args.time_failed:
                 line["tflops"][name] = round(time_cuda(case.run, sets, iters=args.iters).tflops(base.flops), 1)
         peer = _sdpa_peer("cuDNN", "CUDNN_ATTENTION", base)
         with peer.context():

@@ -59,7 +59,9 @@ def test_attention_any_scale(layer, causal, scale):
 
 @pytest.mark.parametrize("d,overrides", [(128, dict(overlap=0)), (128, dict(pingpong=1)),
                                          (128, dict(stages=3, block_n=64)), (64, dict(overlap=1)),
-                                         (64, dict(consumers=3)), (64, dict(consumers=3, pingpong=1, overlap=1))])
+                                         (64, dict(consumers=3)), (64, dict(consumers=3, pingpong=1, overlap=1)),
+                                         (64, dict(fma_exp=2)), (64, dict(consumers=3, fma_exp=4)),
+                                         (128, dict(fma_exp=4)), (128, dict(stages=3)), (256, dict(fma_exp=4))])
 @pytest.mark.parametrize("recipe", ["fp16", "bf16io"])
 def test_hopper_attention_ablation_configs(recipe, d, overrides):
     rec = ATTENTION_RECIPES[recipe]
@@ -79,6 +81,10 @@ def test_hopper_attention_rejects_config_it_cannot_run():
     q, k, v = attention_inputs(1, 2, 100, 100, 128, torch.float16, "cuda", seed=1)
     with pytest.raises(ValueError, match="consumers=3 needs"), use_layer("hopper", consumers=3):
         xkernels.attention(q, k, v)
+    with pytest.raises(ValueError, match="fma_exp=3 must be"), use_layer("hopper", fma_exp=3):
+        xkernels.attention(q, k, v)
+    with pytest.raises(ValueError, match="acc16 needs fp16 P.V"), use_layer("hopper", acc16=1):
+        xkernels.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), precision="bf16")
 
 
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4095, 4097, 1000), (8192, 1024, 512), (1, 4096, 4096)])

@@ -128,7 +128,7 @@ def _pass_turn(turn, WG: gl.constexpr, NUM_WG: gl.constexpr, PINGPONG: gl.conste
 @gluon.jit
 def _consumer(WG: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
               CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-              NUM_WG: gl.constexpr, WRITE_LSE: gl.constexpr):
+              NUM_WG: gl.constexpr, FMA_EXP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr):
     """One warpgroup's 64 query rows against every key tile: the pipelined loop of the module docstring. `shared`
     holds the runtime arguments common to all consumers (a tuple: Gluon 3.6 keeps constexprs only when passed alone)."""
     (o_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_full, v_empty, turn, LSE, lse_row0, start_m, full_hi,
@@ -142,6 +142,7 @@ def _consumer(WG: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_N: gl.cons
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     pv_dtype: gl.constexpr = v_ring.dtype  # bf16io: fp16, converted in place by the producer
+    acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32  # ACC16: the seeds' fp16 P.V accumulator
     step_scale = qk_scale if POSITIVE_SCALE else 1.0
     q = q_bufs.index(WG)
     row0 = start_m + WG * WG_ROWS
@@ -151,7 +152,7 @@ def _consumer(WG: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_N: gl.cons
     # tile 0: scores and softmax only; its P.V is issued together with tile 1's QK^T
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
     l_i = gl.zeros([WG_ROWS], gl.float32, rows_s)
-    acc = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, o_layout)
+    acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
     mbarrier.wait(q_ready, 0)
     _take_turn(turn, 0, WG, PINGPONG)
     s = consumer_wait(k_full, 0, STAGES)
@@ -159,7 +160,7 @@ def _consumer(WG: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_N: gl.cons
     _pass_turn(turn, WG, NUM_WG, PINGPONG)
     consumer_release(k_empty, 0, STAGES)
     qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-    p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale)
+    p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, FMA_EXP)
     p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
     it = 1
     for start_n in range(BLOCK_N, hi, BLOCK_N):
@@ -174,10 +175,11 @@ def _consumer(WG: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_N: gl.cons
         qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
         consumer_release(k_empty, it, STAGES)
         qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-        p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale)
+        p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, FMA_EXP)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
         consumer_release(v_empty, it - 1, STAGES)
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1)  # deferred rescale: P.V(it-1) has landed
+        # deferred rescale: P.V(it-1) has landed
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1).to(acc_dtype)
         p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
         m_i = m_new
         it += 1
@@ -187,7 +189,7 @@ def _consumer(WG: gl.constexpr, shared, HEAD_DIM: gl.constexpr, BLOCK_N: gl.cons
     _pass_turn(turn, WG, NUM_WG, PINGPONG)
     consumer_release(v_empty, it - 1, STAGES)
 
-    out = acc / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
+    out = acc.to(gl.float32) / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
     q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
     tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
@@ -201,7 +203,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
                          HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                          POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                         NUM_WG: gl.constexpr, WRITE_LSE: gl.constexpr):
+                         NUM_WG: gl.constexpr, FMA_EXP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
     m_block = gl.program_id(0) % m_blocks
@@ -252,19 +254,19 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     if NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (0, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
-                         WRITE_LSE)),
+                         FMA_EXP, ACC16, WRITE_LSE)),
             (_consumer, (1, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
-                         WRITE_LSE)),
+                         FMA_EXP, ACC16, WRITE_LSE)),
             (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG))], [4, producer_warps], [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
             (_consumer, (0, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
-                         WRITE_LSE)),
+                         FMA_EXP, ACC16, WRITE_LSE)),
             (_consumer, (1, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
-                         WRITE_LSE)),
+                         FMA_EXP, ACC16, WRITE_LSE)),
             (_consumer, (2, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
-                         WRITE_LSE)),
+                         FMA_EXP, ACC16, WRITE_LSE)),
             (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG))], [4, 4, producer_warps],
             [regs, regs, producer_regs])
 
@@ -276,13 +278,16 @@ class HopperAttentionConfig:
     overlap: int = 1  # the split-barrier window: softmax of tile j while P.V of tile j-1 runs
     pingpong: int = 0  # order the consumer warpgroups' wgmma issue through mbarriers
     consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
+    fma_exp: int = 0  # 1 in fma_exp exponentials (2 or 4) on the FMA pipe instead of MUFU (softmax.exp2_mixed)
+    acc16: int = 0  # the seeds' fp16 P.V accumulator (fp16 P.V recipes only): half the O registers
 
     @property
     def block_m(self) -> int:
         return self.consumers * WG_ROWS.value
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-pp" * self.pingpong
+        return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-pp" * self.pingpong
+                + (f"-fx{self.fma_exp}" if self.fma_exp else "") + "-acc16" * self.acc16)
 
 
 # per head dim: the largest ring that fits shared memory; at D64 the window measured 3 % slower (run 8), so it is off
@@ -299,10 +304,15 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     bsz, hq, sq, d = q.shape
     if cfg.consumers not in (2, 3) or (cfg.consumers == 3 and d != 64):
         raise ValueError(f"config: consumers={cfg.consumers} needs 2, or 3 with head dim 64 (registers)")
+    if cfg.fma_exp not in (0, 2, 4):
+        raise ValueError(f"config: fma_exp={cfg.fma_exp} must be 0, 2 or 4")
+    if cfg.acc16 and recipe.pv_dtype != torch.float16:
+        raise ValueError(f"config: acc16 needs fp16 P.V (recipe {recipe.name} multiplies P.V in bf16)")
     grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     if recipe.converts_v:
         v = v.view(torch.float16)  # the bf16 bits, converted in shared memory by the producer warpgroup
     attention_fwd_kernel[grid](
         *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         CAUSAL=is_causal, CONVERT_V=recipe.converts_v, POSITIVE_SCALE=scale > 0, OVERLAP=bool(cfg.overlap),
-        PINGPONG=bool(cfg.pingpong), NUM_WG=cfg.consumers, WRITE_LSE=lse is not None, num_warps=4)
+        PINGPONG=bool(cfg.pingpong), NUM_WG=cfg.consumers, FMA_EXP=cfg.fma_exp, ACC16=bool(cfg.acc16),
+        WRITE_LSE=lse is not None, num_warps=4)
