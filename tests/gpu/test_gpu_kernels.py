@@ -59,8 +59,8 @@ def test_attention_any_scale(layer, causal, scale):
 
 @pytest.mark.parametrize("d,overrides", [(128, dict(overlap=0)), (128, dict(pingpong=1)),
                                          (128, dict(stages=3, block_n=64)), (64, dict(overlap=1)),
-                                         (64, dict(consumers=3)), (64, dict(consumers=3, pingpong=1, overlap=1)),
-                                         (64, dict(fma_exp=2)), (64, dict(consumers=3, fma_exp=4)),
+                                         (64, dict(consumers=2)), (64, dict(consumers=3, pingpong=1, overlap=1)),
+                                         (64, dict(fma_exp=2)), (64, dict(consumers=2, fma_exp=4)),
                                          (128, dict(fma_exp=4)), (128, dict(stages=3)), (256, dict(fma_exp=4))])
 @pytest.mark.parametrize("recipe", ["fp16", "bf16io"])
 def test_hopper_attention_ablation_configs(recipe, d, overrides):

@@ -62,7 +62,8 @@ def hopper_here() -> bool:
 
 def attention_ablation() -> list[Case]:
     """Each trick of the Hopper attention kernel switched off (or resized): on B1 H32 8K D128 and B4 H32 4K D64."""
-    variants = ((("overlap", 0),), (("pingpong", 1),), (("stages", 3),))
+    variants = ((("overlap", 0),), (("pingpong", 1),), (("stages", 3),), (("fma_exp", 4),))
     rows = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "hopper", v) for v in variants]
-    d64 = ((("overlap", 1),), (("stages", 4),), (("consumers", 3),))  # D64 ships with the window closed
+    rows.append(AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16io", "hopper", (("stages", 3),)))
+    d64 = ((("consumers", 2),), (("overlap", 1),), (("fma_exp", 4),))  # D64 ships 3 consumers, the window closed
     return rows + [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", "hopper", v) for v in d64]
