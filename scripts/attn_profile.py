@@ -1,13 +1,15 @@
-"""Hardware counters for the Hopper attention kernel and SDPA-cuDNN on the same rows (run under ncu):
+"""Hardware counters for the Hopper attention kernel (and SDPA-cuDNN) on chosen rows; run under ncu:
 
-    ncu --clock-control none --profile-from-start off --section SpeedOfLight --metrics ... \
-        python3 scripts/attn_profile.py
+    bash scripts/attn_profile.sh [targets|bf16io]   (the wrapper: ncu options, sections, metrics)
 
-Compiles and warms every kernel outside the profiled range, then launches ours and cuDNN once per row inside it, so
-ncu sees exactly those launches (its replays restore memory between passes). scripts/attn_profile.sh is the wrapper.
+targets: the D128 and D64 bf16 rows, ours then cuDNN. bf16io: bf16 then bf16io at D128 and D256, ours only (where
+does the V conversion's time go). Every kernel is compiled and warmed outside the profiled range; inside it each row
+launches once, so ncu sees exactly those launches (its replays restore memory between passes).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -15,29 +17,36 @@ import xkernels
 from xkernels.bench.peers import _sdpa_peer
 from xkernels.testing.cases import AttentionCase
 
-ROWS = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16"),
-        AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16")]
+SETS = {
+    "targets": ([AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16"),
+                 AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16")], True),
+    "bf16io": ([AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in ("bf16", "bf16io")]
+               + [AttentionCase(1, 16, 16, 8192, 8192, 256, False, r) for r in ("bf16", "bf16io")], False),
+}
 
 
-def main() -> None:
+def main(which: str) -> None:
+    cases, with_cudnn = SETS[which]
     launches = []
-    for case in ROWS:
+    for case in cases:
         inputs = case.inputs("cuda", seed=0)
-        peer = _sdpa_peer("cuDNN", "CUDNN_ATTENTION", case)
-        with peer.context():
-            launches.append((case, inputs, peer))
-            case.run(inputs)
-            peer.fn(inputs)
-            print(case.shape, xkernels.last_backend(), flush=True)
+        peer = _sdpa_peer("cuDNN", "CUDNN_ATTENTION", case) if with_cudnn else None
+        case.run(inputs)
+        print(case.shape, case.recipe, xkernels.last_backend(), flush=True)
+        if peer:
+            with peer.context():
+                peer.fn(inputs)
+        launches.append((case, inputs, peer))
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for case, inputs, peer in launches:
         case.run(inputs)
-        with peer.context():
-            peer.fn(inputs)
+        if peer:
+            with peer.context():
+                peer.fn(inputs)
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1] if len(sys.argv) > 1 else "targets")

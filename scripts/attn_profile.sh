@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# ncu over scripts/attn_profile.py: per launch, speed of light, pipe utilizations (tensor, XU = MUFU, FMA, ALU),
-# warp stall reasons and L2 hit rate, into $OUT/ncu.txt (raw report: $OUT/attn.ncu-rep). If a named metric is unknown
-# to this ncu, it retries with the sections alone; $OUT/ncu-metrics.txt lists the pipe metrics this ncu knows.
-#   bash scripts/attn_profile.sh [timeout seconds per attempt, default 180]
+# ncu over scripts/attn_profile.py: per launch, speed of light, pipe utilizations (HGMMA, XU = MUFU, FMA, ALU),
+# shared-memory and L2 use, warp stall reasons, into $OUT/ncu-<set>.txt (raw report: $OUT/attn-<set>.ncu-rep). If a
+# named metric is unknown to this ncu, it retries with the sections alone; $OUT/ncu-metrics.txt lists the pipe
+# metrics this ncu knows.
+#   bash scripts/attn_profile.sh [set: targets|bf16io, default targets] [timeout seconds per attempt, default 180]
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -10,20 +11,23 @@ ncu --query-metrics 2>/dev/null | grep -i "pipe_\(tensor\|xu\|fma\|alu\)" > "$OU
 metrics=sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
 metrics+=,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
-metrics+=,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+metrics+=,sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct
-sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy)
+sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+          --section WarpStateStats --section Occupancy)
+set_=${1:-targets}
+limit=${2:-180}
 run() {
-  timeout "${1}" ncu --clock-control none --profile-from-start off "${sections[@]}" "${@:2}" -o "$OUT/attn" -f \
-    python3 scripts/attn_profile.py > "$OUT/ncu.log" 2>&1
+  timeout "$limit" ncu --clock-control none --profile-from-start off "${sections[@]}" "$@" -o "$OUT/attn-$set_" -f \
+    python3 scripts/attn_profile.py "$set_" > "$OUT/ncu-$set_.log" 2>&1
 }
-run "${1:-180}" --metrics "$metrics"
+run --metrics "$metrics"
 rc=$?
 if [ "$rc" != 0 ]; then
-  echo "ncu with named metrics: rc=$rc; retrying with the sections alone" | tee -a "$OUT/ncu.log"
-  run "${1:-180}"
+  echo "ncu with named metrics: rc=$rc; retrying with the sections alone" | tee -a "$OUT/ncu-$set_.log"
+  run
   rc=$?
 fi
-ncu --import "$OUT/attn.ncu-rep" --print-units base > "$OUT/ncu.txt" 2>&1
-tail -5 "$OUT/ncu.log"
+ncu --import "$OUT/attn-$set_.ncu-rep" --print-units base > "$OUT/ncu-$set_.txt" 2>&1
+tail -8 "$OUT/ncu-$set_.log"
 exit "$rc"

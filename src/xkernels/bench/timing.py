@@ -49,6 +49,7 @@ def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, w
     peers alike, and the host cost per call is reported on its own (`host_us`).
     """
     n = len(input_sets)
+    fn(input_sets[0])  # a first call may compile (e.g. a kernel variant the check did not build): keep it off host_s
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(warmup):
