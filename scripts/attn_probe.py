@@ -1,7 +1,7 @@
 """Hopper attention probe: correctness gate, then the fast path timed against cuDNN (and the portable kernel).
 
-    python3 scripts/attn_probe.py [--rows targets|quick|tune|recipes] [--variant [dD:]key=value,...]... [--portable]
-                                  [--iters N] [--time-failed] [--json out.json]
+    python3 scripts/attn_probe.py [--rows targets|quick|tune|recipes|bf16io] [--variant [dD:]key=value,...]...
+                                  [--portable] [--iters N] [--time-failed] [--json out.json]
 
 Each row: NaN-poisoned check against the float64 reference (O and LSE), then CUDA-event medians for every variant, the
 portable kernel and SDPA-cuDNN on the same rotated inputs. It prints one line per row as it goes, so a hang or crash
@@ -30,6 +30,9 @@ def rows(kind: str) -> list[AttentionCase]:
               (1, 16, 8192, 8192, 256, True)]
     if kind == "recipes":  # bf16io first: its time against bf16's is the issue's target
         return [AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in ("bf16io", "bf16", "fp16")]
+    if kind == "bf16io":  # bf16io against bf16 at D128 and D256
+        return [AttentionCase(1, h, h, 8192, 8192, d, False, r) for h, d in ((32, 128), (16, 256))
+                for r in ("bf16io", "bf16")]
     if kind == "tune":  # D64, D256 causal and the three recipes on the first seeds' row
         return [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16"),
                 AttentionCase(1, 16, 16, 8192, 8192, 256, True, "bf16")] + [
@@ -50,7 +53,7 @@ def parse_variant(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", default="targets", choices=["targets", "quick", "tune", "recipes"])
+    ap.add_argument("--rows", default="targets", choices=["targets", "quick", "tune", "recipes", "bf16io"])
     ap.add_argument("--variant", action="append", default=None,
                     help="hopper config overrides, e.g. stages=3; 'd64:block_n=64' applies to D64 rows only")
     ap.add_argument("--portable", action="store_true", help="also time the portable kernel")

@@ -107,7 +107,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     dict(HEAD_DIM=d, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
                          CONVERT_V=recipe.converts_v, POSITIVE_SCALE=True, OVERLAP=bool(ac.overlap),
                          PINGPONG=bool(ac.pingpong), NUM_WG=ac.consumers, FMA_EXP=ac.fma_exp,
-                         ACC16=bool(ac.acc16), WRITE_LSE=True), 4, gluon=True)
+                         ACC16=bool(ac.acc16), CONVERT_STEPS=ac.convert_steps, WRITE_LSE=True), 4,
+                         gluon=True)
 
     c = gemm.CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):

@@ -58,7 +58,7 @@ def _kv_bounds(start_m, SKV, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSA
 
 
 @gluon.jit
-def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr):
+def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr, STEPS: gl.constexpr):
     """bf16io: rewrite V tile `it` in place from bf16 to fp16 (the ring is typed fp16 and TMA copied the bf16 bits),
     then hand it to the consumers. Runs in the producer warpgroup, so the consumers' registers and issue slots stay
     with the wgmma/softmax loop; its latency still adds to V's (benchmarks/NOTES.md, bf16io)."""
@@ -66,7 +66,7 @@ def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr):
     tile = v_ring.index(s)
     rows: gl.constexpr = tile.shape[0]
     td: gl.constexpr = tile.shape[1] // 8  # threads along a row, 8 elements (16 bytes) each
-    chunk: gl.constexpr = 2 * 4 * (32 // td)  # rows per step: 16 elements per thread keep the warpgroup at few regs
+    chunk: gl.constexpr = rows // STEPS  # rows per step; fewer steps, fewer barriers (below), more registers
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // td, td], [4, 1], [1, 0])
     for r in gl.static_range(0, rows, chunk):
         part = tile.slice(r, chunk)
@@ -76,7 +76,8 @@ def _convert_v(v_ring, v_landed, v_full, it, STAGES: gl.constexpr):
 
 
 @gluon.jit
-def _producer(loads, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr):
+def _producer(loads, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr,
+              CONVERT_STEPS: gl.constexpr):
     """TMA loads (one warp, or with CONVERT_V a warpgroup that also converts V tile j-1 after issuing K tile j)."""
     (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full, v_empty, start_m,
      hi) = loads
@@ -92,13 +93,13 @@ def _producer(loads, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONVERT_V: gl.
             if it > 0:
                 # V(it-1) was issued a tile ago: converting it before waiting for V(it)'s stage starts it as early as
                 # the ring allows (the consumers need it right after issuing QK^T(it))
-                _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)
+                _convert_v(v_ring, v_landed, v_full, it - 1, STAGES, CONVERT_STEPS)
         s = producer_acquire(v_empty, it, STAGES)
         mbarrier.expect(v_landed.index(s), v_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_landed.index(s), v_ring.index(s))
         it += 1
     if CONVERT_V:
-        _convert_v(v_ring, v_landed, v_full, it - 1, STAGES)
+        _convert_v(v_ring, v_landed, v_full, it - 1, STAGES, CONVERT_STEPS)
 
 
 @gluon.jit
@@ -203,7 +204,8 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
                          HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                          POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, PINGPONG: gl.constexpr,
-                         NUM_WG: gl.constexpr, FMA_EXP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr):
+                         NUM_WG: gl.constexpr, FMA_EXP: gl.constexpr, ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr,
+                         WRITE_LSE: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
     m_block = gl.program_id(0) % m_blocks
@@ -250,14 +252,17 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     # default partition (consumer 0) gets what is left of the 64K: 512 per thread-of-a-warpgroup in all
     regs: gl.constexpr = 160 if NUM_WG == 3 else (232 if CONVERT_V else 240)
     producer_warps: gl.constexpr = 4 if CONVERT_V else 1
-    producer_regs: gl.constexpr = (32 if NUM_WG == 3 else 40) if CONVERT_V else 24
+    # a converting producer holds 1/CONVERT_STEPS of a V tile in registers (2 steps: 32 registers of data)
+    convert_regs: gl.constexpr = 72 if CONVERT_STEPS <= 2 else 40
+    producer_regs: gl.constexpr = (32 if NUM_WG == 3 else convert_regs) if CONVERT_V else 24
     if NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (0, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
                          FMA_EXP, ACC16, WRITE_LSE)),
             (_consumer, (1, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
                          FMA_EXP, ACC16, WRITE_LSE)),
-            (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG))], [4, producer_warps], [regs, producer_regs])
+            (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, producer_warps],
+            [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
@@ -267,7 +272,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
                          FMA_EXP, ACC16, WRITE_LSE)),
             (_consumer, (2, shared, HEAD_DIM, BLOCK_N, STAGES, CAUSAL, POSITIVE_SCALE, OVERLAP, PINGPONG, NUM_WG,
                          FMA_EXP, ACC16, WRITE_LSE)),
-            (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG))], [4, 4, producer_warps],
+            (_producer, (loads, BLOCK_N, STAGES, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps],
             [regs, regs, producer_regs])
 
 
@@ -280,6 +285,7 @@ class HopperAttentionConfig:
     consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
     fma_exp: int = 0  # 1 in fma_exp exponentials (2 or 4) on the FMA pipe instead of MUFU (softmax.exp2_mixed)
     acc16: int = 0  # the seeds' fp16 P.V accumulator (fp16 P.V recipes only): half the O registers
+    convert_steps: int = 8  # bf16io: steps per V tile conversion, each load -> barrier -> store -> barrier
 
     @property
     def block_m(self) -> int:
@@ -287,7 +293,8 @@ class HopperAttentionConfig:
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-pp" * self.pingpong
-                + (f"-fx{self.fma_exp}" if self.fma_exp else "") + "-acc16" * self.acc16)
+                + (f"-fx{self.fma_exp}" if self.fma_exp else "") + "-acc16" * self.acc16
+                + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else ""))
 
 
 # per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups (192-row tiles) measured
@@ -306,6 +313,8 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
         raise ValueError(f"config: consumers={cfg.consumers} needs 2, or 3 with head dim 64 (registers)")
     if cfg.fma_exp not in (0, 2, 4):
         raise ValueError(f"config: fma_exp={cfg.fma_exp} must be 0, 2 or 4")
+    if cfg.convert_steps not in (2, 4, 8):
+        raise ValueError(f"config: convert_steps={cfg.convert_steps} must be 2, 4 or 8")
     if cfg.acc16 and recipe.pv_dtype != torch.float16:
         raise ValueError(f"config: acc16 needs fp16 P.V (recipe {recipe.name} multiplies P.V in bf16)")
     grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
@@ -315,4 +324,4 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
         *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
         CAUSAL=is_causal, CONVERT_V=recipe.converts_v, POSITIVE_SCALE=scale > 0, OVERLAP=bool(cfg.overlap),
         PINGPONG=bool(cfg.pingpong), NUM_WG=cfg.consumers, FMA_EXP=cfg.fma_exp, ACC16=bool(cfg.acc16),
-        WRITE_LSE=lse is not None, num_warps=4)
+        CONVERT_STEPS=cfg.convert_steps, WRITE_LSE=lse is not None, num_warps=4)
