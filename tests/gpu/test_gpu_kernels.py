@@ -62,8 +62,8 @@ def test_attention_any_scale(layer, causal, scale):
                                          (64, dict(consumers=2)), (64, dict(consumers=3, pingpong=1, overlap=1)),
                                          (64, dict(fma_exp=2)), (64, dict(consumers=2, fma_exp=4)),
                                          (128, dict(fma_exp=4)), (128, dict(stages=3)), (256, dict(fma_exp=4)),
-                                         (128, dict(convert_steps=2)), (256, dict(convert_steps=4)),
-                                         (64, dict(convert_steps=4))])
+                                         (128, dict(convert_steps=2)), (256, dict(convert_steps=8)),
+                                         (64, dict(convert_steps=8))])
 @pytest.mark.parametrize("recipe", ["fp16", "bf16io"])
 def test_hopper_attention_ablation_configs(recipe, d, overrides):
     rec = ATTENTION_RECIPES[recipe]

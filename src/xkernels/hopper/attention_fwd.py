@@ -298,9 +298,10 @@ class HopperAttentionConfig:
 
 
 # per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups (192-row tiles) measured
-# 0.94x cuDNN against 0.85x with two, and the window 3 % slower (runs 8, 14); fma_exp lost everywhere (run 14)
-CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3), 128: HopperAttentionConfig(128, 2),
-           256: HopperAttentionConfig(64, 2)}
+# 0.94x cuDNN against 0.85x with two, and the window 3 % slower (runs 8, 14); fma_exp lost everywhere (run 14).
+# bf16io at D256: 4 conversion steps per V tile, 499 -> 555 TFLOP/s; at D128 steps made no difference (run 19)
+CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, convert_steps=4),
+           128: HopperAttentionConfig(128, 2), 256: HopperAttentionConfig(64, 2, convert_steps=4)}
 # compiled spill-free and inspected, not yet run on a device (none pending): `xkernels inspect` and CI cover them
 CANDIDATES: dict[int, HopperAttentionConfig] = {}
 
