@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import replace
 
@@ -79,7 +80,8 @@ def main() -> int:
                 line["check"][name] = f"error: {type(e).__name__} {(str(e).splitlines() or [''])[0][:200]}"
                 continue
             line["check"][name] = "ok" if c.passed else f"FAIL {c.reason}"
-            line["accuracy"][name] = {"rel_rms": c.rel_rms, "max_abs_diff": c.max_abs_diff}
+            line["accuracy"][name] = {k: v if math.isfinite(v) else None  # strict JSON: NaN -> null
+                                      for k, v in (("rel_rms", c.rel_rms), ("max_abs_diff", c.max_abs_diff))}
             if c.passed or args.time_failed:
                 line["tflops"][name] = round(time_cuda(case.run, sets, iters=args.iters).tflops(base.flops), 1)
         peer = _sdpa_peer("cuDNN", "CUDNN_ATTENTION", base)

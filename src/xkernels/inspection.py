@@ -95,12 +95,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import gemm
     from xkernels.recipes import ATTENTION_RECIPES
 
-    shipped = [(d, ac, "") for d, ac in sorted(attn.CONFIGS.items())]
-    for d, ac, tag in shipped + [(d, ac, " (candidate)") for d, ac in sorted(attn.CANDIDATES.items())]:
+    for d, ac in sorted(attn.CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             for causal in (False, True):
                 yield KernelConfig(
-                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}{tag}",
+                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                     attn.attention_fwd_kernel,
                     {**_attention_types(_NAME[recipe.io_dtype]), "V": "*fp16" if recipe.converts_v else
                      _PTR[_NAME[recipe.io_dtype]]},

@@ -57,14 +57,15 @@ def test_attention_any_scale(layer, causal, scale):
     assert compare_lse(lse, reference_lse(q, k, is_causal=causal, scale=scale)).passed
 
 
-@pytest.mark.parametrize("d,overrides", [(128, dict(overlap=0)), (128, dict(pingpong=1)),
-                                         (128, dict(stages=3, block_n=64)), (64, dict(overlap=1)),
-                                         (64, dict(consumers=2)), (64, dict(consumers=3, pingpong=1, overlap=1)),
-                                         (64, dict(fma_exp=2)), (64, dict(consumers=2, fma_exp=4)),
-                                         (128, dict(fma_exp=4)), (128, dict(stages=3)), (256, dict(fma_exp=4)),
-                                         (128, dict(convert_steps=2)), (256, dict(convert_steps=8)),
-                                         (64, dict(convert_steps=8))])
-@pytest.mark.parametrize("recipe", ["fp16", "bf16io"])
+# the Hopper kernel's switches, each off its shipped value, on both fp16 P.V recipes; convert_steps only on bf16io
+_ABLATIONS = [(128, dict(overlap=0)), (128, dict(pingpong=1)), (128, dict(stages=3, block_n=64)), (64, dict(overlap=1)),
+              (64, dict(consumers=2)), (64, dict(consumers=3, pingpong=1, overlap=1)), (64, dict(fma_exp=2)),
+              (64, dict(consumers=2, fma_exp=4)), (128, dict(fma_exp=4)), (128, dict(stages=3)), (256, dict(fma_exp=4))]
+_CONVERT_STEPS = [(128, dict(convert_steps=2)), (256, dict(convert_steps=8)), (64, dict(convert_steps=8))]
+
+
+@pytest.mark.parametrize("recipe,d,overrides", [(r, d, o) for r in ("fp16", "bf16io") for d, o in _ABLATIONS]
+                         + [("bf16io", d, o) for d, o in _CONVERT_STEPS])
 def test_hopper_attention_ablation_configs(recipe, d, overrides):
     rec = ATTENTION_RECIPES[recipe]
     cfg = dataclasses.replace(hopper_attention.CONFIGS[d], **overrides)
@@ -77,6 +78,18 @@ def test_hopper_attention_ablation_configs(recipe, d, overrides):
         c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
         assert c.passed, c
         assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
+
+
+def test_hopper_attention_acc16_runs_off_contract():
+    """The seeds' fp16 P.V accumulator is an ablation switch outside the fp16 contract (rel-RMS 3.4e-3 against 2e-3 at
+    8K, run 14): every element written, finite, and within a looser 1e-2 of the reference at this size."""
+    rec = ATTENTION_RECIPES["fp16"]
+    q, k, v = attention_inputs(2, 4, 1000, 1500, 128, rec.io_dtype, "cuda", hkv=2, seed=11)
+    with use_layer("hopper", acc16=1):
+        o = xkernels.attention(q, k, v, enable_gqa=True, precision="fp16", out=poisoned_like(q))
+    assert xkernels.last_backend().endswith("-acc16]")
+    c = compare_attention(o, reference_attention(q, k, v), rec)
+    assert c.nonfinite == 0 and c.rel_rms < 1e-2, c
 
 
 def test_hopper_attention_rejects_config_it_cannot_run():

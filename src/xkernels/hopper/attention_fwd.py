@@ -1,9 +1,9 @@
-"""Hopper flash-attention forward in Gluon: a TMA producer feeding two consumer warpgroups through K and V rings.
+"""Hopper flash-attention forward in Gluon: a TMA producer feeding 2-3 consumer warpgroups through K and V rings.
 
-Per program: BLOCK_M query rows of one (batch, head), split over two consumer warpgroups (own partitions, 64 rows
-each) that share the K/V tiles. Partitions:
-  - producer (1 warp): both Q halves once, then for each key tile: acquire a K stage, TMA K; acquire a V stage,
-    TMA V. K and V have separate rings, so a K stage frees as soon as both QK^T wgmmas that read it retire, and the
+Per program: BLOCK_M query rows of one (batch, head), split over NUM_WG consumer warpgroups (own partitions, 64 rows
+each: two at D128/D256, three at D64) that share the K/V tiles. Partitions:
+  - producer (1 warp): every consumer's Q rows once, then for each key tile: acquire a K stage, TMA K; acquire a V
+    stage, TMA V. K and V have separate rings, so a K stage frees once the QK^T wgmmas that read it retire, and the
     producer fetches the next K while this tile's P.V is still reading V. For bf16io the producer is a warpgroup
     that also rewrites each V tile in place from bf16 to fp16 (the seeds' conversion, kept out of the consumers);
   - consumer warpgroup w (4 warps): its 64 Q rows against every key tile, the pipelined loop below.
@@ -12,8 +12,8 @@ The pipelined loop (the seeds' split barrier: arrive -> independent work -> wait
   issue QK^T(j) async -> issue P.V(j-1) async
   -> wait QK^T(j) only -> release K(j) -> mask + online softmax of tile j   <- window: P.V(j-1) runs on the tensor cores
   -> wait P.V(j-1) -> release V(j-1) -> rescale O by alpha(j).
-OVERLAP=False waits for both wgmmas before the softmax (the window closed) for the ablation. PINGPONG orders the two
-warpgroups' wgmma issue through a pair of mbarriers (Gluon 3.6 has no named barriers), so one warpgroup's softmax runs
+OVERLAP=False waits for both wgmmas before the softmax (the window closed) for the ablation. PINGPONG orders the
+warpgroups' wgmma issue through a ring of mbarriers (Gluon 3.6 has no named barriers), so one warpgroup's softmax runs
 while the other's wgmmas own the tensor cores.
 
 Causal is top-left aligned as in the portable kernel: fully masked tiles are never loaded, only the diagonal and tail
@@ -249,10 +249,11 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     loads = (q_desc, k_desc, v_desc, q_bufs, k_ring, v_ring, q_ready, k_full, k_empty, v_landed, v_full, v_empty,
              start_m, hi)
     # registers per thread of the worker consumers and of the producer (1 warp, or a warpgroup converting V); the
-    # default partition (consumer 0) gets what is left of the 64K: 512 per thread-of-a-warpgroup in all
+    # default partition (consumer 0) gets what is left of the register file
     regs: gl.constexpr = 160 if NUM_WG == 3 else (232 if CONVERT_V else 240)
     producer_warps: gl.constexpr = 4 if CONVERT_V else 1
-    # a converting producer holds 1/CONVERT_STEPS of a V tile in registers (2 steps: 32 registers of data)
+    # a converting producer holds 1/CONVERT_STEPS of a V tile in registers (D128, 2 steps: 32 registers of data;
+    # consumer 0 gives up the difference, which is why HopperAttentionConfig.check refuses 2 steps at D256)
     convert_regs: gl.constexpr = 72 if CONVERT_STEPS <= 2 else 40
     producer_regs: gl.constexpr = (32 if NUM_WG == 3 else convert_regs) if CONVERT_V else 24
     if NUM_WG == 2:
@@ -285,7 +286,25 @@ class HopperAttentionConfig:
     consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
     fma_exp: int = 0  # 1 in fma_exp exponentials (2 or 4) on the FMA pipe instead of MUFU (softmax.exp2_mixed)
     acc16: int = 0  # the seeds' fp16 P.V accumulator (fp16 P.V recipes only): half the O registers
-    convert_steps: int = 8  # bf16io: steps per V tile conversion, each load -> barrier -> store -> barrier
+    convert_steps: int = 8  # bf16io only (other recipes ignore it): V conversion steps, each load, barrier, store
+
+    def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
+        """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
+        switch does not apply to); the shipped CONFIGS pass, and `xkernels inspect` compiles them."""
+        if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
+            raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
+        if self.fma_exp not in (0, 2, 4):
+            raise ValueError(f"config: fma_exp={self.fma_exp} must be 0, 2 or 4")
+        if self.acc16 and recipe.pv_dtype != torch.float16:
+            raise ValueError(f"config: acc16 needs fp16 P.V (recipe {recipe.name} multiplies P.V in bf16)")
+        if self.convert_steps not in (2, 4, 8):
+            raise ValueError(f"config: convert_steps={self.convert_steps} must be 2, 4 or 8")
+        if recipe.converts_v and self.block_n // self.convert_steps < 8:
+            raise ValueError(f"config: convert_steps={self.convert_steps} with block_n={self.block_n} gives steps of "
+                             "fewer than 8 rows, which cut the shared-memory swizzle pattern")
+        if recipe.converts_v and self.convert_steps == 2 and head_dim == 256:
+            raise ValueError("config: convert_steps=2 at head dim 256 spills registers (the producer's gain is "
+                             "consumer 0's loss)")
 
     @property
     def block_m(self) -> int:
@@ -302,22 +321,13 @@ class HopperAttentionConfig:
 # bf16io at D256: 4 conversion steps per V tile, 499 -> 555 TFLOP/s; at D128 steps made no difference (run 19)
 CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, convert_steps=4),
            128: HopperAttentionConfig(128, 2), 256: HopperAttentionConfig(64, 2, convert_steps=4)}
-# compiled spill-free and inspected, not yet run on a device (none pending): `xkernels inspect` and CI cover them
-CANDIDATES: dict[int, HopperAttentionConfig] = {}
 
 
 def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                   *, is_causal: bool, scale: float, recipe: AttentionRecipe, cfg: HopperAttentionConfig) -> None:
     """Same contract as `portable.attention_fwd.attention_fwd`, with the tile config chosen by the dispatcher."""
     bsz, hq, sq, d = q.shape
-    if cfg.consumers not in (2, 3) or (cfg.consumers == 3 and d != 64):
-        raise ValueError(f"config: consumers={cfg.consumers} needs 2, or 3 with head dim 64 (registers)")
-    if cfg.fma_exp not in (0, 2, 4):
-        raise ValueError(f"config: fma_exp={cfg.fma_exp} must be 0, 2 or 4")
-    if cfg.convert_steps not in (2, 4, 8):
-        raise ValueError(f"config: convert_steps={cfg.convert_steps} must be 2, 4 or 8")
-    if cfg.acc16 and recipe.pv_dtype != torch.float16:
-        raise ValueError(f"config: acc16 needs fp16 P.V (recipe {recipe.name} multiplies P.V in bf16)")
+    cfg.check(d, recipe)
     grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
     if recipe.converts_v:
         v = v.view(torch.float16)  # the bf16 bits, converted in shared memory by the producer warpgroup

@@ -29,15 +29,17 @@ def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.
 def exp2_fma(x):
     """2**x for x <= 0 on the FMA pipe: round x to j with the 1.5 * 2**23 trick, a cubic for 2**(x - j) on
     [-0.5, 0.5] (relative error 8e-5, below fp16's and bf16's rounding of P), then add j to the exponent bits.
-    x is clamped at -126 so the exponent never wraps: 2**-126 stands in for 0 (it rounds to 0 in fp16/bf16 P)."""
-    x = gl.maximum(x, -126.0)
-    t = x + 12582912.0
-    f = x - (t - 12582912.0)
+    x is clamped at -126 so the exponent never wraps: 2**-126 (1.2e-38) stands in for 0 (0 in fp16 P, negligible in
+    bf16 P and in the row sum). A NaN score stays NaN (the clamp alone would turn it into 1.2e-38)."""
+    xc = gl.maximum(x, -126.0)
+    t = xc + 12582912.0
+    f = xc - (t - 12582912.0)
     p = 0.05508868396282196 * f + 0.24260404706001282
     p = p * f + 0.6932762265205383
     p = p * f + 0.9999289512634277
     # the low mantissa bits of t hold j (two's complement), so t's bits << 23 are j << 23
-    return (p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
+    y = (p.to(gl.int32, bitcast=True) + (t.to(gl.int32, bitcast=True) << 23)).to(gl.float32, bitcast=True)
+    return gl.where(x == x, y, x)
 
 
 @gluon.jit
@@ -65,7 +67,8 @@ def softmax_step(qk, m_i, l_i, qk_scale, FMA_EXP: gl.constexpr = 0):
     qk_scale must be > 0.
 
     Every row has a finite score in the first tile it sees (key 0 is never masked), so after that m is finite and
-    alpha is never NaN; a fully masked row of a later tile gives p = 0 and alpha = 1.
+    alpha is never NaN; a fully masked row of a later tile gives p = 0 (1.2e-38 on the FMA_EXP lanes) and
+    alpha = 1.
     """
     m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
     p = exp2_mixed(qk * qk_scale - gl.expand_dims(m_new, 1), FMA_EXP)
