@@ -103,11 +103,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     attn.attention_fwd_kernel,
                     {**_attention_types(_NAME[recipe.io_dtype]), "V": "*fp16" if recipe.converts_v else
                      _PTR[_NAME[recipe.io_dtype]]},
-                    dict(HEAD_DIM=d, BLOCK_N=ac.block_n, STAGES=ac.stages, CAUSAL=causal,
-                         CONVERT_V=recipe.converts_v, POSITIVE_SCALE=True, OVERLAP=bool(ac.overlap),
-                         PINGPONG=bool(ac.pingpong), NUM_WG=ac.consumers, FMA_EXP=ac.fma_exp,
-                         ACC16=bool(ac.acc16), CONVERT_STEPS=ac.convert_steps, WRITE_LSE=True), 4,
-                         gluon=True)
+                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True)
 
     c = gemm.CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):

@@ -310,6 +310,14 @@ class HopperAttentionConfig:
     def block_m(self) -> int:
         return self.consumers * WG_ROWS.value
 
+    def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, positive_scale: bool,
+                   write_lse: bool) -> dict[str, object]:
+        """The kernel's compile-time arguments for this config: one mapping for the launch and for `inspect`."""
+        return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
+                    CONVERT_V=recipe.converts_v, POSITIVE_SCALE=positive_scale, OVERLAP=bool(self.overlap),
+                    PINGPONG=bool(self.pingpong), NUM_WG=self.consumers, FMA_EXP=self.fma_exp, ACC16=bool(self.acc16),
+                    CONVERT_STEPS=self.convert_steps, WRITE_LSE=write_lse)
+
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-pp" * self.pingpong
                 + (f"-fx{self.fma_exp}" if self.fma_exp else "") + "-acc16" * self.acc16
@@ -332,7 +340,5 @@ def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
     if recipe.converts_v:
         v = v.view(torch.float16)  # the bf16 bits, converted in shared memory by the producer warpgroup
     attention_fwd_kernel[grid](
-        *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_N=cfg.block_n, STAGES=cfg.stages,
-        CAUSAL=is_causal, CONVERT_V=recipe.converts_v, POSITIVE_SCALE=scale > 0, OVERLAP=bool(cfg.overlap),
-        PINGPONG=bool(cfg.pingpong), NUM_WG=cfg.consumers, FMA_EXP=cfg.fma_exp, ACC16=bool(cfg.acc16),
-        CONVERT_STEPS=cfg.convert_steps, WRITE_LSE=lse is not None, num_warps=4)
+        *runtime_args(q, k, v, out, lse, scale), num_warps=4,
+        **cfg.constexprs(d, recipe, causal=is_causal, positive_scale=scale > 0, write_lse=lse is not None))
