@@ -8,7 +8,6 @@ import torch
 
 import xkernels
 from xkernels.bench.timing import time_cuda
-from xkernels.dispatch import use_layer
 from xkernels.testing import compare_gemm, gemm_inputs, reference_matmul
 
 rows = []
@@ -17,9 +16,9 @@ for n in (4096, 8192):
     ref = reference_matmul(a, b)
     cublas = time_cuda(lambda ab: ab[0] @ ab[1], [(a, b)], iters=100)
     for acc16 in (False, True):
-        with use_layer("hopper", acc_fp16=acc16):
-            c = compare_gemm(xkernels.matmul(a, b), ref, n)
-            t = time_cuda(lambda ab: xkernels.matmul(*ab), [(a, b)], iters=100)
+        backend = f"hopper:acc_fp16={int(acc16)}"
+        c = compare_gemm(xkernels.matmul(a, b, backend=backend), ref, n)
+        t = time_cuda(lambda ab, be=backend: xkernels.matmul(*ab, backend=be), [(a, b)], iters=100)
         rows.append({"n": n, "acc": "fp16" if acc16 else "fp32", "tflops": t.tflops(2 * n**3),
                      "cublas_tflops": cublas.tflops(2 * n**3), "speedup_vs_cublas": cublas.median_ms / t.median_ms,
                      "rel_rms": c.rel_rms, "outliers": c.outliers, "passed_contract": c.passed})

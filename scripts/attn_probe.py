@@ -46,10 +46,11 @@ def rows(kind: str) -> list[AttentionCase]:
     return cases + [AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in ("fp16", "bf16io")]
 
 
-def parse_variant(text: str) -> tuple[int | None, tuple[tuple[str, int], ...]]:
-    """'stages=3,block_n=64' -> overrides for every row; 'd64:stages=4' -> for rows of head dim 64 only."""
+def parse_variant(text: str) -> tuple[int | None, str]:
+    """'stages=3,block_n=64' -> the backend 'hopper:stages=3,block_n=64' for every row; 'd64:stages=4' -> for rows
+    of head dim 64 only."""
     d, _, text = text.rpartition(":")
-    return (int(d[1:]) if d else None), tuple((k, int(v)) for k, v in (kv.split("=") for kv in text.split(",") if kv))
+    return (int(d[1:]) if d else None), f"hopper:{text}" if text else "hopper"
 
 
 def main() -> int:
@@ -69,10 +70,9 @@ def main() -> int:
         first = base.inputs("cuda", seed=0)
         sets = [first] + [base.inputs("cuda", seed=i) for i in range(1, rotation_count(base.nbytes))]
         line = {"shape": base.shape, "recipe": base.recipe, "tflops": {}, "check": {}, "accuracy": {}}
-        cases = {"hopper" + "".join(f" {k}={v}" for k, v in ov): replace(base, layer="hopper", overrides=ov)
-                 for d, ov in variants if d in (None, base.d)}
+        cases = {backend: replace(base, backend=backend) for d, backend in variants if d in (None, base.d)}
         if args.portable:
-            cases["portable"] = replace(base, layer="portable")
+            cases["portable"] = replace(base, backend="portable")
         for name, case in cases.items():
             try:
                 c = case.check(first)

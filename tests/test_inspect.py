@@ -7,7 +7,7 @@ import sys
 
 import triton
 
-from xkernels.hopper.runtime import TESTED_TRITON
+from xkernels.common.runtime import TESTED_TRITON
 
 
 def test_inspect_all_configs_spill_free(tmp_path):

@@ -13,7 +13,7 @@ __all__ = ["attention", "matmul", "last_backend", "__version__"]
 
 if TYPE_CHECKING:
     from xkernels.api import attention, matmul
-    from xkernels.dispatch import last_backend
+    from xkernels.plans import last_backend
 
 
 def __getattr__(name: str):
@@ -22,7 +22,7 @@ def __getattr__(name: str):
 
         return getattr(api, name)
     if name == "last_backend":
-        from xkernels.dispatch import last_backend
+        from xkernels.plans import last_backend
 
         return last_backend
     raise AttributeError(f"module 'xkernels' has no attribute {name!r}")

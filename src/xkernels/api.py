@@ -1,17 +1,26 @@
-"""Public API, shaped like PyTorch's: validate, resolve the precision recipe, dispatch."""
+"""Public API, shaped like PyTorch's: check the Python arguments, then call the `xkernels` ops (`ops.py`)."""
 
 from __future__ import annotations
 
 import torch
 
-from xkernels import dispatch
-from xkernels.recipes import resolve_attention_recipe
-from xkernels.validation import check_attention, check_matmul
+from xkernels import ops
+from xkernels.select import DEFAULT_BACKEND
+from xkernels.validation import B_LAYOUTS, WALK_CHOICES, check_precision, check_scale, choice, flag, no_grad, tensor
+
+
+def _backend(backend: str | None) -> str:
+    if backend is None:
+        return DEFAULT_BACKEND
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str or None, got {type(backend).__name__}")
+    return backend
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, precision: str = "auto",
-              return_lse: bool = False, out: torch.Tensor | None = None):
+              return_lse: bool = False, out: torch.Tensor | None = None,
+              backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, like F.scaled_dot_product_attention without a mask or dropout.
 
     q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D), D in {64, 128, 256}, fp16 or bf16; any strides (layouts a tensor
@@ -19,21 +28,42 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     query i attends keys j <= i also when Sq != Skv. `enable_gqa` allows Hq a multiple of Hkv. `precision` picks a
     recipe from `xkernels.recipes` ("fp16", "bf16", "bf16io", or "auto": fp16 -> fp16, bf16 -> bf16).
     Returns O (B, Hq, Sq, D) in the input dtype, or (O, LSE) with the natural-log LSE (B, Hq, Sq) fp32 when
-    `return_lse`. `out`, if given, receives O and must not share memory with the inputs.
+    `return_lse`. `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel
+    ("portable", "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`).
     """
-    scale = check_attention(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa, out=out)
-    recipe = resolve_attention_recipe(precision, q.dtype)
-    o, lse = dispatch.attention(q, k, v, out, is_causal=is_causal, scale=scale, recipe=recipe, return_lse=return_lse)
+    tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
+    flag(is_causal, "is_causal"), flag(enable_gqa, "enable_gqa"), flag(return_lse, "return_lse")
+    scale = check_scale(scale)
+    precision = check_precision(precision)
+    backend = _backend(backend)
+    no_grad({"q": q, "k": k, "v": v})
+    if out is None:
+        o, lse = ops.attention_op(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend)
+    else:
+        tensor(out, "out")
+        lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, return_lse, backend)
+        o = out
     return (o, lse) if return_lse else o
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str = "auto",
-           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
+           backend: str | None = None) -> torch.Tensor:
     """a @ b with fp32 accumulation, like torch.matmul for fp16/bf16 matrices.
 
     a (..., M, K); b (..., K, N) for b_layout "kn", or (..., N, K) for "nk" (computes a @ b^T without a transpose
     copy). Batch dims broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder" ("auto" = grouped).
-    `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed).
+    `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed). `backend` as for `attention`.
     """
-    batch, m, n, k, out_dtype = check_matmul(a, b, b_layout=b_layout, walk=walk, out_dtype=out_dtype, out=out)
-    return dispatch.matmul(a, b, out, batch=batch, m=m, n=n, k=k, out_dtype=out_dtype, b_layout=b_layout, walk=walk)
+    tensor(a, "a"), tensor(b, "b")
+    choice(b_layout, "b_layout", B_LAYOUTS)
+    choice(walk, "walk", WALK_CHOICES)
+    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+        raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
+    backend = _backend(backend)
+    no_grad({"a": a, "b": b})
+    if out is None:
+        return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
+    tensor(out, "out")
+    ops.matmul_out_op(a, b, out, b_layout, walk, out_dtype, backend)
+    return out

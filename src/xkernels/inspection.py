@@ -63,10 +63,11 @@ class Report:
 def portable_configs() -> Iterator[KernelConfig]:
     from xkernels.portable import attention_fwd as attn
     from xkernels.portable import gemm
+    from xkernels.portable.configs import ATTENTION_CONFIGS, GEMM_CONFIGS
     from xkernels.recipes import ATTENTION_RECIPES
 
     tl_dtype = {"fp16": tl.float16, "bf16": tl.bfloat16}
-    for d, cfg in sorted(attn._GPU_CONFIGS.items()):
+    for d, cfg in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             io, pv = _NAME[recipe.io_dtype], _NAME[recipe.pv_dtype]
             for causal in (False, True):
@@ -77,7 +78,7 @@ def portable_configs() -> Iterator[KernelConfig]:
                          PV_DTYPE=tl_dtype[pv], WRITE_LSE=True, INTERPRET=False),
                     cfg.num_warps, cfg.num_stages)
     for dt, out in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32")):
-        g = gemm.gemm_config(torch.float32 if out == "fp32" else torch.float16)
+        g = GEMM_CONFIGS[4 if out == "fp32" else 2]
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):
                 yield KernelConfig(
@@ -93,9 +94,10 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     from xkernels.hopper import attention_fwd as attn
     from xkernels.hopper import gemm
+    from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG
     from xkernels.recipes import ATTENTION_RECIPES
 
-    for d, ac in sorted(attn.CONFIGS.items()):
+    for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             for causal in (False, True):
                 yield KernelConfig(
@@ -105,26 +107,23 @@ def hopper_configs() -> Iterator[KernelConfig]:
                      _PTR[_NAME[recipe.io_dtype]]},
                     ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True)
 
-    c = gemm.CONFIG
+    c = GEMM_CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):
-                b_block = [c.block_n, c.block_k] if lay == "nk" else [c.block_k, c.block_n]
                 descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                                f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"
-                         for name, shape in (("a_desc", [c.block_m, c.block_k]), ("b_desc", b_block),
-                                             ("c_desc", [c.block_m, c.block_n]))}
+                         for name, shape in zip(("a_desc", "b_desc", "c_desc"), c.blocks(lay), strict=True)}
                 yield KernelConfig(f"hopper.gemm {dt} {lay} {walk} {c}", gemm.persistent_gemm_kernel, descs,
-                                   dict(B_NK=lay == "nk", WALK=walk, GROUP_M=c.group_m, STAGES=c.stages,
-                                        ACC_FP16=False, num_warps=c.num_warps), c.num_warps, gluon=True)
+                                   c.constexprs(lay, walk), c.num_warps, gluon=True)
 
 
 def all_configs() -> Iterator[KernelConfig]:
     """Every shipped config; the Gluon ones only with the triton release they were written for."""
-    from xkernels.hopper.runtime import TESTED_TRITON
+    from xkernels.common.runtime import TRITON_TESTED
 
     yield from portable_configs()
-    if triton.__version__.startswith(TESTED_TRITON):
+    if TRITON_TESTED:
         yield from hopper_configs()
 
 

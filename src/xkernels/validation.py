@@ -1,4 +1,11 @@
-"""Argument checks for the public API: each bad input gets an error that names the argument."""
+"""Argument checks: each bad input gets a TypeError or ValueError that names the argument.
+
+Three levels, so the same errors come at trace time under torch.compile as in eager calls:
+  - Python values (flags, scale, precision, layouts): checked by the public functions before the op is called;
+  - tensor metadata (dims, shapes, dtypes, devices): checked inside the ops, by the real and the fake kernels alike,
+    so they work on FakeTensors and meta tensors;
+  - memory (an `out` overlapping an input or itself): checked on real tensors only, by comparing address ranges.
+"""
 
 from __future__ import annotations
 
@@ -7,18 +14,65 @@ import numbers
 
 import torch
 
+from xkernels.recipes import AttentionRecipe, resolve_attention_recipe
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 HEAD_DIMS = (64, 128, 256)
 B_LAYOUTS = ("kn", "nk")
 WALK_CHOICES = ("auto", "row", "grouped", "zorder")
 OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# scale is folded with log2(e) into one fp32 factor: past this the factor overflows to inf
+MAX_SCALE = 3.4028234663852886e38 / math.log2(math.e)
 
 
-def _tensor(x: object, name: str) -> torch.Tensor:
+# ---- Python values -------------------------------------------------------------------------------------------------
+
+def tensor(x: object, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     return x
 
+
+def flag(x: object, name: str) -> None:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected bool, got {type(x).__name__}")
+
+
+def choice(x: object, name: str, choices: tuple[str, ...]) -> None:
+    if not isinstance(x, str):
+        raise TypeError(f"{name}: expected a str, one of {choices}, got {type(x).__name__}")
+    if x not in choices:
+        raise ValueError(f"{name}: {x!r} is not one of {choices}")
+
+
+def check_scale(scale: object) -> float | None:
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale: expected a real number, got {type(scale).__name__}")
+    scale = float(scale)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale: expected a finite number, got {scale!r}")
+    if abs(scale) > MAX_SCALE:
+        raise ValueError(f"scale: |{scale!r}| is above {MAX_SCALE:.4g}, where scale * log2(e) overflows fp32")
+    return scale
+
+
+def check_precision(precision: object) -> str:
+    if not isinstance(precision, str):
+        raise TypeError(f"precision: expected a str, got {type(precision).__name__}")
+    return precision
+
+
+def no_grad(named: dict[str, torch.Tensor | None]) -> None:
+    if torch.is_grad_enabled():
+        for name, t in named.items():
+            if t is not None and t.requires_grad:
+                raise ValueError(f"{name}: requires grad, but xkernels has forward kernels only (no backward yet); "
+                                 "call under torch.no_grad() or detach it")
+
+
+# ---- tensor metadata (fake-safe) -----------------------------------------------------------------------------------
 
 def _same_dtype_and_device(named: dict[str, torch.Tensor]) -> None:
     first_name, first = next(iter(named.items()))
@@ -31,49 +85,28 @@ def _same_dtype_and_device(named: dict[str, torch.Tensor]) -> None:
             raise ValueError(f"{name}: on device {t.device}, but {first_name} is on {first.device}")
 
 
-def _no_grad(named: dict[str, torch.Tensor]) -> None:
-    if torch.is_grad_enabled():
-        for name, t in named.items():
-            if t is not None and t.requires_grad:
-                raise ValueError(f"{name}: requires grad, but xkernels has forward kernels only (no backward yet); "
-                                 "call under torch.no_grad() or detach it")
-
-
-def _flag(x: object, name: str) -> None:
-    if not isinstance(x, bool):
-        raise TypeError(f"{name}: expected bool, got {type(x).__name__}")
-
-
-def _check_out(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
-               inputs: dict[str, torch.Tensor]) -> None:
+def check_out(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> None:
     if out is None:
         return
-    _tensor(out, "out")
+    tensor(out, "out")
     if tuple(out.shape) != tuple(shape):
         raise ValueError(f"out: shape {tuple(out.shape)} != expected {tuple(shape)}")
     if out.dtype != dtype:
         raise TypeError(f"out: dtype {out.dtype} != expected {dtype}")
     if out.device != device:
         raise ValueError(f"out: on device {out.device}, expected {device}")
-    if any(st == 0 and sz > 1 for st, sz in zip(out.stride(), out.shape, strict=True)):
-        raise ValueError("out: several of its elements share one memory location (an expanded view)")
-    _no_grad({"out": out})
-    for name, t in inputs.items():
-        if t.numel() and out.numel() and out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr():
-            raise ValueError(f"out: shares memory with {name}; inputs are never overwritten")
+    if out.requires_grad:
+        raise ValueError("out: requires grad; an output buffer cannot be part of an autograd graph")
 
 
-def check_attention(q, k, v, *, is_causal: bool, scale: float | None, enable_gqa: bool,
-                    out: torch.Tensor | None) -> float:
-    """Validate attention arguments; return the softmax scale to use."""
-    named = {"q": _tensor(q, "q"), "k": _tensor(k, "k"), "v": _tensor(v, "v")}
+def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, *,
+                    enable_gqa: bool, precision: str) -> AttentionRecipe:
+    """Validate attention tensors; return the precision recipe."""
+    named = {"q": q, "k": k, "v": v}
     for name, t in named.items():
         if t.dim() != 4:
             raise ValueError(f"{name}: expected 4 dims (B, H, S, D), got shape {tuple(t.shape)}")
     _same_dtype_and_device(named)
-    _no_grad(named)
-    _flag(is_causal, "is_causal")
-    _flag(enable_gqa, "enable_gqa")
     b, hq, sq, d = q.shape
     if k.shape != v.shape:
         raise ValueError(f"v: shape {tuple(v.shape)} does not match k's {tuple(k.shape)}")
@@ -91,29 +124,19 @@ def check_attention(q, k, v, *, is_causal: bool, scale: float | None, enable_gqa
             raise ValueError(f"k: {hkv} kv heads do not divide q's {hq} heads")
     if skv == 0 and b * hq * sq > 0:
         raise ValueError("k: sequence length is 0; softmax over no keys is undefined")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    elif isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"scale: expected a real number, got {type(scale).__name__}")
-    elif not math.isfinite(scale):
-        raise ValueError(f"scale: expected a finite number, got {scale!r}")
-    _check_out(out, q.shape, q.dtype, q.device, named)
-    return float(scale)
+    recipe = resolve_attention_recipe(precision, q.dtype)
+    check_out(out, q.shape, q.dtype, q.device)
+    return recipe
 
 
-def check_matmul(a, b, *, b_layout: str, walk: str, out_dtype: torch.dtype | None,
-                 out: torch.Tensor | None) -> tuple[tuple[int, ...], int, int, int, torch.dtype]:
-    """Validate matmul arguments; return (batch shape, M, N, K, output dtype)."""
-    named = {"a": _tensor(a, "a"), "b": _tensor(b, "b")}
+def check_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *, b_layout: str,
+                 out_dtype: torch.dtype | None) -> tuple[tuple[int, ...], int, int, int, torch.dtype]:
+    """Validate matmul tensors; return (batch shape, M, N, K, output dtype)."""
+    named = {"a": a, "b": b}
     for name, t in named.items():
         if t.dim() < 2:
             raise ValueError(f"{name}: expected at least 2 dims, got shape {tuple(t.shape)}")
     _same_dtype_and_device(named)
-    _no_grad(named)
-    if b_layout not in B_LAYOUTS:
-        raise ValueError(f"b_layout: {b_layout!r} is not one of {B_LAYOUTS}")
-    if walk not in WALK_CHOICES:
-        raise ValueError(f"walk: {walk!r} is not one of {WALK_CHOICES}")
     if out_dtype is None:
         out_dtype = a.dtype
     elif out_dtype not in OUT_DTYPES:
@@ -122,7 +145,7 @@ def check_matmul(a, b, *, b_layout: str, walk: str, out_dtype: torch.dtype | Non
     n, kb = (b.shape[-2], b.shape[-1]) if b_layout == "nk" else (b.shape[-1], b.shape[-2])
     if kb != k:
         raise ValueError(f"b: inner dim {kb} does not match a's inner dim {k} (b_layout={b_layout!r})")
-    if b.dim() == 2:  # the common case, without torch.broadcast_shapes' ~20 us
+    if b.dim() == 2:  # the common case, without torch.broadcast_shapes
         batch = tuple(a.shape[:-2])
     else:
         try:
@@ -130,5 +153,41 @@ def check_matmul(a, b, *, b_layout: str, walk: str, out_dtype: torch.dtype | Non
         except RuntimeError as e:
             raise ValueError(f"b: batch dims {tuple(b.shape[:-2])} do not broadcast with a's "
                              f"{tuple(a.shape[:-2])}") from e
-    _check_out(out, (*batch, m, n), out_dtype, a.device, named)
+    check_out(out, (*batch, m, n), out_dtype, a.device)
     return batch, m, n, k, out_dtype
+
+
+# ---- memory (real tensors only) ------------------------------------------------------------------------------------
+
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last + 1) byte address any element of `t` can occupy."""
+    last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(), strict=True))
+    start = t.data_ptr()
+    return start, start + (last + 1) * t.element_size()
+
+
+def self_overlaps(t: torch.Tensor) -> bool:
+    """True unless the layout provably gives every element its own address: dims sorted by stride, each stride at
+    least the span of the smaller dims (contiguous, transposed, sliced and padded layouts pass; as_strided rows
+    that overlap, and expanded dims, do not)."""
+    span = 1
+    for stride, size in sorted((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1):
+        if stride < span:
+            return True
+        span += stride * (size - 1)
+    return False
+
+
+def check_out_memory(out: torch.Tensor | None, inputs: dict[str, torch.Tensor]) -> None:
+    """`out` must not overlap itself or any input's memory (compared as address ranges, whatever storage object
+    each tensor has: two views of one foreign buffer share memory without sharing a storage)."""
+    if out is None or out.numel() == 0:
+        return
+    if self_overlaps(out):
+        raise ValueError("out: several of its elements share memory (an expanded or overlapping strided view)")
+    lo, hi = _span(out)
+    for name, t in inputs.items():
+        if t.numel():
+            t_lo, t_hi = _span(t)
+            if t_lo < hi and lo < t_hi:
+                raise ValueError(f"out: overlaps the memory of {name}; inputs are never overwritten")

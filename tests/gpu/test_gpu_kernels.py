@@ -7,8 +7,7 @@ import torch
 
 import xkernels
 from tests.helpers import poisoned_like
-from xkernels.dispatch import LAYERS, use_layer
-from xkernels.hopper import attention_fwd as hopper_attention
+from xkernels.hopper.configs import ATTENTION_CONFIGS
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
     attention_inputs,
@@ -29,15 +28,14 @@ pytestmark = pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("recipe", list(ATTENTION_RECIPES))
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", ["portable", "hopper"])
 def test_attention_real_sizes(layer, recipe, d, causal, hq, hkv, sq, skv):
     rec = ATTENTION_RECIPES[recipe]
     q, k, v = attention_inputs(2, hq, sq, skv, d, rec.io_dtype, "cuda", hkv=hkv, seed=sq + skv + d)
-    with use_layer(layer):
-        o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
-                                    return_lse=True, out=poisoned_like(q))
-        assert xkernels.last_backend().startswith(f"{layer}.attention[{recipe}")
-        again = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe)
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
+                                return_lse=True, out=poisoned_like(q), backend=layer)
+    assert xkernels.last_backend().startswith(f"{layer}.attention[{recipe}")
+    again = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe, backend=layer)
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
     assert c.passed, c
     assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
@@ -46,21 +44,20 @@ def test_attention_real_sizes(layer, recipe, d, causal, hq, hkv, sq, skv):
 
 @pytest.mark.parametrize("scale", [-0.3, 0.0, 2.0])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", ["portable", "hopper"])
 def test_attention_any_scale(layer, causal, scale):
     """The Hopper softmax takes the row max before scaling only when scale > 0; other scales take the general path."""
     q, k, v = attention_inputs(1, 4, 300, 257, 128, torch.bfloat16, "cuda", seed=5)
-    with use_layer(layer):
-        o, lse = xkernels.attention(q, k, v, is_causal=causal, scale=scale, out=poisoned_like(q), return_lse=True)
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, scale=scale, out=poisoned_like(q), return_lse=True,
+                                backend=layer)
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal, scale=scale), ATTENTION_RECIPES["bf16"])
     assert c.passed, c
     assert compare_lse(lse, reference_lse(q, k, is_causal=causal, scale=scale)).passed
 
 
 # the Hopper kernel's switches, each off its shipped value, on both fp16 P.V recipes; convert_steps only on bf16io
-_ABLATIONS = [(128, dict(overlap=0)), (128, dict(pingpong=1)), (128, dict(stages=3, block_n=64)), (64, dict(overlap=1)),
-              (64, dict(consumers=2)), (64, dict(consumers=3, pingpong=1, overlap=1)), (64, dict(fma_exp=2)),
-              (64, dict(consumers=2, fma_exp=4)), (128, dict(fma_exp=4)), (128, dict(stages=3)), (256, dict(fma_exp=4))]
+_ABLATIONS = [(128, dict(overlap=0)), (128, dict(stages=3, block_n=64)), (64, dict(overlap=1)), (64, dict(consumers=2)),
+              (64, dict(consumers=2, overlap=1)), (128, dict(stages=3))]
 _CONVERT_STEPS = [(128, dict(convert_steps=2)), (256, dict(convert_steps=8)), (64, dict(convert_steps=8))]
 
 
@@ -68,12 +65,12 @@ _CONVERT_STEPS = [(128, dict(convert_steps=2)), (256, dict(convert_steps=8)), (6
                          + [("bf16io", d, o) for d, o in _CONVERT_STEPS])
 def test_hopper_attention_ablation_configs(recipe, d, overrides):
     rec = ATTENTION_RECIPES[recipe]
-    cfg = dataclasses.replace(hopper_attention.CONFIGS[d], **overrides)
+    cfg = dataclasses.replace(ATTENTION_CONFIGS[d], **overrides)
+    backend = "hopper:" + ",".join(f"{k}={v}" for k, v in overrides.items())
     q, k, v = attention_inputs(2, 4, 1000, 1500, d, rec.io_dtype, "cuda", hkv=2, seed=8)
     for causal in (False, True):
-        with use_layer("hopper", **overrides):
-            o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision=recipe,
-                                        out=poisoned_like(q), return_lse=True)
+        o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision=recipe,
+                                    out=poisoned_like(q), return_lse=True, backend=backend)
         assert xkernels.last_backend() == f"hopper.attention[{recipe} {cfg}]"
         c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
         assert c.passed, c
@@ -85,8 +82,7 @@ def test_hopper_attention_acc16_runs_off_contract():
     8K, run 14): every element written, finite, and within a looser 1e-2 of the reference at this size."""
     rec = ATTENTION_RECIPES["fp16"]
     q, k, v = attention_inputs(2, 4, 1000, 1500, 128, rec.io_dtype, "cuda", hkv=2, seed=11)
-    with use_layer("hopper", acc16=1):
-        o = xkernels.attention(q, k, v, enable_gqa=True, precision="fp16", out=poisoned_like(q))
+    o = xkernels.attention(q, k, v, enable_gqa=True, precision="fp16", out=poisoned_like(q), backend="hopper:acc16=1")
     assert xkernels.last_backend().endswith("-acc16]")
     c = compare_attention(o, reference_attention(q, k, v), rec)
     assert c.nonfinite == 0 and c.rel_rms < 1e-2, c
@@ -94,23 +90,23 @@ def test_hopper_attention_acc16_runs_off_contract():
 
 def test_hopper_attention_rejects_config_it_cannot_run():
     q, k, v = attention_inputs(1, 2, 100, 100, 128, torch.float16, "cuda", seed=1)
-    with pytest.raises(ValueError, match="consumers=3 needs"), use_layer("hopper", consumers=3):
-        xkernels.attention(q, k, v)
-    with pytest.raises(ValueError, match="fma_exp=3 must be"), use_layer("hopper", fma_exp=3):
-        xkernels.attention(q, k, v)
-    with pytest.raises(ValueError, match="acc16 needs fp16 P.V"), use_layer("hopper", acc16=1):
-        xkernels.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), precision="bf16")
+    with pytest.raises(ValueError, match="consumers=3 needs"):
+        xkernels.attention(q, k, v, backend="hopper:consumers=3")
+    with pytest.raises(ValueError, match="convert_steps=3 must be"):
+        xkernels.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), precision="bf16io",
+                           backend="hopper:convert_steps=3")
+    with pytest.raises(ValueError, match="acc16 needs fp16 P.V"):
+        xkernels.attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), precision="bf16", backend="hopper:acc16=1")
 
 
 @pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4095, 4097, 1000), (8192, 1024, 512), (1, 4096, 4096)])
 @pytest.mark.parametrize("walk", ["row", "grouped", "zorder"])
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("layer", LAYERS)
+@pytest.mark.parametrize("layer", ["portable", "hopper"])
 def test_gemm_real_sizes(layer, dtype, b_layout, walk, m, n, k):
     a, b = gemm_inputs(m, n, k, dtype, "cuda", b_layout, seed=m + n + k)
-    with use_layer(layer):
-        c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)))
+    c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)), backend=layer)
     assert xkernels.last_backend().startswith(f"{layer}.gemm")
     r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
     assert r.passed, r
@@ -119,8 +115,7 @@ def test_gemm_real_sizes(layer, dtype, b_layout, walk, m, n, k):
 @pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])
 def test_hopper_gemm_ablation_configs(overrides):
     a, b = gemm_inputs(1000, 3000, 2000, torch.bfloat16, "cuda", "nk", seed=9)
-    with use_layer("hopper", **overrides):
-        c = xkernels.matmul(a, b, b_layout="nk")
+    c = xkernels.matmul(a, b, b_layout="nk", backend="hopper:" + ",".join(f"{k}={v}" for k, v in overrides.items()))
     assert compare_gemm(c, reference_matmul(a, b, "nk"), 2000).passed
 
 

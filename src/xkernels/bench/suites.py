@@ -27,7 +27,7 @@ def gemm_suite(quick: bool) -> tuple[list[Case], list[Case]]:
 
 def gemm_ablation() -> list[Case]:
     """Stage count x k-tile of the Hopper GEMM's ring (the default, BK64 x 3 stages, is the plain 8192^3 row)."""
-    return [GemmCase(8192, 8192, 8192, "bf16", "kn", "grouped", "hopper", (("block_k", bk), ("stages", s)))
+    return [GemmCase(8192, 8192, 8192, "bf16", "kn", "grouped", f"hopper:block_k={bk},stages={s}")
             for bk, s in ((64, 2), (32, 3), (32, 4), (32, 6))]
 
 
@@ -55,16 +55,15 @@ def hopper_here() -> bool:
     """Whether this process's current device runs the Hopper kernels (their forced ablation rows need it)."""
     import torch
 
-    from xkernels.hopper.runtime import available
+    from xkernels.common.runtime import hopper_available
 
-    return torch.cuda.is_available() and available(torch.empty(0, device="cuda"))
+    return torch.cuda.is_available() and hopper_available(torch.device("cuda", torch.cuda.current_device()))
 
 
 def attention_ablation() -> list[Case]:
     """The shipped Hopper attention config with one switch changed (a trick off, a ring resized, an experiment on):
     on B1 H32 8K D128 (bf16, and bf16io with a third stage) and B4 H32 4K D64."""
-    variants = ((("overlap", 0),), (("pingpong", 1),), (("stages", 3),), (("fma_exp", 4),))
-    rows = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "hopper", v) for v in variants]
-    rows.append(AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16io", "hopper", (("stages", 3),)))
-    d64 = ((("consumers", 2),), (("overlap", 1),), (("fma_exp", 4),))  # D64 ships 3 consumers, the window closed
-    return rows + [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", "hopper", v) for v in d64]
+    rows = [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", f"hopper:{v}") for v in ("overlap=0", "stages=3")]
+    rows.append(AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16io", "hopper:stages=3"))
+    d64 = ("consumers=2", "overlap=1")  # D64 ships 3 consumers, the window closed
+    return rows + [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", f"hopper:{v}") for v in d64]

@@ -18,7 +18,7 @@ def run_inspect(kernel: str, json_path: str | None) -> int:
         return 2
     import triton
 
-    from xkernels.hopper.runtime import TESTED_TRITON
+    from xkernels.common.runtime import TESTED_TRITON
     from xkernels.inspection import SASS_OPS, all_configs, analyse
 
     if not triton.__version__.startswith(TESTED_TRITON):

@@ -1,45 +1,67 @@
 """Split-barrier ring of shared-memory stages: the seeds' arrive -> independent work -> wait, on Hopper mbarriers.
 
-Each stage has a "full" barrier (the producer's TMA arrives on it with the stage's byte count) and an "empty" barrier
-(the consumer arrives when the tensor cores are done reading the stage). A running iteration counter gives the stage
-index and the phase to wait for; the producer's first lap waits on the opposite phase, so it passes at once. Every
-arrive has exactly one matching wait per lap (the seeds' double-arrive rule).
+A `Ring` travels as one object (a Gluon aggregate): its stage buffers, a `ready` barrier per stage (the producer's
+TMA, or the producer's own arrive, says the stage holds data) and an `empty` barrier per stage (every consumer
+partition arrives once it is done reading). A running iteration counter gives the stage index and the phase to wait
+for; the producer's first lap waits on the opposite phase, so it passes at once. Every arrive has exactly one
+matching wait per lap (the seeds' double-arrive rule).
 """
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.language.core import _aggregate as aggregate
 
 
 @gluon.jit
-def allocate_ring(STAGES: gl.constexpr, CONSUMERS: gl.constexpr = 1):
-    """(full, empty) barrier arrays of STAGES entries: full expects the producer's one arrive per lap, empty one arrive
-    from each of CONSUMERS partitions (a stage is free only when every consumer is done with it)."""
-    full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+def allocate_barriers(STAGES: gl.constexpr, COUNT: gl.constexpr):
+    """STAGES mbarriers, each completing a phase after COUNT arrives."""
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
-        mbarrier.init(full.index(s), count=1)
-        mbarrier.init(empty.index(s), count=CONSUMERS)
-    return full, empty
+        mbarrier.init(bars.index(s), count=COUNT)
+    return bars
+
+
+@aggregate
+class Ring:
+    bufs: gl.shared_memory_descriptor  # [STAGES, ...] tiles
+    ready: gl.shared_memory_descriptor  # [STAGES, 1]: the stage holds data (producer -> consumers)
+    empty: gl.shared_memory_descriptor  # [STAGES, 1]: every consumer is done with the stage (consumers -> producer)
+
+    @constexpr_function
+    def __init__(self, bufs, ready, empty):
+        self.bufs = bufs
+        self.ready = ready
+        self.empty = empty
+
+    @gluon.jit
+    def acquire(self, it):
+        """Producer: wait until stage `it % STAGES` was released by every consumer; return its index."""
+        STAGES: gl.constexpr = self.bufs.shape[0]
+        s = it % STAGES
+        mbarrier.wait(self.empty.index(s), ((it // STAGES) & 1) ^ 1)
+        return s
+
+    @gluon.jit
+    def wait(self, it):
+        """Consumer: wait until stage `it % STAGES` is ready; return its index."""
+        STAGES: gl.constexpr = self.bufs.shape[0]
+        s = it % STAGES
+        mbarrier.wait(self.ready.index(s), (it // STAGES) & 1)
+        return s
+
+    @gluon.jit
+    def release(self, it, pred=True):
+        """Consumer: hand stage `it % STAGES` back to the producer (arrive on its empty barrier)."""
+        STAGES: gl.constexpr = self.bufs.shape[0]
+        mbarrier.arrive(self.empty.index(it % STAGES), pred=pred)
 
 
 @gluon.jit
-def producer_acquire(empty, it, STAGES: gl.constexpr):
-    """Wait until stage `it % STAGES` was released by the consumer; return its index."""
-    s = it % STAGES
-    mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-    return s
-
-
-@gluon.jit
-def consumer_wait(full, it, STAGES: gl.constexpr):
-    """Wait until the producer's copies into stage `it % STAGES` have landed; return its index."""
-    s = it % STAGES
-    mbarrier.wait(full.index(s), (it // STAGES) & 1)
-    return s
-
-
-@gluon.jit
-def consumer_release(empty, it, STAGES: gl.constexpr, pred=True):
-    """Hand stage `it % STAGES` back to the producer (arrive on its empty barrier)."""
-    mbarrier.arrive(empty.index(it % STAGES), pred=pred)
+def allocate_ring(dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr, STAGES: gl.constexpr,
+                  CONSUMERS: gl.constexpr = 1):
+    """A ring of STAGES tiles of `shape`: `ready` expects the producer's one arrive (with the TMA byte count) per
+    lap, `empty` one arrive from each of CONSUMERS partitions."""
+    bufs = gl.allocate_shared_memory(dtype, [STAGES] + shape, layout)
+    return Ring(bufs, allocate_barriers(STAGES, 1), allocate_barriers(STAGES, CONSUMERS))

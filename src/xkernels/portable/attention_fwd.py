@@ -9,18 +9,15 @@ F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i, whatev
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import torch
 import triton
 import triton.language as tl
 
+from xkernels.common.dtypes import TL_DTYPE
+from xkernels.common.runtime import INTERPRET
+from xkernels.common.seqlen import kv_bounds
+from xkernels.portable.configs import AttentionConfig, attention_config
 from xkernels.portable.dot import mma
-from xkernels.portable.runtime import INTERPRET
 from xkernels.recipes import AttentionRecipe
-
-_TL_DTYPE = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 @triton.jit
@@ -82,11 +79,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
 
     # [0, full_hi): whole tiles inside Skv and (causal) wholly at or below the diagonal of this row block
     # [full_hi, hi): the tail tile and the diagonal tiles, masked; keys >= hi are never visited
-    full_hi = (SKV // BLOCK_N) * BLOCK_N
-    hi = SKV
-    if CAUSAL:
-        full_hi = min(full_hi, start_m)
-        hi = min(SKV, start_m + BLOCK_M)
+    full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, 0, full_hi, offs_m, qk_scale, SKV,
                                   BLOCK_N, CAUSAL, False, PV_DTYPE, INTERPRET)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, full_hi, hi, offs_m, qk_scale, SKV,
@@ -98,47 +91,12 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
         tl.store(LSE + bh * SQ + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < SQ)
 
 
-@dataclass(frozen=True)
-class AttentionConfig:
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-    def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-W{self.num_warps}-S{self.num_stages}"
-
-
-# Compiled: Hopper-sized tiles checked spill-free by `xkernels inspect`. Interpreted: small tiles so the CPU run is
-# quick and tests at S = 17, 129 cross several tiles, the diagonal and the tails.
-_GPU_CONFIGS = {64: AttentionConfig(128, 128, 8, 3), 128: AttentionConfig(128, 128, 8, 3),
-                256: AttentionConfig(128, 64, 8, 2)}
-_INTERPRETER_CONFIG = AttentionConfig(32, 16, 4, 1)
-
-
-def attention_config(head_dim: int) -> AttentionConfig:
-    return _INTERPRETER_CONFIG if INTERPRET else _GPU_CONFIGS[head_dim]
-
-
-def runtime_args(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
-                 scale: float) -> tuple:
-    """The runtime arguments every attention kernel (portable and Hopper) takes, in order: pointers, (B, H, S)
-    strides of Q, K, V, O, then HQ, GROUP, SQ, SKV and the scale folded with log2(e) for exp2."""
-    hq = q.shape[1]
-    return (q, k, v, out, lse if lse is not None else out,
-            *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
-            hq, hq // k.shape[1], q.shape[2], k.shape[2], scale * math.log2(math.e))
-
-
-def attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
-                  *, is_causal: bool, scale: float, recipe: AttentionRecipe) -> AttentionConfig:
-    """Launch on validated (B, H, S, D) views whose layouts descriptors accept; writes `out` (and `lse`)."""
-    bsz, hq, sq, d = q.shape
-    cfg = attention_config(d)
-    assert cfg.block_m % cfg.block_n == 0, "the causal split needs BLOCK_M to be a multiple of BLOCK_N"
-    grid = (triton.cdiv(sq, cfg.block_m) * bsz * hq,)
-    attention_fwd_kernel[grid](
-        *runtime_args(q, k, v, out, lse, scale), HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        CAUSAL=is_causal, PV_DTYPE=_TL_DTYPE[recipe.pv_dtype], WRITE_LSE=lse is not None, INTERPRET=INTERPRET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return cfg
+def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
+                write_lse: bool) -> tuple[int, dict[str, object], dict[str, int], AttentionConfig]:
+    """(grid, constexprs, launch options, config) for `attention_fwd_kernel`; its runtime arguments are
+    `plans.attention_args` (shared with the Hopper kernel)."""
+    cfg = attention_config(head_dim)
+    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=is_causal,
+                      PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, INTERPRET=INTERPRET)
+    grid = triton.cdiv(sq, cfg.block_m) * batch * heads
+    return grid, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg

@@ -6,15 +6,14 @@ bounds (loads past the edge read zeros, stores past it are clipped). A leading b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from xkernels.common.runtime import INTERPRET
+from xkernels.common.tile_walk import tile_coords, zorder_grid
+from xkernels.portable.configs import GemmConfig, gemm_config
 from xkernels.portable.dot import mma
-from xkernels.portable.runtime import INTERPRET
-from xkernels.portable.tile_walk import tile_coords, zorder_grid
 
 
 @triton.jit(do_not_specialize=["M", "N", "K", "programs"])  # one compile serves every problem size
@@ -50,39 +49,12 @@ def gemm_kernel(A, B, C, M, N, K, a_sb, a_sm, b_sb, b_s0, c_sb, c_sm, programs, 
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
-@dataclass(frozen=True)
-class GemmConfig:
-    block_m: int
-    block_n: int
-    block_k: int
-    num_warps: int
-    num_stages: int
-    group_m: int = 8
-
-    def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
-
-
-# Compiled, by output element size: a 128x256 fp32 C tile plus three A/B stages would overflow 227 KB of shared memory.
-_GPU_CONFIGS = {2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)}
-_INTERPRETER_CONFIG = GemmConfig(32, 32, 32, 4, 1, group_m=2)
-
-
-def gemm_config(out_dtype: torch.dtype) -> GemmConfig:
-    return _INTERPRETER_CONFIG if INTERPRET else _GPU_CONFIGS[out_dtype.itemsize]
-
-
-def gemm(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, m: int, n: int, k: int, *, b_layout: str,
-         walk: str) -> GemmConfig:
-    """Launch on 3-D (batch, rows, cols) views whose layouts descriptors accept (the last dim may be zero-padded
-    past the logical m, n, k); writes c[:, :m, :n]."""
-    batch = a.shape[0]
-    cfg = gemm_config(c.dtype)
+def launch_spec(batch: int, m: int, n: int, *, out_dtype: torch.dtype, b_layout: str,
+                walk: str) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int], GemmConfig]:
+    """(grid, (programs, z_bits, z_tall), constexprs, launch options, config) for `gemm_kernel`."""
+    cfg = gemm_config(out_dtype)
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
-    programs, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
-    gemm_kernel[(programs * batch,)](
-        a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1), programs,
-        z_bits, z_tall, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, B_NK=b_layout == "nk",
-        WALK=walk, GROUP_M=cfg.group_m, INTERPRET=INTERPRET, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
-    return cfg
+    walk_args = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
+    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, B_NK=b_layout == "nk",
+                      WALK=walk, GROUP_M=cfg.group_m, INTERPRET=INTERPRET)
+    return walk_args[0] * batch, walk_args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg

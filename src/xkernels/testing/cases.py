@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 import xkernels
-from xkernels.dispatch import use_layer
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing.inputs import attention_inputs, gemm_inputs
 from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm, compare_lse
@@ -17,8 +16,8 @@ from xkernels.testing.reference import reference_attention, reference_lse, refer
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def _forced(layer: str | None, overrides: tuple[tuple[str, int], ...]) -> str:
-    return f" [{layer}{''.join(f' {k}={v}' for k, v in overrides)}]" if layer else ""
+def _forced(backend: str | None) -> str:
+    return f" [{backend}]" if backend else ""
 
 
 def _k(n: int) -> str:
@@ -35,14 +34,13 @@ class AttentionCase:
     d: int
     causal: bool
     recipe: str
-    layer: str | None = None  # force "portable" or "hopper"; None lets the dispatcher choose
-    overrides: tuple[tuple[str, int], ...] = ()  # hopper tile/feature overrides for ablations, e.g. (("stages", 3),)
+    backend: str | None = None  # e.g. "portable", "hopper:stages=3" (xkernels.select); None: the default choice
 
     @property
     def shape(self) -> str:
         heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
         return (f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
-                f"{_forced(self.layer, self.overrides)}")
+                f"{_forced(self.backend)}")
 
     @property
     def flops(self) -> int:
@@ -64,9 +62,8 @@ class AttentionCase:
 
     def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
         q, k, v = inputs
-        with use_layer(self.layer, **dict(self.overrides)):
-            return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
-                                      precision=self.recipe, out=out, return_lse=return_lse)
+        return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
+                                  precision=self.recipe, out=out, return_lse=return_lse, backend=self.backend)
 
     def check(self, inputs) -> Comparison:
         """Run on a NaN-poisoned output and compare O and the LSE with their float64 references."""
@@ -85,8 +82,7 @@ class GemmCase:
     dtype: str
     b_layout: str = "kn"
     walk: str = "auto"
-    layer: str | None = None  # force "portable" or "hopper"; None lets the dispatcher choose
-    overrides: tuple[tuple[str, int], ...] = ()  # tile-config overrides for ablations, e.g. (("stages", 4),)
+    backend: str | None = None  # e.g. "portable", "hopper:stages=4" (xkernels.select); None: the default choice
 
     @property
     def recipe(self) -> str:
@@ -94,7 +90,7 @@ class GemmCase:
 
     @property
     def shape(self) -> str:
-        return f"{self.m}x{self.n}x{self.k} {self.b_layout} {self.walk}{_forced(self.layer, self.overrides)}"
+        return f"{self.m}x{self.n}x{self.k} {self.b_layout} {self.walk}{_forced(self.backend)}"
 
     @property
     def flops(self) -> int:
@@ -109,8 +105,7 @@ class GemmCase:
 
     def run(self, inputs, out: torch.Tensor | None = None) -> torch.Tensor:
         a, b = inputs
-        with use_layer(self.layer, **dict(self.overrides)):
-            return xkernels.matmul(a, b, b_layout=self.b_layout, walk=self.walk, out=out)
+        return xkernels.matmul(a, b, b_layout=self.b_layout, walk=self.walk, out=out, backend=self.backend)
 
     def check(self, inputs) -> Comparison:
         a, b = inputs

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 
-from xkernels.hopper.attention_fwd import CONFIGS, HopperAttentionConfig
+from xkernels.hopper.configs import ATTENTION_CONFIGS as CONFIGS
+from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.recipes import ATTENTION_RECIPES
 
 
@@ -18,7 +19,6 @@ def test_shipped_configs_pass(d, recipe):
 @pytest.mark.parametrize("d,recipe,fields,match", [
     (128, "bf16", dict(consumers=3), "consumers=3 needs"),
     (64, "bf16", dict(consumers=4), "consumers=4 needs"),
-    (128, "bf16", dict(fma_exp=3), "fma_exp=3 must be"),
     (128, "bf16", dict(acc16=1), "acc16 needs fp16 P.V"),
     (128, "bf16io", dict(convert_steps=3), "convert_steps=3 must be"),
     (128, "bf16io", dict(block_n=32), "fewer than 8 rows"),
@@ -41,5 +41,5 @@ def test_accepted_overrides(d, recipe, fields):
 
 def test_name_shows_every_switch_off_its_default():
     assert str(HopperAttentionConfig(128, 2)) == "BM128-BN128-S2-ov"
-    cfg = HopperAttentionConfig(64, 3, overlap=0, pingpong=1, consumers=3, fma_exp=4, acc16=1, convert_steps=4)
-    assert str(cfg) == "BM192-BN64-S3-pp-fx4-acc16-cs4"
+    cfg = HopperAttentionConfig(64, 3, overlap=0, consumers=3, acc16=1, convert_steps=4)
+    assert str(cfg) == "BM192-BN64-S3-acc16-cs4"

@@ -1,0 +1,121 @@
+"""Launching compiled kernels at the cost of a driver call.
+
+Triton's generic launch (`kernel[grid](...)`) binds every argument, recomputes the specialization key, looks the
+kernel up, asks the global allocator for descriptor scratch and re-encodes each host tensor descriptor: 13-35 us of
+host time per call on an H200 host. A plan (`xkernels.plans`) resolves all of that once per (shapes, strides, dtypes,
+device) key; `Kernel.launch` then calls the compiled launcher directly with the argument values, the scratch a
+kernel's in-kernel descriptors need comes from PyTorch's caching allocator (no `triton.set_allocator`), and host
+descriptors are encoded once per (address, shape, strides) and cached as bytes, never holding the tensor.
+
+The direct path reads Triton's generated CUDA launcher, so it is used only on the triton releases in
+`runtime.TESTED_TRITON`; elsewhere (the interpreter, AMD, Intel, newer triton) launches take Triton's generic path.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+import triton
+
+from xkernels.common.runtime import INTERPRET, TRITON_TESTED
+
+
+@functools.cache
+def _install_allocator() -> None:
+    """Generic path only: in-kernel descriptors need per-program global scratch on GPUs that materialize them."""
+    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+
+
+def direct_launch_available(device: torch.device) -> bool:
+    return device.type == "cuda" and TRITON_TESTED and not INTERPRET and torch.version.cuda is not None
+
+
+def _raw_launcher(runner):
+    """The compiled C launcher under Triton's Python wrapper that re-encodes host descriptors on every call."""
+    launch = runner.launch
+    code = getattr(launch, "__code__", None)
+    if code is None:
+        return launch
+    cells = dict(zip(code.co_freevars, launch.__closure__ or (), strict=True))
+    return cells["launcher"].cell_contents
+
+
+class Kernel:
+    """One compiled kernel on one device, launched directly: `launch(grid, args)` with every runtime and constexpr
+    argument in the kernel's parameter order (pointers as ints or tensors, host descriptors as `encode_descriptor`
+    lists spliced in by the caller)."""
+
+    def __init__(self, compiled, device: torch.device):
+        with torch.cuda.device(device):
+            compiled._init_handles()
+        runner = compiled.run
+        if runner.profile_scratch_size:
+            raise RuntimeError("kernels compiled with profiling scratch are launched through Triton's generic path")
+        self._launch = _raw_launcher(runner)
+        self._flags = (runner.launch_cooperative_grid, runner.launch_pdl)
+        self._function = compiled.function
+        self._packed = compiled.packed_metadata
+        self._scratch = runner.global_scratch_size * runner.num_ctas
+        self.descriptor_meta = getattr(compiled.metadata, "tensordesc_meta", None) or []
+        self.device = device
+        self.index = device.index
+        self.shared = compiled.metadata.shared
+
+    def launch(self, grid: int, args: Sequence[object]) -> None:
+        stream = torch._C._cuda_getCurrentRawStream(self.index)
+        scratch = None
+        if self._scratch:  # freed to the caching allocator after the launch: stream-ordered, like Triton's own
+            scratch = torch.empty(grid * self._scratch, dtype=torch.uint8, device=self.device)
+        coop, pdl = self._flags
+        if torch._C._cuda_getDevice() != self.index:
+            with torch.cuda.device(self.index):
+                self._launch(grid, 1, 1, stream, self._function, coop, pdl, scratch, None, self._packed, None, None,
+                             None, *args)
+            return
+        self._launch(grid, 1, 1, stream, self._function, coop, pdl, scratch, None, self._packed, None, None, None,
+                     *args)
+
+
+def compile_kernel(fn, grid: int, args: Sequence[object], constexprs: dict[str, object],
+                   options: dict[str, int]) -> Kernel:
+    """Compile `fn` for these arguments (no launch) and wrap it for direct launches."""
+    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+    with torch.cuda.device(device):
+        compiled = fn.warmup(*args, grid=(grid,), **constexprs, **options)
+    return Kernel(compiled, device)
+
+
+def generic_launch(fn, grid: int, args: Sequence[object], constexprs: dict[str, object],
+                   options: dict[str, int]) -> None:
+    """Triton's own launch path: the interpreter, non-CUDA backends and untested triton releases."""
+    if not INTERPRET and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+        _install_allocator()
+    fn[(grid,)](*args, **constexprs, **options)
+
+
+# The TMA dtype enum differs between the device-side metadata and the host encoder (triton's driver has the same map).
+_TMA_DTYPE_DEVICE_TO_HOST = {i: i for i in range(16)} | {8: 10, 9: 8, 10: 9}
+_ENCODED: OrderedDict = OrderedDict()
+_ENCODED_MAX = 512
+
+
+def encode_descriptor(meta: dict, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> list:
+    """The launcher arguments of one host tensor descriptor ([CUtensorMap, *shape, *strides]), cached per
+    (address, shape, strides, box): the encoding holds the address as a number, so no tensor is kept alive, and an
+    equal key always encodes equal bytes."""
+    key = (ptr, shape, strides, meta["swizzle"], meta["elem_size"], meta["elem_type"], tuple(meta["block_size"]))
+    hit = _ENCODED.get(key)
+    if hit is not None:
+        return hit
+    utils = triton.runtime.driver.active.utils
+    tmap = utils.fill_tma_descriptor(ptr, meta["swizzle"], meta["elem_size"],
+                                     _TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"], list(shape),
+                                     list(strides), 0)
+    hit = [tmap, *shape, *strides]
+    _ENCODED[key] = hit
+    if len(_ENCODED) > _ENCODED_MAX:
+        _ENCODED.popitem(last=False)
+    return hit

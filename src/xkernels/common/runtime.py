@@ -1,0 +1,72 @@
+"""Where the kernels run: interpreter mode, device properties, which Triton releases the fast paths were run on, and
+the memory layouts tensor descriptors accept."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+
+# triton decides at decoration time whether @triton.jit interprets; read the switch the same way, once.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# Gluon's API changed between triton 3.5, 3.6 and later; the Hopper kernels run only on releases they were run on.
+# The direct launcher (common/launch.py) reads Triton's generated launcher the same way, so it follows this list.
+TESTED_TRITON = ("3.6.",)
+TRITON_TESTED: bool = triton.__version__.startswith(TESTED_TRITON)
+
+
+@functools.cache
+def capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
+
+
+@functools.cache
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def hopper_available(device: torch.device) -> bool:
+    """The Gluon fast path runs here: compiled (not interpreted) kernels on sm_90 with a tested triton."""
+    return (not INTERPRET and device.type == "cuda" and TRITON_TESTED
+            and capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
+
+
+def check_device(device: torch.device, name: str) -> None:
+    """Fail loudly where the kernels cannot run, rather than fall back to something else."""
+    if device.type == "cpu" and not INTERPRET:
+        raise ValueError(f"{name}: on the CPU; xkernels runs CPU tensors only through the Triton interpreter "
+                         "(set TRITON_INTERPRET=1 before importing xkernels)")
+    if device.type not in ("cpu", "cuda", "xpu", "meta"):  # meta: shapes only, through the fake kernels
+        raise ValueError(f"{name}: device type {device.type!r} is not supported (cuda, xpu, or cpu interpreted)")
+
+
+def strides_ready(t: torch.Tensor) -> bool:
+    """Descriptors need a unit last stride and 16-byte aligned other strides (the base alignment is per call)."""
+    es = t.element_size()
+    return t.stride(-1) == 1 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
+
+
+def tma_ready(t: torch.Tensor) -> bool:
+    """Descriptors need a 16-byte aligned base, unit last stride and 16-byte aligned other strides."""
+    return t.data_ptr() % 16 == 0 and strides_ready(t)
+
+
+def _padded_cols(cols: int, dtype: torch.dtype) -> int:
+    mult = 16 // dtype.itemsize
+    return -(-cols // mult) * mult
+
+
+def tma_copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy whose last dim is zero-padded to a 16-byte multiple (zeros add nothing to a dot product)."""
+    cols = t.shape[-1]
+    out = torch.zeros((*t.shape[:-1], _padded_cols(cols, t.dtype)), dtype=t.dtype, device=t.device)
+    out[..., :cols] = t
+    return out
+
+
+def tma_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialized output with its last dim padded like `tma_copy` (the kernel writes [..., :shape[-1]])."""
+    return torch.empty((*shape[:-1], _padded_cols(shape[-1], dtype)), dtype=dtype, device=device)

@@ -1,0 +1,22 @@
+"""Which keys a block of query rows visits, and which of them need a mask: written once for every attention kernel.
+
+Causal masks are top-left aligned, as in F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i,
+whatever Sq and Skv are.
+"""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kv_bounds(start_m, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(full_hi, hi): key tiles in [0, full_hi) need no mask; [full_hi, hi) holds the tail tile and, when causal, the
+    diagonal tiles; keys >= hi are never visited. A causal tile is mask-free only if it ends at or before the block's
+    first query; BLOCK_M need not be a multiple of BLOCK_N (192-row blocks start mid-tile), so full_hi rounds start_m
+    down to a tile boundary."""
+    full_hi = (SKV // BLOCK_N) * BLOCK_N
+    hi = SKV
+    if CAUSAL:
+        full_hi = min(full_hi, (start_m // BLOCK_N) * BLOCK_N)
+        hi = min(SKV, start_m + BLOCK_M)
+    return full_hi, hi

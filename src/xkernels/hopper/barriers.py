@@ -1,0 +1,49 @@
+"""Every mbarrier the Hopper kernels use: what it guards, who arrives, who waits. Kernels allocate them here only.
+
+Attention forward (`attention_fwd.py`), per CTA; "arrive" -> "wait": what the wait guarantees.
+  q_ready      producer's TMA (every consumer's Q bytes) -> each consumer, once: its Q rows have landed.
+  k.ready[s]   producer's TMA (K tile bytes) -> each consumer, per key tile: K tile s has landed.
+  k.empty[s]   each of NUM_WG consumers, once its QK^T wgmma retired -> producer, before refilling stage s:
+               nobody still reads K tile s.
+  v_landed[s]  producer's TMA (V tile bytes) -> the bf16io producer, before converting: V tile s has landed.
+  v.ready[s]   the producer after converting V in place (bf16io; else this is v_landed) -> each consumer, before
+               P.V: V tile s holds the P.V operand dtype.
+  v.empty[s]   each of NUM_WG consumers, once its P.V wgmma retired -> producer, before refilling stage s:
+               nobody still reads V tile s.
+K and V have separate rings so a K stage frees once the QK^T wgmmas retire, while P.V of that tile still reads V.
+
+GEMM (`gemm.py`), per CTA: one ring of A+B stages.
+  ready[s]     loader's TMA (A and B tile bytes) -> MMA partition, per k-step: stage s's tiles have landed.
+  empty[s]     MMA partition, once the wgmma reading stage s retired -> loader, before refilling stage s.
+"""
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from xkernels.hopper.pipeline import Ring, allocate_barriers
+
+
+@gluon.jit
+def attention_barriers(k_bufs, v_bufs, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr):
+    """(q_ready, k ring, v ring, v_landed) over the K and V stage buffers, as in the table above."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
+    q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_ready, count=1)
+    k = Ring(k_bufs, allocate_barriers(STAGES, 1), allocate_barriers(STAGES, NUM_WG))
+    v_landed = allocate_barriers(STAGES, 1)
+    v_empty = allocate_barriers(STAGES, NUM_WG)
+    if CONVERT_V:  # TMA lands on v_landed, the producer's conversion arrives on v.ready
+        v = Ring(v_bufs, allocate_barriers(STAGES, 1), v_empty)
+    else:
+        v = Ring(v_bufs, v_landed, v_empty)
+    return q_ready, k, v, v_landed
+
+
+@gluon.jit
+def gemm_barriers(a_bufs, b_bufs):
+    """The A+B ring of the table above: one ready and one empty barrier per stage, shared by both tiles."""
+    STAGES: gl.constexpr = a_bufs.shape[0]
+    ready = allocate_barriers(STAGES, 1)
+    empty = allocate_barriers(STAGES, 1)
+    return Ring(a_bufs, ready, empty), Ring(b_bufs, ready, empty)

@@ -1,0 +1,94 @@
+"""Tile configs of the Hopper kernels and the checks that refuse configs a kernel cannot run.
+
+`constexprs` maps a config to the kernel's compile-time arguments: the launch and `xkernels inspect` both read it, so
+no constexpr is spelled twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from xkernels.recipes import AttentionRecipe
+
+WG_ROWS = 64  # query rows per attention consumer warpgroup: S and O accumulators of 64 x N fit its registers
+
+
+@dataclass(frozen=True)
+class HopperAttentionConfig:
+    block_n: int
+    stages: int
+    overlap: int = 1  # the split-barrier window: softmax of tile j while P.V of tile j-1 runs
+    consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
+    acc16: int = 0  # the seeds' fp16 P.V accumulator (fp16 P.V recipes only): an ablation, off the fp32 contract
+    convert_steps: int = 8  # bf16io only (other recipes ignore it): V conversion steps, each load, barrier, store
+
+    def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
+        """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
+        switch does not apply to); the shipped ATTENTION_CONFIGS pass, and `xkernels inspect` compiles them."""
+        if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
+            raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
+        if self.acc16 and recipe.pv_dtype != torch.float16:
+            raise ValueError(f"config: acc16 needs fp16 P.V (recipe {recipe.name} multiplies P.V in bf16)")
+        if self.convert_steps not in (2, 4, 8):
+            raise ValueError(f"config: convert_steps={self.convert_steps} must be 2, 4 or 8")
+        if recipe.converts_v and self.block_n // self.convert_steps < 8:
+            raise ValueError(f"config: convert_steps={self.convert_steps} with block_n={self.block_n} gives steps of "
+                             "fewer than 8 rows, which cut the shared-memory swizzle pattern")
+        if recipe.converts_v and self.convert_steps == 2 and head_dim == 256:
+            raise ValueError("config: convert_steps=2 at head dim 256 spills registers (the producer's gain is "
+                             "consumer 0's loss)")
+
+    @property
+    def block_m(self) -> int:
+        return self.consumers * WG_ROWS
+
+    def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, positive_scale: bool,
+                   write_lse: bool) -> dict[str, object]:
+        """The kernel's compile-time arguments for this config: one mapping for the launch and for `inspect`."""
+        return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
+                    CONVERT_V=recipe.converts_v, POSITIVE_SCALE=positive_scale, OVERLAP=bool(self.overlap),
+                    NUM_WG=self.consumers, ACC16=bool(self.acc16), CONVERT_STEPS=self.convert_steps,
+                    WRITE_LSE=write_lse)
+
+    def __str__(self) -> str:
+        return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
+                + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else ""))
+
+
+# Per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups (192-row tiles) and the
+# window closed; bf16io at D256: 4 conversion steps per V tile (benchmarks/README.md has the measurements).
+ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, convert_steps=4),
+                     128: HopperAttentionConfig(128, 2), 256: HopperAttentionConfig(64, 2, convert_steps=4)}
+
+
+@dataclass(frozen=True)
+class HopperGemmConfig:
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    stages: int = 3
+    num_warps: int = 8  # two consumer warpgroups: 64 x 256 fp32 accumulator rows each, 128 registers
+    group_m: int = 8
+    acc_fp16: bool = False  # the seeds' fp16-accumulate variant (fp16 inputs only): an ablation, off the contract
+
+    def check(self, dtype: torch.dtype) -> None:
+        if self.acc_fp16 and dtype != torch.float16:
+            raise ValueError("config: acc_fp16 needs fp16 inputs (wgmma accumulates bf16 products in fp32 only)")
+
+    def blocks(self, b_layout: str) -> tuple[list[int], list[int], list[int]]:
+        """Descriptor boxes of A, B and C."""
+        b_block = [self.block_n, self.block_k] if b_layout == "nk" else [self.block_k, self.block_n]
+        return [self.block_m, self.block_k], b_block, [self.block_m, self.block_n]
+
+    def constexprs(self, b_layout: str, walk: str) -> dict[str, object]:
+        return dict(B_NK=b_layout == "nk", WALK=walk, GROUP_M=self.group_m, STAGES=self.stages,
+                    ACC_FP16=self.acc_fp16, num_warps=self.num_warps)
+
+    def __str__(self) -> str:
+        acc = "-acc16" if self.acc_fp16 else ""
+        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}"
+
+
+GEMM_CONFIG = HopperGemmConfig()

@@ -1,0 +1,105 @@
+"""The `xkernels` torch.library operators: the one way every public function reaches a kernel.
+
+Each op has a real kernel (CPU under the Triton interpreter, CUDA, XPU) and a fake kernel (shapes and dtypes only,
+no data access) that runs the same tensor checks, so `torch.compile(fullgraph=True)`, FakeTensorMode and meta-device
+tracing see the op, its output shapes and its errors. The ops are declared with `torch.library.Library` rather than
+the `torch.library.custom_op` decorator: the same dispatcher registration (opcheck, compile, CUDA graphs), but the
+decorator's Python wrapper costs ~15 us of host time per call, more than the whole launch.
+
+  xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend) -> (O, LSE)
+  xkernels::attention_out(q, k, v, out!, ...same...) -> LSE          (writes O into `out`)
+  xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
+  xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
+LSE is (B, H, Sq) fp32 when `return_lse`, else an empty fp32 tensor: the op always returns the same tuple.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from xkernels import plans, select
+from xkernels.common.runtime import check_device
+from xkernels.validation import check_attention, check_matmul, check_out_memory
+
+_lib = torch.library.Library("xkernels", "DEF")
+_ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, bool return_lse, str backend"
+_MM_ARGS = "str b_layout, str walk, ScalarType? out_dtype, str backend"
+_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> (Tensor, Tensor)")
+_lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}) -> Tensor")
+_lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
+_lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
+_DEVICES = ("CPU", "CUDA", "XPU")
+
+
+def _register(name: str, fn) -> None:
+    for key in _DEVICES:
+        _lib.impl(name, fn, key)
+
+
+def _attention(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend):
+    return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                           precision=precision, return_lse=return_lse, backend=backend)
+
+
+def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, return_lse, backend):
+    check_out_memory(out, {"q": q, "k": k, "v": v})
+    return plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                           precision=precision, return_lse=return_lse, backend=backend)[1]
+
+
+def _matmul(a, b, b_layout, walk, out_dtype, backend):
+    return plans.matmul(a, b, None, b_layout=b_layout, walk=walk, out_dtype=out_dtype, backend=backend)
+
+
+def _matmul_out(a, b, out, b_layout, walk, out_dtype, backend):
+    check_out_memory(out, {"a": a, "b": b})
+    plans.matmul(a, b, out, b_layout=b_layout, walk=walk, out_dtype=out_dtype, backend=backend)
+
+
+_register("attention", _attention)
+_register("attention_out", _attention_out)
+_register("matmul", _matmul)
+_register("matmul_out", _matmul_out)
+
+
+def _fake_attention_checks(q, k, v, out, enable_gqa, precision, backend):
+    check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
+    check_device(q.device, "q")
+    select.parse_backend(backend)
+
+
+def _fake_lse(q, return_lse):
+    return q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
+
+
+@torch.library.register_fake("xkernels::attention")
+def _(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend):
+    _fake_attention_checks(q, k, v, None, enable_gqa, precision, backend)
+    return q.new_empty(q.shape), _fake_lse(q, return_lse)
+
+
+@torch.library.register_fake("xkernels::attention_out")
+def _(q, k, v, out, is_causal, scale, enable_gqa, precision, return_lse, backend):
+    _fake_attention_checks(q, k, v, out, enable_gqa, precision, backend)
+    return _fake_lse(q, return_lse)
+
+
+@torch.library.register_fake("xkernels::matmul")
+def _(a, b, b_layout, walk, out_dtype, backend):
+    batch, m, n, _, dtype = check_matmul(a, b, None, b_layout=b_layout, out_dtype=out_dtype)
+    check_device(a.device, "a")
+    select.parse_backend(backend)
+    return a.new_empty((*batch, m, n), dtype=dtype)
+
+
+@torch.library.register_fake("xkernels::matmul_out")
+def _(a, b, out, b_layout, walk, out_dtype, backend):
+    check_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype)
+    check_device(a.device, "a")
+    select.parse_backend(backend)
+
+
+attention_op = torch.ops.xkernels.attention.default
+attention_out_op = torch.ops.xkernels.attention_out.default
+matmul_op = torch.ops.xkernels.matmul.default
+matmul_out_op = torch.ops.xkernels.matmul_out.default

@@ -1,0 +1,292 @@
+"""Launch plans: everything about a call that follows from its (shapes, strides, dtypes, device, flags) key,
+resolved once and cached, so a repeated call costs a dict lookup, the output allocation and a driver launch.
+
+A plan holds numbers and compiled kernels, never a tensor: the inputs and outputs of a call are freed when the
+caller drops them. Its fast path needs layouts that tensor descriptors read as they are (checked once per key) and
+16-byte aligned addresses (checked per call); anything else takes the general path, which makes descriptor-ready
+copies (visible in `last_backend()`) and launches through Triton's own launcher.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+
+from xkernels import select
+from xkernels.common import launch
+from xkernels.common.runtime import check_device, strides_ready, tma_copy, tma_empty, tma_ready
+from xkernels.hopper import attention_fwd as hopper_attention
+from xkernels.hopper import gemm as hopper_gemm
+from xkernels.portable import attention_fwd as portable_attention
+from xkernels.portable import gemm as portable_gemm
+from xkernels.validation import check_attention, check_matmul
+
+log = logging.getLogger("xkernels")
+_last: str | None = None
+_PLANS: dict = {}
+_PLANS_MAX = 4096
+LOG2E = math.log2(math.e)
+
+
+def last_backend() -> str | None:
+    """The kernel the last eager xkernels call ran, e.g. 'hopper.attention[bf16 BM128-BN128-S2-ov]'."""
+    return _last
+
+
+def _record(name: str) -> None:
+    global _last
+    _last = name
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug("xkernels ran %s", name)
+
+
+def _cached(key: tuple, build):
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = build()
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def _constexpr_tail(fn, constexprs: dict[str, object]) -> tuple:
+    """Constexpr values in parameter order; they come after every runtime parameter in our kernels."""
+    names = fn.arg_names
+    first = min(names.index(n) for n in constexprs)
+    assert set(names[first:]) == set(constexprs), f"{fn}: constexprs must be its last parameters"
+    return tuple(constexprs[n] for n in names[first:])
+
+
+def _ready(t: torch.Tensor, name: str, copies: list[str]) -> torch.Tensor:
+    if tma_ready(t):
+        return t
+    copies.append(name)
+    return tma_copy(t)
+
+
+def _suffix(copies: list[str]) -> str:
+    return f" copied:{','.join(dict.fromkeys(copies))}" if copies else ""
+
+
+# ---- attention -----------------------------------------------------------------------------------------------------
+
+def attention_args(q, k, v, out, lse, hq: int, group: int, sq: int, skv: int, qk_scale: float) -> tuple:
+    """The runtime arguments of both attention kernels, in order: Q, K, V, O, LSE, the (B, H, S) strides of Q, K, V
+    and O, then HQ, GROUP, SQ, SKV and the scale folded with log2(e) for exp2."""
+    return (q, k, v, out, lse, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *out.stride()[:3],
+            hq, group, sq, skv, qk_scale)
+
+
+class AttentionPlan:
+    def __init__(self, q, k, v, out, *, is_causal: bool, enable_gqa: bool, precision: str, return_lse: bool,
+                 positive_scale: bool, backend: str):
+        self.recipe = recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
+        check_device(q.device, "q")
+        b, hq, sq, d = q.shape
+        self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
+        self.lse_shape = (b, hq, sq) if return_lse else (0,)
+        self.empty = q.numel() == 0
+        self.group, self.skv = hq // k.shape[1] if k.shape[1] else 1, k.shape[2]
+        choice = select.select_attention(q.device, d, recipe, select.parse_backend(backend))
+        self.layer = choice.layer
+        if choice.layer == "hopper":
+            self.fn = hopper_attention.attention_fwd_kernel
+            self.grid, self.constexprs, self.options = hopper_attention.launch_spec(
+                b, hq, sq, d, is_causal=is_causal, recipe=recipe, positive_scale=positive_scale,
+                write_lse=return_lse, cfg=choice.config)
+        else:
+            self.fn = portable_attention.attention_fwd_kernel
+            self.grid, self.constexprs, self.options, _ = portable_attention.launch_spec(
+                b, hq, sq, d, is_causal=is_causal, recipe=recipe, write_lse=return_lse)
+        self.name = f"{choice.layer}.attention[{recipe.name} {choice.config}]"
+        self.tail = _constexpr_tail(self.fn, self.constexprs)
+        # the fast path: every layout descriptor-ready as it is; its integer arguments follow from the key
+        tensors = (q, k, v) if out is None else (q, k, v, out)
+        self.direct = launch.direct_launch_available(q.device) and all(strides_ready(t) for t in tensors)
+        self.kernel: launch.Kernel | None = None
+        if self.direct:
+            o_strides = out.stride()[:3] if out is not None else (hq * sq * d, sq * d, d)
+            self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
+
+    def run(self, q, k, v, out, scale: float):
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        if self.empty:
+            _record("empty")
+            return out, lse
+        qk_scale = scale * LOG2E
+        if self.recipe.converts_v and self.layer == "hopper":
+            v = v.view(torch.float16)  # the bf16 bits, converted in shared memory by the producer warpgroup
+        lse_arg = lse if lse.numel() else out
+        if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) % 16:
+            if self.kernel is None:  # first call of this key: compile against these very tensors
+                self.kernel = launch.compile_kernel(
+                    self.fn, self.grid, attention_args(q, k, v, out, lse_arg, *self.ints[12:], qk_scale),
+                    self.constexprs, self.options)
+            self.kernel.launch(self.grid, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
+                                           lse_arg.data_ptr(), *self.ints, qk_scale, *self.tail))
+            _record(self.name)
+            return out, lse
+        copies: list[str] = []
+        qq, kk, vv, oo = _ready(q, "q", copies), _ready(k, "k", copies), _ready(v, "v", copies), \
+            _ready(out, "out", copies)
+        d = self.out_shape[3]
+        args = attention_args(qq, kk, vv, oo, lse_arg if lse.numel() else oo, self.out_shape[1], self.group,
+                              self.out_shape[2], self.skv, qk_scale)
+        launch.generic_launch(self.fn, self.grid, args, self.constexprs, self.options)
+        if oo is not out:
+            out.copy_(oo[..., :d])
+        _record(self.name + _suffix(copies))
+        return out, lse
+
+
+def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa: bool, precision: str,
+              return_lse: bool, backend: str):
+    """Run attention; `out` (validated for memory overlap by the caller) receives O when given."""
+    positive = scale is None or scale > 0
+    key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
+           k.device, v.device, None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+           is_causal, enable_gqa, precision, return_lse, positive, backend)
+    plan = _cached(key, lambda: AttentionPlan(q, k, v, out, is_causal=is_causal, enable_gqa=enable_gqa,
+                                              precision=precision, return_lse=return_lse, positive_scale=positive,
+                                              backend=backend))
+    return plan.run(q, k, v, out, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+# ---- matmul --------------------------------------------------------------------------------------------------------
+
+def _as_3d(t: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
+    """(batch..., r, c) -> (prod(batch), r, c); a view where strides allow (broadcast dims keep stride 0)."""
+    t = t.expand(*batch, *t.shape[-2:])
+    if len(batch) == 1:
+        return t
+    return t.reshape(-1, *t.shape[-2:]) if batch else t.unsqueeze(0)
+
+
+def _operands_3d(a, b, batch, k):
+    """(a3, b3, names of operands the folding copied): a's batch dims fold into M against a shared 2-D b."""
+    if b.dim() == 2 and a.dim() > 2:
+        a3, b3 = a.reshape(1, -1, k), b.unsqueeze(0)
+    else:
+        a3, b3 = _as_3d(a, batch), _as_3d(b, batch)
+    copied = [name for name, src, view in (("a", a, a3), ("b", b, b3))
+              if view.untyped_storage().data_ptr() != src.untyped_storage().data_ptr()]
+    return a3, b3, copied
+
+
+def _out_3d(out: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
+    try:
+        return out.view(-1, rows, cols)  # never reinterpret out with other strides
+    except RuntimeError:
+        return None
+
+
+class MatmulPlan:
+    def __init__(self, a, b, out, *, b_layout: str, walk: str, out_dtype, backend: str):
+        batch, m, n, k, out_dtype = check_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype)
+        check_device(a.device, "a")
+        self.out_shape, self.out_dtype, self.device = (*batch, m, n), out_dtype, a.device
+        self.batch, self.m, self.n, self.k = batch, m, n, k
+        self.b_layout, self.walk = b_layout, "grouped" if walk == "auto" else walk
+        self.trivial = "empty" if math.prod(self.out_shape) == 0 else ("zero-k" if k == 0 else None)
+        if self.trivial:
+            return
+        a3, b3, copied = _operands_3d(a, b, batch, k)
+        self.problems, self.rows = a3.shape[0], a3.shape[1]
+        choice = select.select_matmul(a.device, self.problems, a.dtype, out_dtype, select.parse_backend(backend))
+        self.layer, self.cfg = choice.layer, choice.config
+        self.name = f"{choice.layer}.gemm[{b_layout} {self.walk} {choice.config}]"
+        o3 = _out_3d(out, self.rows, n) if out is not None else None
+        self.direct = (launch.direct_launch_available(a.device) and not copied and strides_ready(a3)
+                       and strides_ready(b3) and (out is None or (o3 is not None and strides_ready(o3))))
+        self.kernel: launch.Kernel | None = None
+        if not self.direct:
+            return
+        c_strides = o3.stride() if o3 is not None else (self.rows * n, n, 1)
+        if self.layer == "hopper":
+            self.grid, self.ints, self.constexprs, _ = hopper_gemm.launch_spec(
+                self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
+            b_shape = (n, k) if b_layout == "nk" else (k, n)
+            self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
+                                                                                          c_strides[1:]))
+        else:
+            self.grid, walk_args, self.constexprs, self.options, _ = portable_gemm.launch_spec(
+                self.problems, self.rows, n, out_dtype=out_dtype, b_layout=b_layout, walk=self.walk)
+            self.ints = (self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1), c_strides[0],
+                         c_strides[1], *walk_args)
+            self.tail = _constexpr_tail(portable_gemm.gemm_kernel, self.constexprs)
+
+    def run(self, a, b, out):
+        if out is None:
+            out = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        if self.trivial:
+            _record(self.trivial)
+            return out.zero_() if self.trivial == "zero-k" else out
+        if self.direct and not (a.data_ptr() | b.data_ptr() | out.data_ptr()) % 16:
+            if self.layer == "hopper":
+                self._hopper_direct(a, b, out)
+            else:
+                self._portable_direct(a, b, out)
+            _record(self.name)
+            return out
+        return self._general(a, b, out)
+
+    def _hopper_direct(self, a, b, out):
+        if self.kernel is None:
+            a2, b2, c2 = a.reshape(-1, self.k), b.reshape(b.shape[-2:]), out.view(-1, self.n)
+            descs = hopper_gemm.descriptors(a2, b2, c2, b_layout=self.b_layout, cfg=self.cfg)
+            self.kernel = launch.compile_kernel(hopper_gemm.persistent_gemm_kernel, self.grid, (*descs, *self.ints),
+                                                self.constexprs, {})
+            self.tail = _constexpr_tail(hopper_gemm.persistent_gemm_kernel, self.constexprs)
+        meta = self.kernel.descriptor_meta
+        encoded = [launch.encode_descriptor(meta[i], t.data_ptr(), shape, strides)
+                   for i, (t, (shape, strides)) in enumerate(zip((a, b, out), self.geometry, strict=True))]
+        self.kernel.launch(self.grid, (*encoded[0], *encoded[1], *encoded[2], *self.ints, *self.tail))
+
+    def _portable_direct(self, a, b, out):
+        if self.kernel is None:
+            a3, b3, _ = _operands_3d(a, b, self.batch, self.k)
+            self.kernel = launch.compile_kernel(portable_gemm.gemm_kernel, self.grid,
+                                                (a3, b3, out, *self.ints), self.constexprs, self.options)
+        self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
+
+    def _general(self, a, b, out):
+        """Descriptor-ready copies where needed, then Triton's own launcher (the interpreter's path too)."""
+        n, k = self.n, self.k
+        a3, b3, copies = _operands_3d(a, b, self.batch, k)
+        a3, b3 = _ready(a3, "a", copies), _ready(b3, "b", copies)
+        c3 = _out_3d(out, self.rows, n)
+        if c3 is None or not tma_ready(c3):
+            copies.append("out")
+            c3 = tma_empty((self.problems, self.rows, n), self.out_dtype, self.device)
+        if self.layer == "hopper":
+            a2 = a3[0, :, :k] if a3.shape[2] != k else a3[0]
+            b2 = b3[0, :n, :k] if self.b_layout == "nk" else b3[0, :k, :n]
+            descs = hopper_gemm.descriptors(a2, b2, c3[0, :, :n], b_layout=self.b_layout, cfg=self.cfg)
+            grid, ints, constexprs, options = hopper_gemm.launch_spec(
+                self.rows, n, k, b_layout=self.b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
+            launch.generic_launch(hopper_gemm.persistent_gemm_kernel, grid, (*descs, *ints), constexprs, options)
+        else:
+            grid, walk_args, constexprs, options, _ = portable_gemm.launch_spec(
+                self.problems, self.rows, n, out_dtype=self.out_dtype, b_layout=self.b_layout, walk=self.walk)
+            args = (a3, b3, c3, self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1),
+                    c3.stride(0), c3.stride(1), *walk_args)
+            launch.generic_launch(portable_gemm.gemm_kernel, grid, args, constexprs, options)
+        if "out" in copies:
+            out.copy_(c3[..., :n].reshape(out.shape))
+        _record(self.name + _suffix(copies))
+        return out
+
+
+def matmul(a, b, out, *, b_layout: str, walk: str, out_dtype, backend: str):
+    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
+           None if out is None else (out.shape, out.stride(), out.dtype, out.device), b_layout, walk, out_dtype,
+           backend)
+    plan = _cached(key, lambda: MatmulPlan(a, b, out, b_layout=b_layout, walk=walk, out_dtype=out_dtype,
+                                           backend=backend))
+    return plan.run(a, b, out)
+

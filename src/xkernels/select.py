@@ -1,0 +1,108 @@
+"""Kernel choice: a pure function of the op, the device, the problem and an explicit override, with no global state.
+
+`backend` is the override every public function takes (and the custom ops carry as a string, so a compiled graph
+sees it): "auto" lets the problem choose; "portable" or "hopper" forces a layer (a forced layer that cannot run
+raises); "hopper:stages=3,overlap=0" also overrides fields of the Hopper tile config, for ablations. The
+XKERNELS_LAYER environment variable, read once at import, is the default of `backend`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+
+from xkernels.common.runtime import hopper_available
+from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, HopperAttentionConfig, HopperGemmConfig
+from xkernels.portable import configs as portable_configs
+from xkernels.recipes import AttentionRecipe
+
+LAYERS = ("portable", "hopper")
+DEFAULT_BACKEND: str = os.environ.get("XKERNELS_LAYER") or "auto"
+
+
+@dataclass(frozen=True)
+class Override:
+    layer: str | None  # None: the problem chooses
+    config: tuple[tuple[str, int], ...] = ()  # Hopper config fields to override
+
+
+@functools.lru_cache(maxsize=256)
+def parse_backend(backend: str) -> Override:
+    """'auto' | 'portable' | 'hopper' | 'hopper:field=int,...' -> Override; ValueError naming `backend` otherwise."""
+    if not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str, got {type(backend).__name__}")
+    layer, _, fields = backend.partition(":")
+    if layer == "auto" and not fields:
+        return Override(None)
+    if layer not in LAYERS:
+        raise ValueError(f"backend: {backend!r} is not 'auto', one of {LAYERS}, or 'hopper:field=value,...'")
+    config = []
+    for item in filter(None, fields.split(",")):
+        name, eq, value = item.partition("=")
+        if not eq or not value.lstrip("-").isdigit():
+            raise ValueError(f"backend: {item!r} in {backend!r} is not field=integer")
+        config.append((name.strip(), int(value)))
+    if config and layer != "hopper":
+        raise ValueError(f"backend: config overrides {backend!r} need the 'hopper' layer")
+    known = _fields(HopperAttentionConfig) | _fields(HopperGemmConfig)
+    unknown = sorted({n for n, _ in config} - known)
+    if unknown:
+        raise ValueError(f"backend: {unknown} are not Hopper config fields {sorted(known)}")
+    return Override(layer, tuple(config))
+
+
+if DEFAULT_BACKEND != "auto":
+    try:
+        parse_backend(DEFAULT_BACKEND)
+    except ValueError as e:
+        raise ValueError(f"XKERNELS_LAYER: {e}") from None
+
+
+def _fields(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def _configured(default, config: tuple[tuple[str, int], ...]):
+    """The kernel's default config with the override's fields; a field this kernel lacks is an error."""
+    if not config:
+        return default
+    unknown = {n for n, _ in config} - _fields(type(default))
+    if unknown:
+        raise ValueError(f"backend: {sorted(unknown)} are not fields of {type(default).__name__}")
+    return dataclasses.replace(default, **dict(config))
+
+
+@dataclass(frozen=True)
+class Choice:
+    layer: str  # "portable" or "hopper"
+    config: object  # the kernel's tile config
+
+
+def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:
+    """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, GQA and length); else portable."""
+    on_hopper = hopper_available(device)
+    if override.layer == "hopper" and not on_hopper:
+        raise ValueError("backend: 'hopper' was forced, but attention there needs sm_90 and a tested triton")
+    if override.layer != "portable" and on_hopper:
+        cfg = _configured(ATTENTION_CONFIGS[head_dim], override.config)
+        cfg.check(head_dim, recipe)
+        return Choice("hopper", cfg)
+    return Choice("portable", portable_configs.attention_config(head_dim))
+
+
+def select_matmul(device: torch.device, problems: int, dtype: torch.dtype, out_dtype: torch.dtype,
+                  override: Override) -> Choice:
+    """Hopper kernel for one 2-D problem with a 16-bit output on sm_90; batched and fp32-output calls portable."""
+    fits_hopper = hopper_available(device) and problems == 1 and out_dtype != torch.float32
+    if override.layer == "hopper" and not fits_hopper:
+        raise ValueError("backend: 'hopper' was forced, but this call needs sm_90, a tested triton, one 2-D problem "
+                         "and a 16-bit output")
+    if override.layer != "portable" and fits_hopper:
+        cfg = _configured(GEMM_CONFIG, override.config)
+        cfg.check(dtype)
+        return Choice("hopper", cfg)
+    return Choice("portable", portable_configs.gemm_config(out_dtype))

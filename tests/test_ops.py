@@ -1,0 +1,203 @@
+"""The torch.library ops: opcheck, torch.compile(fullgraph=True), fake and meta tensors, errors at trace time, and
+that no call keeps a tensor alive. On CPU the kernels run under the interpreter (compile with backend="aot_eager")."""
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import xkernels
+from tests.helpers import poisoned_like
+from xkernels import ops
+from xkernels.testing import attention_inputs, gemm_inputs, reference_attention, reference_matmul
+
+COMPILE_BACKEND = "inductor" if torch.cuda.is_available() else "aot_eager"
+
+
+def _attention_args(device, dtype=torch.float16):
+    q, k, v = attention_inputs(1, 4, 17, 33, 64, dtype, device, hkv=2, seed=1)
+    return q, k, v
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+def test_opcheck_attention(device, return_lse):
+    q, k, v = _attention_args(device)
+    torch.library.opcheck(ops.attention_op, (q, k, v, True, None, True, "auto", return_lse, "auto"))
+    torch.library.opcheck(ops.attention_out_op, (q, k, v, poisoned_like(q), False, 0.5, True, "fp16", return_lse,
+                                                 "auto"))
+
+
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_opcheck_matmul(device, b_layout):
+    a, b = gemm_inputs(40, 24, 32, torch.bfloat16, device, b_layout, seed=2)
+    torch.library.opcheck(ops.matmul_op, (a, b, b_layout, "auto", None, "auto"))
+    torch.library.opcheck(ops.matmul_op, (a, b, b_layout, "zorder", torch.float32, "auto"))
+    torch.library.opcheck(ops.matmul_out_op, (a, b, poisoned_like(a, shape=(40, 24)), b_layout, "row", None, "auto"))
+
+
+def test_compile_fullgraph_matches_eager(device):
+    """One graph, no breaks, through both ops (and the out= variant); the compiled result equals the eager one."""
+    q, k, v = _attention_args(device)
+    a, b = gemm_inputs(16, 64, 64, torch.float16, device, "nk", seed=3)
+
+    def block(q, k, v, a, b):
+        o, lse = xkernels.attention(q, k, v, is_causal=True, enable_gqa=True, return_lse=True)
+        y = xkernels.matmul(o.flatten(0, 2), b, b_layout="nk")
+        out = a.new_empty(a.shape[0], 16)
+        xkernels.matmul(a, b[:, :16].contiguous(), b_layout="kn", out=out)
+        return y * 2, lse + 1, out
+
+    torch._dynamo.reset()
+    compiled = torch.compile(block, fullgraph=True, backend=COMPILE_BACKEND)
+    got = compiled(q, k, v, a[:, :64], b)
+    want = block(q, k, v, a[:, :64], b)
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+
+
+def test_compile_raises_the_eager_errors_at_trace_time(device):
+    q, k, v = attention_inputs(1, 2, 8, 8, 32, torch.float16, device, seed=4)  # head dim 32: unsupported
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="head dim 32 is not supported"):
+        torch.compile(lambda q, k, v: xkernels.attention(q, k, v), fullgraph=True, backend=COMPILE_BACKEND)(q, k, v)
+    q, k, v = _attention_args(device)
+    with pytest.raises(Exception, match="enable_gqa=True"):
+        torch.compile(lambda q, k, v: xkernels.attention(q, k, v), fullgraph=True, backend=COMPILE_BACKEND)(q, k, v)
+
+
+def test_fake_and_meta_tensors_give_shapes_without_data(device):
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 100, 128, dtype=torch.bfloat16, device=device)
+        k = torch.empty(2, 2, 300, 128, dtype=torch.bfloat16, device=device)
+        o, lse = xkernels.attention(q, k, k, enable_gqa=True, return_lse=True)
+        assert o.shape == q.shape and o.dtype == q.dtype and lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+        c = xkernels.matmul(torch.empty(3, 5, 7, dtype=torch.float16, device=device),
+                            torch.empty(11, 7, dtype=torch.float16, device=device), b_layout="nk",
+                            out_dtype=torch.float32)
+        assert c.shape == (3, 5, 11) and c.dtype == torch.float32
+        with pytest.raises(ValueError, match="k: 3 kv heads do not divide"):
+            xkernels.attention(q, k[:, :1].expand(2, 3, 300, 128), k[:, :1].expand(2, 3, 300, 128), enable_gqa=True)
+    q = torch.empty(1, 4, 10, 64, dtype=torch.float16, device="meta")
+    assert xkernels.attention(q, q, q).device.type == "meta"
+
+
+def _drop_and_check(refs):
+    gc.collect()
+    alive = [name for name, r in refs.items() if r() is not None]
+    assert not alive, f"still alive after the call: {alive}"
+
+
+def test_calls_keep_no_tensor_alive(device):
+    """Plans and descriptor caches hold numbers, never tensors: inputs and outputs die with the caller's references."""
+    q, k, v = _attention_args(device)
+    a, b = gemm_inputs(64, 48, 32, torch.float16, device, "nk", seed=5)
+    out = poisoned_like(q)
+    o, lse = xkernels.attention(q, k, v, enable_gqa=True, return_lse=True)
+    xkernels.attention(q, k, v, enable_gqa=True, out=out)
+    c = xkernels.matmul(a, b, b_layout="nk")
+    refs = {name: weakref.ref(t) for name, t in dict(q=q, k=k, v=v, o=o, lse=lse, out=out, a=a, b=b, c=c).items()}
+    del q, k, v, o, lse, out, a, b, c
+    _drop_and_check(refs)
+
+
+def test_out_overlapping_an_input_through_another_storage_is_refused(device):
+    """Two tensors over one foreign buffer (two numpy views) share memory but not a storage object."""
+    if device != "cpu":
+        pytest.skip("numpy buffers live on the CPU")
+    buf = np.random.default_rng(0).random((1, 2, 16, 64)).astype(np.float16)
+    q = torch.from_numpy(buf)
+    out = torch.from_numpy(buf.view())
+    assert q.untyped_storage().data_ptr() == out.untyped_storage().data_ptr()
+    assert q.untyped_storage() is not out.untyped_storage()
+    before = q.clone()
+    with pytest.raises(ValueError, match="out: overlaps the memory of q"):
+        xkernels.attention(q, before, before, out=out)
+    assert torch.equal(q, before)
+    part = torch.from_numpy(buf[:, :, 8:])  # a later slice of the same buffer: overlaps only part of q's range
+    with pytest.raises(ValueError, match="out: overlaps the memory of q"):
+        xkernels.attention(q[:, :, :8], before[:, :, :8], before[:, :, :8], out=part)
+
+
+def test_out_whose_rows_overlap_is_refused(device):
+    q, k, v = attention_inputs(1, 1, 16, 16, 64, torch.float16, device, seed=6)
+    base = torch.zeros(16 * 64, dtype=torch.float16, device=device)
+    rows_overlap = base.as_strided((1, 1, 16, 64), (1024, 1024, 32, 1))  # row i+1 starts mid-row i
+    with pytest.raises(ValueError, match="out: several of its elements share memory"):
+        xkernels.attention(q, k, v, out=rows_overlap)
+    a, b = gemm_inputs(16, 64, 16, torch.float16, device, seed=7)
+    with pytest.raises(ValueError, match="out: several of its elements share memory"):
+        xkernels.matmul(a, b, out=rows_overlap[0, 0])
+
+
+def test_out_with_a_sliced_or_transposed_layout_is_accepted(device):
+    """The overlap check is exact enough not to refuse ordinary strided outputs."""
+    q, k, v = attention_inputs(1, 2, 17, 17, 64, torch.float16, device, seed=8)
+    buf = torch.full((1, 17, 2, 64), float("nan"), dtype=torch.float16, device=device)
+    out = buf.transpose(1, 2)  # (B, S, H, D) memory viewed as (B, H, S, D)
+    xkernels.attention(q, k, v, out=out)
+    ref = reference_attention(q, k, v)
+    assert (out.double() - ref).abs().max() < 0.05
+    a, b = gemm_inputs(16, 32, 16, torch.float16, device, seed=9)
+    wide = torch.full((16, 48), float("nan"), dtype=torch.float16, device=device)
+    xkernels.matmul(a, b, out=wide[:, 8:40])
+    assert (wide[:, 8:40].double() - reference_matmul(a, b, "kn")).abs().max() < 0.05
+    assert torch.isnan(wide[:, :8]).all() and torch.isnan(wide[:, 40:]).all()
+
+
+@pytest.mark.parametrize("kwargs,exc,match", [
+    (dict(return_lse="no"), TypeError, "return_lse: expected bool"),
+    (dict(return_lse=1), TypeError, "return_lse: expected bool"),
+    (dict(precision=["fp16"]), TypeError, "precision: expected a str"),
+    (dict(scale=3e38), ValueError, "scale: .* overflows fp32"),
+    (dict(scale=-2.5e38), ValueError, "scale: .* overflows fp32"),
+    (dict(backend="cuda"), ValueError, "backend: 'cuda' is not"),
+    (dict(backend=3), TypeError, "backend: expected a str"),
+    (dict(backend="portable:stages=3"), ValueError, "need the 'hopper' layer"),
+    (dict(backend="hopper:stages=x"), ValueError, "not field=integer"),
+    (dict(backend="hopper:bogus=1"), ValueError, r"\['bogus'\] are not Hopper config fields"),
+])
+def test_bad_python_arguments_name_the_argument(device, kwargs, exc, match):
+    q, k, v = attention_inputs(1, 2, 8, 8, 64, torch.float16, device, seed=10)
+    with pytest.raises(exc, match=match):
+        xkernels.attention(q, k, v, **kwargs)
+
+
+def test_large_finite_scale_within_fp32_is_correct(device):
+    q, k, v = attention_inputs(1, 1, 8, 8, 64, torch.float16, device, seed=11)
+    scale = 1e-36  # tiny: uniform softmax
+    o = xkernels.attention(q, k, v, scale=scale)
+    assert torch.isfinite(o).all()
+    assert (o.double() - reference_attention(q, k, v, scale=scale)).abs().max() < 1e-2
+
+
+def test_backend_argument_forces_the_layer(device):
+    from xkernels.common.runtime import hopper_available
+
+    q, k, v = attention_inputs(1, 2, 17, 17, 64, torch.float16, device, seed=12)
+    xkernels.attention(q, k, v, backend="portable")
+    assert xkernels.last_backend().startswith("portable.attention")
+    if hopper_available(q.device):
+        xkernels.attention(q, k, v, backend="hopper")
+        assert xkernels.last_backend().startswith("hopper.attention")
+    else:
+        with pytest.raises(ValueError, match="'hopper' was forced"):
+            xkernels.attention(q, k, v, backend="hopper")
+
+
+def test_selection_is_a_pure_function():
+    from xkernels import select
+    from xkernels.recipes import ATTENTION_RECIPES
+
+    cpu = torch.device("cpu")
+    recipe = ATTENTION_RECIPES["bf16"]
+    auto = select.parse_backend("auto")
+    assert select.select_attention(cpu, 128, recipe, auto) == select.select_attention(cpu, 128, recipe, auto)
+    assert select.select_attention(cpu, 128, recipe, auto).layer == "portable"
+    assert select.parse_backend("hopper:stages=3,overlap=0") == select.Override("hopper", (("stages", 3),
+                                                                                           ("overlap", 0)))
+    with pytest.raises(ValueError, match="'hopper' was forced"):
+        select.select_attention(cpu, 128, recipe, select.parse_backend("hopper"))
+    assert select.select_matmul(cpu, 1, torch.float16, torch.float16, auto).layer == "portable"
