@@ -1,20 +1,48 @@
-"""Every kernel variant once at small shapes with tails: the workload for compute-sanitizer."""
+"""Every kernel variant at small shapes with tails, each called twice (the first call builds the launch plan and
+compiles, the second takes the cached plan's launch): the workload for compute-sanitizer, and with --check a smoke
+test of both calls against the float64 references (exit 1 on any failure)."""
+
+import sys
 
 import torch
 
 import xkernels
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing import attention_inputs, gemm_inputs
+from xkernels.testing import (
+    attention_inputs,
+    compare_attention,
+    compare_gemm,
+    gemm_inputs,
+    reference_attention,
+    reference_matmul,
+)
 
-for recipe, rec in ATTENTION_RECIPES.items():
-    for d in (64, 128, 256):
-        for causal in (False, True):
-            q, k, v = attention_inputs(1, 4, 130, 77, d, rec.io_dtype, "cuda", hkv=2, seed=d)
-            xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision=recipe, return_lse=True)
-for dtype in (torch.float16, torch.bfloat16):
-    for lay in ("kn", "nk"):
-        for walk in ("row", "grouped", "zorder"):
-            a, b = gemm_inputs(130, 300, 72, dtype, "cuda", lay, seed=1)
-            xkernels.matmul(a, b, b_layout=lay, walk=walk)
+check = "--check" in sys.argv
+failures = []
+for backend in ("auto", "portable"):
+    for recipe, rec in ATTENTION_RECIPES.items():
+        for d in (64, 128, 256):
+            for causal in (False, True):
+                q, k, v = attention_inputs(1, 4, 130, 77, d, rec.io_dtype, "cuda", hkv=2, seed=d)
+                for _ in range(2):
+                    o, _lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, precision=recipe,
+                                                 return_lse=True, backend=backend)
+                    if check:
+                        c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
+                        if not c.passed:
+                            failures.append(f"{xkernels.last_backend()} D{d} causal={causal}: {c.reason}")
+    for dtype in (torch.float16, torch.bfloat16):
+        for lay in ("kn", "nk"):
+            for walk in ("row", "grouped", "zorder"):
+                a, b = gemm_inputs(130, 300, 72, dtype, "cuda", lay, seed=1)
+                for _ in range(2):
+                    c = xkernels.matmul(a, b, b_layout=lay, walk=walk, backend=backend)
+                    if check:
+                        r = compare_gemm(c, reference_matmul(a, b, lay), 72)
+                        if not r.passed:
+                            failures.append(f"{xkernels.last_backend()}: {r.reason}")
 torch.cuda.synchronize()
 print("small shapes ran:", xkernels.last_backend())
+for f in failures:
+    print("FAIL", f)
+sys.exit(1 if failures else 0)

@@ -24,6 +24,8 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
         console.print("[red]--warmup must be >= 20 (the seeds' rule) and --iters >= 1")
         return 2
 
+    if args.suite == "host":
+        return _run_host(console, args)
     from xkernels.bench import report
     from xkernels.bench.ceilings import measure_ceilings
     from xkernels.bench.runner import run_case
@@ -56,3 +58,44 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
     for r in failed:
         console.print(f"[red]FAIL[/] {r.kernel} {r.recipe} {escape(r.shape)}: {escape(str(r.check['reason']))}")
     return 1 if failed else 0
+
+
+def _run_host(console: Console, args: argparse.Namespace) -> int:
+    import json
+
+    import torch
+    from rich.table import Table
+
+    from xkernels.bench.host import host_cases, markdown, plot, run_host_case
+
+    command = "xkernels " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name()
+    rows = []
+    cases = host_cases()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("host", total=len(cases))
+        for case in cases:
+            progress.update(task, description=case.shape)
+            rows.append(run_host_case(case).as_dict())
+            (out_dir / "host.json").write_text(json.dumps({"command": command, "device": device, "rows": rows},
+                                                          indent=1))
+            progress.advance(task)
+    (out_dir / "host.md").write_text(markdown(rows, command, device))
+    plot(rows, out_dir / "host.png")
+    table = Table(title=f"host cost per call on {device} (us; speedup = torch / ours)")
+    for h in ("kernel", "shape", "host ours", "host torch", "ratio", "b2b ours", "graph ours", "b2b torch",
+              "graph torch", "b2b speedup"):
+        table.add_column(h)
+    for r in rows:
+        if r.get("ours"):
+            o, t = r["ours"], r["torch"]
+            table.add_row(r["kernel"], escape(r["shape"]), f"{o['host_us']:.1f}", f"{t['host_us']:.1f}",
+                          f"{r['host_ratio']:.2f}", f"{o['b2b_us']:.1f}", f"{o['graph_us']:.1f}",
+                          f"{t['b2b_us']:.1f}", f"{t['graph_us']:.1f}", f"{r['b2b_speedup']:.2f}")
+        else:
+            table.add_row(r["kernel"], escape(r["shape"]), "FAIL", escape(str(r["check"].get("reason"))))
+    console.print(table)
+    console.print(f"wrote {out_dir / 'host.json'}, {out_dir / 'host.md'}")
+    return int(any(not r.get("ours") for r in rows))

@@ -9,11 +9,13 @@ descriptors are encoded once per (address, shape, strides) and cached as bytes, 
 
 The direct path reads Triton's generated CUDA launcher, so it is used only on the triton releases in
 `runtime.TESTED_TRITON`; elsewhere (the interpreter, AMD, Intel, newer triton) launches take Triton's generic path.
+XKERNELS_DIRECT_LAUNCH=0 (read at import) sends every launch through the generic path, to compare the two.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -21,6 +23,8 @@ import torch
 import triton
 
 from xkernels.common.runtime import INTERPRET, TRITON_TESTED
+
+DIRECT_LAUNCH: bool = os.environ.get("XKERNELS_DIRECT_LAUNCH", "1") != "0"
 
 
 @functools.cache
@@ -30,7 +34,8 @@ def _install_allocator() -> None:
 
 
 def direct_launch_available(device: torch.device) -> bool:
-    return device.type == "cuda" and TRITON_TESTED and not INTERPRET and torch.version.cuda is not None
+    return (DIRECT_LAUNCH and device.type == "cuda" and TRITON_TESTED and not INTERPRET
+            and torch.version.cuda is not None)
 
 
 def _raw_launcher(runner):

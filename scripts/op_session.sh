@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The op layer on the device, in one call: install, a smoke test of both launch paths under a timeout, the op tests
+# (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
+# with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
+#   bash scripts/op_session.sh [smoke|host|tests|bench]...   (default: smoke host)
+set -uo pipefail
+export OUT=${OUT:-out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+LOG="$OUT/session.log"
+failed=0
+stage() { echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed=$((failed + 1)); return 0; }
+stage python3 -m pip install -q --no-deps --no-build-isolation -e .
+stage python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+for part in "${@:-smoke host}"; do
+  for p in $part; do
+    case "$p" in
+      smoke) stage timeout 180 python3 scripts/small_shapes.py --check ;;
+      host)
+        stage timeout 240 xkernels bench --suite host --out "$OUT/host-direct"
+        XKERNELS_DIRECT_LAUNCH=0 stage timeout 240 xkernels bench --suite host --out "$OUT/host-generic" ;;
+      tests) stage timeout 480 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests ;;
+      optests) stage timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_ops_gpu.py tests/test_ops.py ;;
+      bench)
+        stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
+        stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;
+      *) echo "unknown part $p"; failed=$((failed + 1)) ;;
+    esac
+  done
+done
+echo "=== failed stages: $failed" | tee -a "$LOG"
+exit "$failed"

@@ -1,0 +1,127 @@
+"""The ops on a CUDA device: CUDA-graph capture and replay, torch.compile with inductor and with CUDA graphs, the
+direct launch path against Triton's generic one, and memory that plans and descriptor encodings never pin."""
+
+import gc
+
+import pytest
+import torch
+
+import xkernels
+from xkernels import plans
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import (
+    attention_inputs,
+    compare_attention,
+    compare_gemm,
+    gemm_inputs,
+    reference_attention,
+    reference_matmul,
+)
+
+pytestmark = pytest.mark.gpu
+
+
+def _step(q, k, v, w):
+    o = xkernels.attention(q, k, v, is_causal=True, enable_gqa=True)
+    return xkernels.matmul(o.transpose(1, 2).flatten(2), w, b_layout="nk")
+
+
+def _inputs(seed):
+    q, k, v = attention_inputs(2, 8, 1000, 1000, 128, torch.bfloat16, "cuda", hkv=2, seed=seed)
+    w = gemm_inputs(1, 1024, 1024, torch.bfloat16, "cuda", "nk", seed=seed)[1]
+    return q, k, v, w
+
+
+def test_cuda_graph_replay_is_bitwise_equal_to_eager():
+    static = _inputs(1)
+    eager = _step(*static)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = _step(*static)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+    fresh = _inputs(2)
+    for dst, src in zip(static, fresh, strict=True):
+        dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, _step(*fresh)), "replay on new data differs from eager"
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compile_fullgraph_on_gpu(mode):
+    args = _inputs(3)
+    torch._dynamo.reset()
+    compiled = torch.compile(_step, fullgraph=True, mode=mode)
+    for _ in range(3):  # reduce-overhead records a CUDA graph on a later call
+        got = compiled(*args)
+    assert torch.equal(got, _step(*args))
+
+
+def test_direct_and_generic_launches_agree():
+    """A misaligned base address sends a call down the general path (a copy, Triton's launcher); the aligned call of
+    the same key takes the direct launch. Both are right, and the same."""
+    q, k, v = attention_inputs(1, 4, 300, 300, 128, torch.float16, "cuda", seed=4)
+    fast = xkernels.attention(q, k, v)
+    assert "copied" not in xkernels.last_backend()
+    buf = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    q_odd = buf[1:].view(q.shape)
+    q_odd.copy_(q)
+    slow = xkernels.attention(q_odd, k, v)
+    assert "copied:q" in xkernels.last_backend()
+    assert torch.equal(fast, slow)
+    c = compare_attention(fast, reference_attention(q, k, v), ATTENTION_RECIPES["fp16"])
+    assert c.passed, c
+
+
+def test_bshd_views_take_the_direct_path():
+    """q/k/v from a (B, S, H, D) projection, viewed as (B, H, S, D): descriptor-ready strides, no copy."""
+    b, s, h, d = 2, 513, 8, 64
+    qkv = (torch.rand(b, s, 3, h, d, device="cuda") - 0.5).half()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    o = xkernels.attention(q, k, v, is_causal=True)
+    assert "copied" not in xkernels.last_backend()
+    c = compare_attention(o, reference_attention(q, k, v, is_causal=True), ATTENTION_RECIPES["fp16"])
+    assert c.passed, c
+
+
+def test_a_repeated_call_reuses_its_plan():
+    a, b = gemm_inputs(512, 512, 512, torch.bfloat16, "cuda", seed=5)
+    xkernels.matmul(a, b)
+    n = len(plans._PLANS)
+    for _ in range(3):
+        xkernels.matmul(a, b)
+        xkernels.matmul(a.clone(), b.clone())  # new tensors, same key
+    assert len(plans._PLANS) == n
+
+
+def test_calls_pin_no_device_memory():
+    """Descriptor encodings and plans keep addresses as numbers: freeing the tensors frees the memory."""
+    gc.collect()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for n in (1024, 2048, 1536):
+        a, b = gemm_inputs(n, n, n, torch.bfloat16, "cuda", "nk", seed=n)
+        c = xkernels.matmul(a, b, b_layout="nk")
+        assert compare_gemm(c, reference_matmul(a, b, "nk"), n).passed
+        q, k, v = attention_inputs(1, 4, n, n, 64, torch.bfloat16, "cuda", seed=n)
+        o = xkernels.attention(q, k, v)
+        del a, b, c, q, k, v, o
+    gc.collect()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+
+
+def test_a_tensor_on_another_device_launches_there():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    q, k, v = attention_inputs(1, 2, 200, 200, 64, torch.float16, "cuda:1", seed=6)
+    o = xkernels.attention(q, k, v)
+    assert o.device == q.device
+    assert compare_attention(o, reference_attention(q, k, v), ATTENTION_RECIPES["fp16"]).passed
