@@ -31,6 +31,7 @@ for backend in ("auto", "portable"):
                         c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
                         if not c.passed:
                             failures.append(f"{xkernels.last_backend()} D{d} causal={causal}: {c.reason}")
+                            print("FAIL", failures[-1], flush=True)
     for dtype in (torch.float16, torch.bfloat16):
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):
@@ -41,8 +42,8 @@ for backend in ("auto", "portable"):
                         r = compare_gemm(c, reference_matmul(a, b, lay), 72)
                         if not r.passed:
                             failures.append(f"{xkernels.last_backend()}: {r.reason}")
+                            print("FAIL", failures[-1], flush=True)
 torch.cuda.synchronize()
 print("small shapes ran:", xkernels.last_backend())
-for f in failures:
-    print("FAIL", f)
+print(f"{len(failures)} failed")
 sys.exit(1 if failures else 0)

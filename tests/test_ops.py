@@ -201,3 +201,24 @@ def test_selection_is_a_pure_function():
     with pytest.raises(ValueError, match="'hopper' was forced"):
         select.select_attention(cpu, 128, recipe, select.parse_backend("hopper"))
     assert select.select_matmul(cpu, 1, torch.float16, torch.float16, auto).layer == "portable"
+
+
+@pytest.mark.parametrize("m,n,k,b_layout,out_cols,direct", [
+    (64, 64, 64, "kn", None, True),
+    (64, 300, 72, "kn", None, False),  # b's rows (300 halves) and the default output's are not 16-byte multiples
+    (64, 296, 72, "nk", None, True),
+    (64, 296, 72, "nk", 300, False),  # an out with 300-element rows
+    (64, 296, 72, "nk", 304, True),
+    (64, 64, 60, "nk", None, False),  # K = 60 halves: a's rows are 120 bytes
+])
+def test_the_direct_path_needs_descriptor_ready_strides(monkeypatch, device, m, n, k, b_layout, out_cols, direct):
+    """The plan's fast path is taken only where every operand and the output are descriptor-ready as they are."""
+    from xkernels import plans
+    from xkernels.common import launch
+
+    monkeypatch.setattr(launch, "direct_launch_available", lambda device: True)
+    monkeypatch.setattr(plans, "_PLANS", {})
+    a, b = gemm_inputs(m, n, k, torch.float16, device, b_layout, seed=13)
+    out = None if out_cols is None else torch.empty(m, out_cols, dtype=torch.float16, device=device)[:, :n]
+    plan = plans.MatmulPlan(a, b, out, b_layout=b_layout, walk="auto", out_dtype=None, backend="auto")
+    assert plan.direct == direct

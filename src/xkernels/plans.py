@@ -16,7 +16,7 @@ import torch
 
 from xkernels import select
 from xkernels.common import launch
-from xkernels.common.runtime import check_device, strides_ready, tma_copy, tma_empty, tma_ready
+from xkernels.common.runtime import check_device, strides_ok, strides_ready, tma_copy, tma_empty, tma_ready
 from xkernels.hopper import attention_fwd as hopper_attention
 from xkernels.hopper import gemm as hopper_gemm
 from xkernels.portable import attention_fwd as portable_attention
@@ -126,7 +126,7 @@ class AttentionPlan:
             if self.kernel is None:  # first call of this key: compile against these very tensors
                 self.kernel = launch.compile_kernel(
                     self.fn, self.grid, attention_args(q, k, v, out, lse_arg, *self.ints[12:], qk_scale),
-                    self.constexprs, self.options)
+                    self.constexprs, self.options, q.device)
             self.kernel.launch(self.grid, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                            lse_arg.data_ptr(), *self.ints, qk_scale, *self.tail))
             _record(self.name)
@@ -200,13 +200,16 @@ class MatmulPlan:
         choice = select.select_matmul(a.device, self.problems, a.dtype, out_dtype, select.parse_backend(backend))
         self.layer, self.cfg = choice.layer, choice.config
         self.name = f"{choice.layer}.gemm[{b_layout} {self.walk} {choice.config}]"
-        o3 = _out_3d(out, self.rows, n) if out is not None else None
+        if out is None:  # contiguous: descriptor-ready when its rows are 16-byte multiples
+            c_strides = (self.rows * n, n, 1)
+        else:
+            o3 = _out_3d(out, self.rows, n)
+            c_strides = o3.stride() if o3 is not None else (0, 0, 0)
         self.direct = (launch.direct_launch_available(a.device) and not copied and strides_ready(a3)
-                       and strides_ready(b3) and (out is None or (o3 is not None and strides_ready(o3))))
+                       and strides_ready(b3) and strides_ok(c_strides, out_dtype.itemsize))
         self.kernel: launch.Kernel | None = None
         if not self.direct:
             return
-        c_strides = o3.stride() if o3 is not None else (self.rows * n, n, 1)
         if self.layer == "hopper":
             self.grid, self.ints, self.constexprs, _ = hopper_gemm.launch_spec(
                 self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
@@ -240,7 +243,7 @@ class MatmulPlan:
             a2, b2, c2 = a.reshape(-1, self.k), b.reshape(b.shape[-2:]), out.view(-1, self.n)
             descs = hopper_gemm.descriptors(a2, b2, c2, b_layout=self.b_layout, cfg=self.cfg)
             self.kernel = launch.compile_kernel(hopper_gemm.persistent_gemm_kernel, self.grid, (*descs, *self.ints),
-                                                self.constexprs, {})
+                                                self.constexprs, {}, a.device)
             self.tail = _constexpr_tail(hopper_gemm.persistent_gemm_kernel, self.constexprs)
         meta = self.kernel.descriptor_meta
         encoded = [launch.encode_descriptor(meta[i], t.data_ptr(), shape, strides)
@@ -251,7 +254,7 @@ class MatmulPlan:
         if self.kernel is None:
             a3, b3, _ = _operands_3d(a, b, self.batch, self.k)
             self.kernel = launch.compile_kernel(portable_gemm.gemm_kernel, self.grid,
-                                                (a3, b3, out, *self.ints), self.constexprs, self.options)
+                                                (a3, b3, out, *self.ints), self.constexprs, self.options, a.device)
         self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
 
     def _general(self, a, b, out):

@@ -84,10 +84,9 @@ class Kernel:
                      *args)
 
 
-def compile_kernel(fn, grid: int, args: Sequence[object], constexprs: dict[str, object],
-                   options: dict[str, int]) -> Kernel:
-    """Compile `fn` for these arguments (no launch) and wrap it for direct launches."""
-    device = next(a.device for a in args if isinstance(a, torch.Tensor))
+def compile_kernel(fn, grid: int, args: Sequence[object], constexprs: dict[str, object], options: dict[str, int],
+                   device: torch.device) -> Kernel:
+    """Compile `fn` for these arguments (no launch) on `device` and wrap it for direct launches."""
     with torch.cuda.device(device):
         compiled = fn.warmup(*args, grid=(grid,), **constexprs, **options)
     return Kernel(compiled, device)

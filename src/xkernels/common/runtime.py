@@ -43,10 +43,13 @@ def check_device(device: torch.device, name: str) -> None:
         raise ValueError(f"{name}: device type {device.type!r} is not supported (cuda, xpu, or cpu interpreted)")
 
 
-def strides_ready(t: torch.Tensor) -> bool:
+def strides_ok(strides: tuple[int, ...], itemsize: int) -> bool:
     """Descriptors need a unit last stride and 16-byte aligned other strides (the base alignment is per call)."""
-    es = t.element_size()
-    return t.stride(-1) == 1 and all((s * es) % 16 == 0 for s in t.stride()[:-1])
+    return strides[-1] == 1 and all((s * itemsize) % 16 == 0 for s in strides[:-1])
+
+
+def strides_ready(t: torch.Tensor) -> bool:
+    return strides_ok(t.stride(), t.element_size())
 
 
 def tma_ready(t: torch.Tensor) -> bool:
