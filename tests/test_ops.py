@@ -25,9 +25,10 @@ def _attention_args(device, dtype=torch.float16):
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_opcheck_attention(device, return_lse):
     q, k, v = _attention_args(device)
-    torch.library.opcheck(ops.attention_op, (q, k, v, True, None, True, "auto", return_lse, "auto"))
-    torch.library.opcheck(ops.attention_out_op, (q, k, v, poisoned_like(q), False, 0.5, True, "fp16", return_lse,
-                                                 "auto"))
+    op = ops.attention_lse_op if return_lse else ops.attention_op
+    torch.library.opcheck(op, (q, k, v, True, None, True, "auto", "auto"))
+    torch.library.opcheck(ops.attention_out_op, (q, k, v, poisoned_like(q), False, 0.5, True, "fp16", "auto",
+                                                 return_lse))
 
 
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])

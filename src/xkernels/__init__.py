@@ -17,12 +17,14 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str):
+    """Load the kernel modules on first use, then bind the name here (later lookups skip this function)."""
     if name in ("attention", "matmul"):
         from xkernels import api
 
-        return getattr(api, name)
-    if name == "last_backend":
-        from xkernels.plans import last_backend
-
-        return last_backend
-    raise AttributeError(f"module 'xkernels' has no attribute {name!r}")
+        value = getattr(api, name)
+    elif name == "last_backend":
+        from xkernels.plans import last_backend as value
+    else:
+        raise AttributeError(f"module 'xkernels' has no attribute {name!r}")
+    globals()[name] = value
+    return value

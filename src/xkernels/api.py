@@ -6,15 +6,32 @@ import torch
 
 from xkernels import ops
 from xkernels.select import DEFAULT_BACKEND
-from xkernels.validation import B_LAYOUTS, WALK_CHOICES, check_precision, check_scale, choice, flag, no_grad, tensor
+from xkernels.validation import (
+    B_LAYOUTS,
+    MAX_SCALE,
+    WALK_CHOICES,
+    check_precision,
+    check_scale,
+    choice,
+    flag,
+    no_grad,
+    tensor,
+)
 
 
-def _backend(backend: str | None) -> str:
+def _backend(backend: object) -> str:
     if backend is None:
         return DEFAULT_BACKEND
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str or None, got {type(backend).__name__}")
     return backend
+
+
+def _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend):
+    """The full checks, with an error naming the argument; returns the normalized (scale, precision, backend)."""
+    tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
+    flag(is_causal, "is_causal"), flag(enable_gqa, "enable_gqa"), flag(return_lse, "return_lse")
+    return check_scale(scale), check_precision(precision), _backend(backend)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
@@ -31,19 +48,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     `return_lse`. `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel
     ("portable", "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`).
     """
-    tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
-    flag(is_causal, "is_causal"), flag(enable_gqa, "enable_gqa"), flag(return_lse, "return_lse")
-    scale = check_scale(scale)
-    precision = check_precision(precision)
-    backend = _backend(backend)
-    no_grad({"q": q, "k": k, "v": v})
-    if out is None:
-        o, lse = ops.attention_op(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend)
-    else:
+    # the common call passes this one test; anything else gets the full checks (and their named errors)
+    if not (type(is_causal) is bool and type(enable_gqa) is bool and type(return_lse) is bool
+            and (scale is None or (type(scale) is float and -MAX_SCALE <= scale <= MAX_SCALE))
+            and type(precision) is str and (backend is None or type(backend) is str)
+            and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+        scale, precision, backend = _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision,
+                                                         return_lse, backend)
+    elif backend is None:
+        backend = DEFAULT_BACKEND
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        no_grad({"q": q, "k": k, "v": v})
+    if out is not None:
         tensor(out, "out")
-        lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, return_lse, backend)
-        o = out
-    return (o, lse) if return_lse else o
+        lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse)
+        return (out, lse) if return_lse else out
+    if return_lse:
+        return ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
+    return ops.attention_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str = "auto",
@@ -55,13 +77,18 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
     copy). Batch dims broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder" ("auto" = grouped).
     `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed). `backend` as for `attention`.
     """
-    tensor(a, "a"), tensor(b, "b")
-    choice(b_layout, "b_layout", B_LAYOUTS)
-    choice(walk, "walk", WALK_CHOICES)
-    if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
-        raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and type(b_layout) is str
+            and b_layout in B_LAYOUTS and type(walk) is str and walk in WALK_CHOICES
+            and (out_dtype is None or isinstance(out_dtype, torch.dtype))
+            and (backend is None or type(backend) is str)):
+        tensor(a, "a"), tensor(b, "b")
+        choice(b_layout, "b_layout", B_LAYOUTS)
+        choice(walk, "walk", WALK_CHOICES)
+        if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
+            raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
-    no_grad({"a": a, "b": b})
+    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+        no_grad({"a": a, "b": b})
     if out is None:
         return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
     tensor(out, "out")

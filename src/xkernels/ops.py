@@ -6,11 +6,13 @@ tracing see the op, its output shapes and its errors. The ops are declared with 
 the `torch.library.custom_op` decorator: the same dispatcher registration (opcheck, compile, CUDA graphs), but the
 decorator's Python wrapper costs ~15 us of host time per call, more than the whole launch.
 
-  xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend) -> (O, LSE)
-  xkernels::attention_out(q, k, v, out!, ...same...) -> LSE          (writes O into `out`)
+  xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, backend) -> O
+  xkernels::attention_lse(q, k, v, ...same...) -> (O, LSE)
+  xkernels::attention_out(q, k, v, out!, ...same..., return_lse) -> LSE          (writes O into `out`)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
-LSE is (B, H, Sq) fp32 when `return_lse`, else an empty fp32 tensor: the op always returns the same tuple.
+LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
+fixed type; the LSE-less op allocates nothing for an LSE.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from xkernels.common.runtime import check_device
 from xkernels.validation import check_attention, check_matmul, check_out_memory
 
 _lib = torch.library.Library("xkernels", "DEF")
-_ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, bool return_lse, str backend"
+_ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, str backend"
 _MM_ARGS = "str b_layout, str walk, ScalarType? out_dtype, str backend"
-_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> (Tensor, Tensor)")
-_lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}) -> Tensor")
+_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> Tensor")
+_lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> (Tensor, Tensor)")
+_lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse) -> Tensor")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
 _DEVICES = ("CPU", "CUDA", "XPU")
@@ -36,15 +39,21 @@ def _register(name: str, fn) -> None:
         _lib.impl(name, fn, key)
 
 
-def _attention(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend):
+def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                           precision=precision, return_lse=return_lse, backend=backend)
+                           precision=precision, return_lse=False, backend=backend)[0]
 
 
-def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, return_lse, backend):
+def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend):
+    return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                           precision=precision, return_lse=True, backend=backend)
+
+
+def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse):
     check_out_memory(out, {"q": q, "k": k, "v": v})
-    return plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                           precision=precision, return_lse=return_lse, backend=backend)[1]
+    lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                          precision=precision, return_lse=return_lse, backend=backend)[1]
+    return q.new_empty(0, dtype=torch.float32) if lse is None else lse
 
 
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
@@ -57,6 +66,7 @@ def _matmul_out(a, b, out, b_layout, walk, out_dtype, backend):
 
 
 _register("attention", _attention)
+_register("attention_lse", _attention_lse)
 _register("attention_out", _attention_out)
 _register("matmul", _matmul)
 _register("matmul_out", _matmul_out)
@@ -73,13 +83,19 @@ def _fake_lse(q, return_lse):
 
 
 @torch.library.register_fake("xkernels::attention")
-def _(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend):
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend):
     _fake_attention_checks(q, k, v, None, enable_gqa, precision, backend)
-    return q.new_empty(q.shape), _fake_lse(q, return_lse)
+    return q.new_empty(q.shape)
+
+
+@torch.library.register_fake("xkernels::attention_lse")
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend):
+    _fake_attention_checks(q, k, v, None, enable_gqa, precision, backend)
+    return q.new_empty(q.shape), _fake_lse(q, True)
 
 
 @torch.library.register_fake("xkernels::attention_out")
-def _(q, k, v, out, is_causal, scale, enable_gqa, precision, return_lse, backend):
+def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse):
     _fake_attention_checks(q, k, v, out, enable_gqa, precision, backend)
     return _fake_lse(q, return_lse)
 
@@ -100,6 +116,7 @@ def _(a, b, out, b_layout, walk, out_dtype, backend):
 
 
 attention_op = torch.ops.xkernels.attention.default
+attention_lse_op = torch.ops.xkernels.attention_lse.default
 attention_out_op = torch.ops.xkernels.attention_out.default
 matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default

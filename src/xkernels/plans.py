@@ -42,13 +42,10 @@ def _record(name: str) -> None:
         log.debug("xkernels ran %s", name)
 
 
-def _cached(key: tuple, build):
-    plan = _PLANS.get(key)
-    if plan is None:
-        plan = build()
-        if len(_PLANS) >= _PLANS_MAX:
-            _PLANS.clear()
-        _PLANS[key] = plan
+def _remember(key: tuple, plan):
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
     return plan
 
 
@@ -87,7 +84,8 @@ class AttentionPlan:
         check_device(q.device, "q")
         b, hq, sq, d = q.shape
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
-        self.lse_shape = (b, hq, sq) if return_lse else (0,)
+        self.lse_shape = (b, hq, sq) if return_lse else None
+        self.default_scale = 1.0 / math.sqrt(d)
         self.empty = q.numel() == 0
         self.group, self.skv = hq // k.shape[1] if k.shape[1] else 1, k.shape[2]
         choice = select.select_attention(q.device, d, recipe, select.parse_backend(backend))
@@ -111,21 +109,20 @@ class AttentionPlan:
             o_strides = out.stride()[:3] if out is not None else (hq * sq * d, sq * d, d)
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
 
-    def run(self, q, k, v, out, scale: float):
+    def run(self, q, k, v, out, scale: float | None):
+        """(O, LSE or None): LSE is allocated only when the plan writes it."""
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
-        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
         if self.empty:
             _record("empty")
             return out, lse
-        qk_scale = scale * LOG2E
-        if self.recipe.converts_v and self.layer == "hopper":
-            v = v.view(torch.float16)  # the bf16 bits, converted in shared memory by the producer warpgroup
-        lse_arg = lse if lse.numel() else out
+        qk_scale = (self.default_scale if scale is None else scale) * LOG2E
+        lse_arg = out if lse is None else lse  # never written when LSE is off
         if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) % 16:
             if self.kernel is None:  # first call of this key: compile against these very tensors
                 self.kernel = launch.compile_kernel(
-                    self.fn, self.grid, attention_args(q, k, v, out, lse_arg, *self.ints[12:], qk_scale),
+                    self.fn, self.grid, attention_args(q, k, self._v(v), out, lse_arg, *self.ints[12:], qk_scale),
                     self.constexprs, self.options, q.device)
             self.kernel.launch(self.grid, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                            lse_arg.data_ptr(), *self.ints, qk_scale, *self.tail))
@@ -134,27 +131,32 @@ class AttentionPlan:
         copies: list[str] = []
         qq, kk, vv, oo = _ready(q, "q", copies), _ready(k, "k", copies), _ready(v, "v", copies), \
             _ready(out, "out", copies)
-        d = self.out_shape[3]
-        args = attention_args(qq, kk, vv, oo, lse_arg if lse.numel() else oo, self.out_shape[1], self.group,
+        args = attention_args(qq, kk, self._v(vv), oo, oo if lse is None else lse, self.out_shape[1], self.group,
                               self.out_shape[2], self.skv, qk_scale)
         launch.generic_launch(self.fn, self.grid, args, self.constexprs, self.options)
         if oo is not out:
-            out.copy_(oo[..., :d])
+            out.copy_(oo[..., :self.out_shape[3]])
         _record(self.name + _suffix(copies))
         return out, lse
+
+    def _v(self, v):
+        """The Hopper bf16io kernel reads V's bf16 bits as fp16 and converts them in shared memory."""
+        return v.view(torch.float16) if self.recipe.converts_v and self.layer == "hopper" else v
 
 
 def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa: bool, precision: str,
               return_lse: bool, backend: str):
-    """Run attention; `out` (validated for memory overlap by the caller) receives O when given."""
+    """(O, LSE or None); `out` (checked for memory overlap by the caller) receives O when given."""
     positive = scale is None or scale > 0
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device, None if out is None else (out.shape, out.stride(), out.dtype, out.device),
            is_causal, enable_gqa, precision, return_lse, positive, backend)
-    plan = _cached(key, lambda: AttentionPlan(q, k, v, out, is_causal=is_causal, enable_gqa=enable_gqa,
-                                              precision=precision, return_lse=return_lse, positive_scale=positive,
-                                              backend=backend))
-    return plan.run(q, k, v, out, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(key, AttentionPlan(q, k, v, out, is_causal=is_causal, enable_gqa=enable_gqa,
+                                            precision=precision, return_lse=return_lse, positive_scale=positive,
+                                            backend=backend))
+    return plan.run(q, k, v, out, scale)
 
 
 # ---- matmul --------------------------------------------------------------------------------------------------------
@@ -240,15 +242,17 @@ class MatmulPlan:
 
     def _hopper_direct(self, a, b, out):
         if self.kernel is None:
-            a2, b2, c2 = a.reshape(-1, self.k), b.reshape(b.shape[-2:]), out.view(-1, self.n)
+            a2, b2, c2 = a.reshape(-1, self.k), b.reshape(b.shape[-2:]), _out_3d(out, self.rows, self.n)[0]
             descs = hopper_gemm.descriptors(a2, b2, c2, b_layout=self.b_layout, cfg=self.cfg)
             self.kernel = launch.compile_kernel(hopper_gemm.persistent_gemm_kernel, self.grid, (*descs, *self.ints),
                                                 self.constexprs, {}, a.device)
             self.tail = _constexpr_tail(hopper_gemm.persistent_gemm_kernel, self.constexprs)
-        meta = self.kernel.descriptor_meta
-        encoded = [launch.encode_descriptor(meta[i], t.data_ptr(), shape, strides)
-                   for i, (t, (shape, strides)) in enumerate(zip((a, b, out), self.geometry, strict=True))]
-        self.kernel.launch(self.grid, (*encoded[0], *encoded[1], *encoded[2], *self.ints, *self.tail))
+            self.descriptors = [launch.DescriptorSlot(meta, shape, strides)
+                                for meta, (shape, strides) in zip(self.kernel.descriptor_meta, self.geometry,
+                                                                  strict=True)]
+        da, db, dc = self.descriptors
+        self.kernel.launch(self.grid, (*da.at(a.data_ptr()), *db.at(b.data_ptr()), *dc.at(out.data_ptr()),
+                                       *self.ints, *self.tail))
 
     def _portable_direct(self, a, b, out):
         if self.kernel is None:
@@ -289,7 +293,9 @@ def matmul(a, b, out, *, b_layout: str, walk: str, out_dtype, backend: str):
     key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, b.dtype, a.device, b.device,
            None if out is None else (out.shape, out.stride(), out.dtype, out.device), b_layout, walk, out_dtype,
            backend)
-    plan = _cached(key, lambda: MatmulPlan(a, b, out, b_layout=b_layout, walk=walk, out_dtype=out_dtype,
-                                           backend=backend))
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _remember(key, MatmulPlan(a, b, out, b_layout=b_layout, walk=walk, out_dtype=out_dtype,
+                                         backend=backend))
     return plan.run(a, b, out)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import functools
 import os
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -102,24 +101,27 @@ def generic_launch(fn, grid: int, args: Sequence[object], constexprs: dict[str, 
 
 # The TMA dtype enum differs between the device-side metadata and the host encoder (triton's driver has the same map).
 _TMA_DTYPE_DEVICE_TO_HOST = {i: i for i in range(16)} | {8: 10, 9: 8, 10: 9}
-_ENCODED: OrderedDict = OrderedDict()
-_ENCODED_MAX = 512
 
 
-def encode_descriptor(meta: dict, ptr: int, shape: tuple[int, ...], strides: tuple[int, ...]) -> list:
-    """The launcher arguments of one host tensor descriptor ([CUtensorMap, *shape, *strides]), cached per
-    (address, shape, strides, box): the encoding holds the address as a number, so no tensor is kept alive, and an
-    equal key always encodes equal bytes."""
-    key = (ptr, shape, strides, meta["swizzle"], meta["elem_size"], meta["elem_type"], tuple(meta["block_size"]))
-    hit = _ENCODED.get(key)
-    if hit is not None:
+class DescriptorSlot:
+    """One host tensor-descriptor argument of a plan: its shape, strides and box are fixed, so the launcher
+    arguments ([CUtensorMap, *shape, *strides]) depend only on the address. Encodings are cached per address: a
+    number, so no tensor is kept alive, and an equal address always encodes equal bytes."""
+
+    MAX = 64
+
+    def __init__(self, meta: dict, shape: tuple[int, ...], strides: tuple[int, ...]):
+        self.meta, self.shape, self.strides = meta, list(shape), list(strides)
+        self.by_address: dict[int, list] = {}
+
+    def at(self, ptr: int) -> list:
+        hit = self.by_address.get(ptr)
+        if hit is None:
+            m = self.meta
+            tmap = triton.runtime.driver.active.utils.fill_tma_descriptor(
+                ptr, m["swizzle"], m["elem_size"], _TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"],
+                self.shape, self.strides, 0)
+            if len(self.by_address) >= self.MAX:
+                self.by_address.clear()
+            hit = self.by_address[ptr] = [tmap, *self.shape, *self.strides]
         return hit
-    utils = triton.runtime.driver.active.utils
-    tmap = utils.fill_tma_descriptor(ptr, meta["swizzle"], meta["elem_size"],
-                                     _TMA_DTYPE_DEVICE_TO_HOST[meta["elem_type"]], meta["block_size"], list(shape),
-                                     list(strides), 0)
-    hit = [tmap, *shape, *strides]
-    _ENCODED[key] = hit
-    if len(_ENCODED) > _ENCODED_MAX:
-        _ENCODED.popitem(last=False)
-    return hit
