@@ -70,7 +70,11 @@ class Kernel:
 
     def launch(self, grid: int, args: Sequence[object]) -> None:
         stream = torch._C._cuda_getCurrentRawStream(self.index)
-        scratch = self._scratch_for(grid * self._scratch, stream) if self._scratch else None
+        scratch = None
+        if self._scratch:  # freed to the caching allocator after the launch: stream-ordered, like Triton's own.
+            # (A buffer cached per stream would save this allocation, but a cached buffer made while inductor's
+            # CUDA-graph trees warm up lives in the graph pool untracked, which they refuse.)
+            scratch = torch.empty(grid * self._scratch, dtype=torch.uint8, device=self.device)
         coop, pdl = self._flags
         if torch._C._cuda_getDevice() != self.index:
             with torch.cuda.device(self.index):
@@ -79,22 +83,6 @@ class Kernel:
             return
         self._launch(grid, 1, 1, stream, self._function, coop, pdl, scratch, None, self._packed, None, None, None,
                      *args)
-
-
-    def _scratch_for(self, nbytes: int, stream: int) -> torch.Tensor:
-        """Global scratch for in-kernel descriptors. Kernels on one stream run one after another, so eager launches
-        share one buffer per (device, stream); a launch being captured into a CUDA graph gets its own (from the
-        graph's pool, as Triton's allocator would give it), so a replay never shares a buffer with eager work."""
-        if torch.cuda.is_current_stream_capturing():
-            return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        key = (self.index, stream)
-        buf = _SCRATCH.get(key)
-        if buf is None or buf.numel() < nbytes:
-            buf = _SCRATCH[key] = torch.empty(max(nbytes, 1 << 16), dtype=torch.uint8, device=self.device)
-        return buf
-
-
-_SCRATCH: dict[tuple[int, int], torch.Tensor] = {}
 
 
 def compile_kernel(fn, grid: int, args: Sequence[object], constexprs: dict[str, object], options: dict[str, int],
