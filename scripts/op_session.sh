@@ -2,7 +2,7 @@
 # The op layer on the device, in one call: install, a smoke test of both launch paths under a timeout, the op tests
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
-#   bash scripts/op_session.sh [smoke|host|tests|bench]...   (default: smoke host)
+#   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [check] [sanitize] [bench]"   (default: smoke host)
 set -uo pipefail
 export OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -22,6 +22,12 @@ for part in "${@:-smoke host}"; do
         XKERNELS_DIRECT_LAUNCH=0 stage timeout 240 xkernels bench --suite host --out "$OUT/host-generic" ;;
       tests) stage timeout 480 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests ;;
       optests) stage timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_ops_gpu.py tests/test_ops.py ;;
+      check) stage timeout 150 xkernels check --json "$OUT/check.json" ;;
+      sanitize)  # memcheck and synccheck over every variant's first (compiling) and cached (direct) launch
+        for tool in memcheck synccheck; do
+          stage timeout 170 compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 20 \
+            python3 scripts/small_shapes.py --check
+        done ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;
