@@ -2,7 +2,7 @@
 # The op layer on the device, in one call: install, a smoke test of both launch paths under a timeout, the op tests
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
-#   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [check] [sanitize] [bench]"   (default: smoke host)
+#   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench]"   (default: smoke host)
 set -uo pipefail
 export OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -22,6 +22,7 @@ for part in "${@:-smoke host}"; do
         XKERNELS_DIRECT_LAUNCH=0 stage timeout 240 xkernels bench --suite host --out "$OUT/host-generic" ;;
       tests) stage timeout 480 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests ;;
       optests) stage timeout 300 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_ops_gpu.py tests/test_ops.py ;;
+      floor) stage timeout 150 python3 scripts/host_floor.py --json "$OUT/host_floor.json" ;;
       check) stage timeout 150 xkernels check --json "$OUT/check.json" ;;
       sanitize)  # memcheck and synccheck over every variant's first (compiling) and cached (direct) launch
         for tool in memcheck synccheck; do

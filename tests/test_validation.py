@@ -2,6 +2,8 @@
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import xkernels
 from xkernels.testing import attention_inputs
@@ -136,3 +138,31 @@ def test_cpu_without_interpreter_is_refused(monkeypatch, device):
     a = torch.rand(8, 16).half()
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         xkernels.matmul(a, a.t().contiguous())
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(0, 12)), min_size=1, max_size=4))
+def test_self_overlap_check_is_sound(dims):
+    """Whenever the check says a layout does not overlap, every element has its own address (brute force)."""
+    import itertools
+
+    from xkernels.validation import self_overlaps
+
+    sizes, strides = zip(*dims, strict=True)
+    base = torch.zeros(1 + sum((s - 1) * st for s, st in dims))
+    t = base.as_strided(sizes, strides)
+    offsets = [sum(i * st for i, st in zip(idx, strides, strict=True))
+               for idx in itertools.product(*(range(s) for s in sizes))]
+    if not self_overlaps(t):
+        assert len(set(offsets)) == len(offsets), (sizes, strides)
+    if any(st == 0 and s > 1 for s, st in dims):
+        assert self_overlaps(t)
+
+
+def test_self_overlap_check_accepts_ordinary_layouts():
+    from xkernels.validation import self_overlaps
+
+    x = torch.empty(2, 3, 5, 8)
+    for t in (x, x.transpose(1, 2), x[:, :, 1:4], x.permute(3, 0, 2, 1), x[..., ::2]):
+        assert not self_overlaps(t)
+    assert self_overlaps(x[:1].expand(3, 3, 5, 8))

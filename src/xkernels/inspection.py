@@ -16,17 +16,17 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
+
+from xkernels.common.dtypes import POINTER_TYPE, SHORT_NAME
 
 TARGET = ("cuda", 90, 32)
 SASS_OPS = ("HGMMA", "UTMALDG", "UTMASTG", "BAR", "LDL", "STL")
-_PTR = {"fp16": "*fp16", "bf16": "*bf16"}
-_NAME = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def _attention_types(io: str) -> dict[str, str]:
-    """Argument types of the attention kernels' shared runtime arguments (portable/attention_fwd.runtime_args)."""
-    return {"Q": _PTR[io], "K": _PTR[io], "V": _PTR[io], "O": _PTR[io], "LSE": "*fp32", "qk_scale": "fp32"}
+def _attention_types(io: torch.dtype, v: torch.dtype | None = None) -> dict[str, str]:
+    """Argument types of the attention kernels' shared runtime arguments (`plans.attention_args`)."""
+    p = POINTER_TYPE[io]
+    return {"Q": p, "K": p, "V": POINTER_TYPE[v or io], "O": p, "LSE": "*fp32", "qk_scale": "fp32"}
 
 
 @dataclass(frozen=True)
@@ -66,27 +66,24 @@ def portable_configs() -> Iterator[KernelConfig]:
     from xkernels.portable.configs import ATTENTION_CONFIGS, GEMM_CONFIGS
     from xkernels.recipes import ATTENTION_RECIPES
 
-    tl_dtype = {"fp16": tl.float16, "bf16": tl.bfloat16}
     for d, cfg in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
-            io, pv = _NAME[recipe.io_dtype], _NAME[recipe.pv_dtype]
             for causal in (False, True):
                 yield KernelConfig(
                     f"portable.attention {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
-                    attn.attention_fwd_kernel, _attention_types(io),
-                    dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-                         PV_DTYPE=tl_dtype[pv], WRITE_LSE=True, INTERPRET=False),
+                    attn.attention_fwd_kernel, _attention_types(recipe.io_dtype),
+                    cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
                     cfg.num_warps, cfg.num_stages)
-    for dt, out in (("fp16", "fp16"), ("bf16", "bf16"), ("fp16", "fp32"), ("bf16", "fp32")):
-        g = GEMM_CONFIGS[4 if out == "fp32" else 2]
+    for dtype, out in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
+                       (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
+        g = GEMM_CONFIGS[out.itemsize]
+        dt = SHORT_NAME[dtype]
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):
                 yield KernelConfig(
-                    f"portable.gemm {dt}->{out} {lay} {walk} {g}", gemm.gemm_kernel,
-                    {"A": _PTR[dt], "B": _PTR[dt], "C": _PTR.get(out, "*fp32")},
-                    dict(BLOCK_M=g.block_m, BLOCK_N=g.block_n, BLOCK_K=g.block_k, B_NK=lay == "nk", WALK=walk,
-                         GROUP_M=g.group_m, INTERPRET=False),
-                    g.num_warps, g.num_stages)
+                    f"portable.gemm {dt}->{SHORT_NAME[out]} {lay} {walk} {g}", gemm.gemm_kernel,
+                    {"A": POINTER_TYPE[dtype], "B": POINTER_TYPE[dtype], "C": POINTER_TYPE[out]},
+                    g.constexprs(lay, walk, interpret=False), g.num_warps, g.num_stages)
 
 
 def hopper_configs() -> Iterator[KernelConfig]:
@@ -103,8 +100,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(
                     f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                     attn.attention_fwd_kernel,
-                    {**_attention_types(_NAME[recipe.io_dtype]), "V": "*fp16" if recipe.converts_v else
-                     _PTR[_NAME[recipe.io_dtype]]},
+                    _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
                     ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True)
 
     c = GEMM_CONFIG

@@ -12,8 +12,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xkernels.common.dtypes import TL_DTYPE
-from xkernels.common.runtime import INTERPRET
 from xkernels.common.seqlen import kv_bounds
 from xkernels.portable.configs import AttentionConfig, attention_config
 from xkernels.portable.dot import mma
@@ -96,7 +94,5 @@ def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bo
     """(grid, constexprs, launch options, config) for `attention_fwd_kernel`; its runtime arguments are
     `plans.attention_args` (shared with the Hopper kernel)."""
     cfg = attention_config(head_dim)
-    constexprs = dict(HEAD_DIM=head_dim, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=is_causal,
-                      PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, INTERPRET=INTERPRET)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
-    return grid, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg
+    return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse), cfg.options(), cfg

@@ -6,7 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
+from xkernels.common.dtypes import TL_DTYPE
 from xkernels.common.runtime import INTERPRET
+from xkernels.recipes import AttentionRecipe
 
 
 @dataclass(frozen=True)
@@ -15,6 +17,15 @@ class AttentionConfig:
     block_n: int
     num_warps: int
     num_stages: int
+
+    def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, write_lse: bool,
+                   interpret: bool = INTERPRET) -> dict[str, object]:
+        """`attention_fwd_kernel`'s compile-time arguments: one mapping for the launch and for `inspect`."""
+        return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
+                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, INTERPRET=interpret)
+
+    def options(self) -> dict[str, int]:
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
     def __str__(self) -> str:
         return f"BM{self.block_m}-BN{self.block_n}-W{self.num_warps}-S{self.num_stages}"
@@ -28,6 +39,14 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
+
+    def constexprs(self, b_layout: str, walk: str, interpret: bool = INTERPRET) -> dict[str, object]:
+        """`gemm_kernel`'s compile-time arguments: one mapping for the launch and for `inspect`."""
+        return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, B_NK=b_layout == "nk",
+                    WALK=walk, GROUP_M=self.group_m, INTERPRET=interpret)
+
+    def options(self) -> dict[str, int]:
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
     def __str__(self) -> str:
         return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"

@@ -10,7 +10,6 @@ import torch
 import triton
 import triton.language as tl
 
-from xkernels.common.runtime import INTERPRET
 from xkernels.common.tile_walk import tile_coords, zorder_grid
 from xkernels.portable.configs import GemmConfig, gemm_config
 from xkernels.portable.dot import mma
@@ -55,6 +54,4 @@ def launch_spec(batch: int, m: int, n: int, *, out_dtype: torch.dtype, b_layout:
     cfg = gemm_config(out_dtype)
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     walk_args = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
-    constexprs = dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, B_NK=b_layout == "nk",
-                      WALK=walk, GROUP_M=cfg.group_m, INTERPRET=INTERPRET)
-    return walk_args[0] * batch, walk_args, constexprs, dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages), cfg
+    return walk_args[0] * batch, walk_args, cfg.constexprs(b_layout, walk), cfg.options(), cfg

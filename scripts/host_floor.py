@@ -1,0 +1,79 @@
+"""Where a call's host time goes: each layer of `xkernels.matmul` / `xkernels.attention` timed on its own, next to
+torch's calls, in one process (us per call, no synchronization, median of 7 runs of 2000 calls after warm-up).
+
+    python3 scripts/host_floor.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import xkernels
+from xkernels import ops, plans
+from xkernels.testing import attention_inputs, gemm_inputs
+
+CALLS = 2000
+
+_lib = torch.library.Library("xkernels_floor", "DEF")
+_lib.define("noop(Tensor a, Tensor b, str s, str t, ScalarType? d, str u) -> Tensor")
+_lib.impl("noop", lambda a, b, s, t, d, u: torch.empty((1024, 1024), dtype=a.dtype, device=a.device), "CUDA")
+noop = torch.ops.xkernels_floor.noop.default
+
+
+def per_call(fn) -> float:
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(7):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
+            fn()
+        runs.append((time.perf_counter() - t0) / CALLS * 1e6)
+    return statistics.median(runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    a, b = gemm_inputs(1024, 1024, 1024, torch.bfloat16, "cuda", seed=0)
+    q, k, v = attention_inputs(1, 8, 512, 512, 64, torch.bfloat16, "cuda", seed=0)
+    xkernels.matmul(a, b)
+    xkernels.attention(q, k, v, is_causal=True)
+    mm_plan = next(p for p in plans._PLANS.values() if isinstance(p, plans.MatmulPlan))
+    at_plan = next(p for p in plans._PLANS.values() if isinstance(p, plans.AttentionPlan))
+    out = torch.empty(1024, 1024, dtype=torch.bfloat16, device="cuda")
+    rows = {
+        "torch.empty (1024^2 bf16)": lambda: torch.empty((1024, 1024), dtype=torch.bfloat16, device="cuda"),
+        "torch.matmul 1024^3": lambda: torch.matmul(a, b),
+        "SDPA B1 H8 512 D64 causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "library op, Python kernel returning torch.empty": lambda: noop(a, b, "kn", "auto", None, "auto"),
+        "matmul: plan.run with out given (launch path only)": lambda: mm_plan.run(a, b, out),
+        "matmul: plan.run (allocates out)": lambda: mm_plan.run(a, b, None),
+        "matmul: plans.matmul (key + lookup + run)": lambda: plans.matmul(a, b, None, b_layout="kn", walk="auto",
+                                                                          out_dtype=None, backend="auto"),
+        "matmul: the op": lambda: ops.matmul_op(a, b, "kn", "auto", None, "auto"),
+        "matmul: xkernels.matmul": lambda: xkernels.matmul(a, b),
+        "attention: plan.run": lambda: at_plan.run(q, k, v, None, None),
+        "attention: the op": lambda: ops.attention_op(q, k, v, True, None, False, "auto", "auto"),
+        "attention: xkernels.attention": lambda: xkernels.attention(q, k, v, is_causal=True),
+    }
+    result = {}
+    for name, fn in rows.items():
+        result[name] = round(per_call(fn), 2)
+        print(f"{result[name]:8.2f} us  {name}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "us_per_call": result}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
