@@ -59,14 +59,70 @@ def test_compile_fullgraph_matches_eager(device):
         assert torch.equal(g, w)
 
 
-def test_compile_raises_the_eager_errors_at_trace_time(device):
-    q, k, v = attention_inputs(1, 2, 8, 8, 32, torch.float16, device, seed=4)  # head dim 32: unsupported
+def _compiled(fn):
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="head dim 32 is not supported"):
-        torch.compile(lambda q, k, v: xkernels.attention(q, k, v), fullgraph=True, backend=COMPILE_BACKEND)(q, k, v)
+    return torch.compile(fn, fullgraph=True, backend=COMPILE_BACKEND)
+
+
+def test_compile_raises_the_eager_errors_at_trace_time(device):
+    """TorchRuntimeError is dynamo's wrapper for an error raised while it propagates fake tensors: the fake kernels
+    raised it at trace time (a real kernel failing at run time would raise the bare ValueError)."""
+    trace_error = torch._dynamo.exc.TorchRuntimeError
+    q, k, v = attention_inputs(1, 2, 8, 8, 32, torch.float16, device, seed=4)  # head dim 32: unsupported
+    with pytest.raises(trace_error, match="head dim 32 is not supported"):
+        _compiled(lambda q, k, v: xkernels.attention(q, k, v))(q, k, v)
     q, k, v = _attention_args(device)
-    with pytest.raises(Exception, match="enable_gqa=True"):
-        torch.compile(lambda q, k, v: xkernels.attention(q, k, v), fullgraph=True, backend=COMPILE_BACKEND)(q, k, v)
+    with pytest.raises(trace_error, match="enable_gqa=True"):
+        _compiled(lambda q, k, v: xkernels.attention(q, k, v))(q, k, v)
+    with pytest.raises(trace_error, match="backend: 'hopper' was forced" if device == "cpu" else "consumers=3"):
+        _compiled(lambda q, k, v: xkernels.attention(q, k, v, enable_gqa=True, backend="hopper:consumers=3"))(q, k, v)
+    a, b = gemm_inputs(16, 24, 32, torch.float16, device, seed=4)
+    with pytest.raises(trace_error, match="inner dim"):
+        _compiled(lambda a, b: xkernels.matmul(a, b, b_layout="nk"))(a, b)
+
+
+def test_compile_refuses_an_out_that_aliases_an_input(device):
+    """Functionalization would hand the real kernel a copy of `out`; the fake kernel sees the alias and refuses."""
+    q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=14)
+    before = q.clone()
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match="out: overlaps the memory of q"):
+        _compiled(lambda q, k, v: xkernels.attention(q, k, v, out=q))(q, k, v)
+    assert torch.equal(q, before)
+    a = gemm_inputs(32, 32, 32, torch.float16, device, seed=15)[0]
+    before = a.clone()
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError, match="out: overlaps the memory of a"):
+        _compiled(lambda a: xkernels.matmul(a, a, out=a))(a)
+    assert torch.equal(a, before)
+
+
+def test_out_requiring_grad_is_refused_on_every_call(device):
+    """Whether `out` requires grad is not in a plan's key: it is checked per call."""
+    q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=16)
+    xkernels.attention(q, k, v, out=torch.empty_like(q))  # builds the plan for this out layout
+    with pytest.raises(ValueError, match="out: requires grad"):
+        xkernels.attention(q, k, v, out=torch.empty_like(q).requires_grad_())
+    a, b = gemm_inputs(16, 16, 16, torch.float16, device, seed=17)
+    xkernels.matmul(a, b, out=torch.empty(16, 16, dtype=a.dtype, device=device))
+    with pytest.raises(ValueError, match="out: requires grad"):
+        xkernels.matmul(a, b, out=torch.empty(16, 16, dtype=a.dtype, device=device).requires_grad_())
+
+
+def test_xkernels_layer_is_the_default_backend():
+    """XKERNELS_LAYER is read at import as the default of `backend`; a bad value fails at import, naming it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch, xkernels; from xkernels.testing import attention_inputs; "
+            "q, k, v = attention_inputs(1, 1, 8, 8, 64, torch.float16, 'cpu', seed=0); xkernels.attention(q, k, v); "
+            "print(xkernels.last_backend())")
+    env = dict(os.environ, TRITON_INTERPRET="1", XKERNELS_LAYER="portable")
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip().startswith("portable.attention")
+    env["XKERNELS_LAYER"] = "gpu"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode != 0 and "XKERNELS_LAYER: backend: 'gpu' is not" in run.stderr
 
 
 def test_fake_and_meta_tensors_give_shapes_without_data(device):
@@ -149,8 +205,9 @@ def test_out_with_a_sliced_or_transposed_layout_is_accepted(device):
 
 
 @pytest.mark.parametrize("kwargs,exc,match", [
-    (dict(return_lse="no"), TypeError, "return_lse: expected bool"),
-    (dict(return_lse=1), TypeError, "return_lse: expected bool"),
+    (dict(return_lse="no"), TypeError, "return_lse: expected a Python bool, got str"),
+    (dict(return_lse=1), TypeError, "return_lse: expected a Python bool, got int"),
+    (dict(is_causal=np.bool_(True)), TypeError, "is_causal: expected a Python bool, got numpy.bool"),
     (dict(precision=["fp16"]), TypeError, "precision: expected a str"),
     (dict(scale=3e38), ValueError, "scale: .* overflows fp32"),
     (dict(scale=-2.5e38), ValueError, "scale: .* overflows fp32"),
@@ -166,12 +223,21 @@ def test_bad_python_arguments_name_the_argument(device, kwargs, exc, match):
         xkernels.attention(q, k, v, **kwargs)
 
 
-def test_large_finite_scale_within_fp32_is_correct(device):
+@pytest.mark.parametrize("scale", [1e-36, 1e4, -1e4])
+def test_extreme_finite_scales_are_correct(device, scale):
+    """A tiny scale gives a uniform softmax, a huge one (scores x scale still inside fp32) a one-hot one."""
     q, k, v = attention_inputs(1, 1, 8, 8, 64, torch.float16, device, seed=11)
-    scale = 1e-36  # tiny: uniform softmax
     o = xkernels.attention(q, k, v, scale=scale)
     assert torch.isfinite(o).all()
     assert (o.double() - reference_attention(q, k, v, scale=scale)).abs().max() < 1e-2
+
+
+def test_sparse_inputs_are_refused_by_name(device):
+    if device != "cpu":
+        pytest.skip("sparse CPU tensors are enough to show the check")
+    a = torch.eye(16, dtype=torch.float16).to_sparse()
+    with pytest.raises(ValueError, match="a: layout torch.sparse_coo is not supported"):
+        xkernels.matmul(a, torch.eye(16, dtype=torch.float16))
 
 
 def test_backend_argument_forces_the_layer(device):

@@ -18,6 +18,8 @@ from xkernels.validation import (
     tensor,
 )
 
+_STRIDED = torch.strided
+
 
 def _backend(backend: object) -> str:
     if backend is None:
@@ -25,6 +27,12 @@ def _backend(backend: object) -> str:
     if not isinstance(backend, str):
         raise TypeError(f"backend: expected a str or None, got {type(backend).__name__}")
     return backend
+
+
+def _out(out: object) -> None:
+    """Per call, not per plan: whether `out` requires grad is not part of a plan's key."""
+    if tensor(out, "out").requires_grad:
+        raise ValueError("out: requires grad; an output buffer cannot be part of an autograd graph")
 
 
 def _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision, return_lse, backend):
@@ -52,7 +60,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     if not (type(is_causal) is bool and type(enable_gqa) is bool and type(return_lse) is bool
             and (scale is None or (type(scale) is float and -MAX_SCALE <= scale <= MAX_SCALE))
             and type(precision) is str and (backend is None or type(backend) is str)
-            and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)):
+            and isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+            and q.layout is _STRIDED and k.layout is _STRIDED and v.layout is _STRIDED):
         scale, precision, backend = _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision,
                                                          return_lse, backend)
     elif backend is None:
@@ -60,7 +69,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         no_grad({"q": q, "k": k, "v": v})
     if out is not None:
-        tensor(out, "out")
+        _out(out)
         lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse)
         return (out, lse) if return_lse else out
     if return_lse:
@@ -77,7 +86,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
     copy). Batch dims broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder" ("auto" = grouped).
     `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed). `backend` as for `attention`.
     """
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and type(b_layout) is str
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.layout is _STRIDED
+            and b.layout is _STRIDED and type(b_layout) is str
             and b_layout in B_LAYOUTS and type(walk) is str and walk in WALK_CHOICES
             and (out_dtype is None or isinstance(out_dtype, torch.dtype))
             and (backend is None or type(backend) is str)):
@@ -91,6 +101,6 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         no_grad({"a": a, "b": b})
     if out is None:
         return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
-    tensor(out, "out")
+    _out(out)
     ops.matmul_out_op(a, b, out, b_layout, walk, out_dtype, backend)
     return out

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from xkernels import plans, select
-from xkernels.common.runtime import check_device
-from xkernels.validation import check_attention, check_matmul, check_out_memory
+from xkernels import plans
+from xkernels.select import resolve_attention, resolve_matmul
+from xkernels.validation import check_out_memory, check_out_storage
 
 _lib = torch.library.Library("xkernels", "DEF")
 _ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, str backend"
@@ -72,47 +72,40 @@ _register("matmul", _matmul)
 _register("matmul_out", _matmul_out)
 
 
-def _fake_attention_checks(q, k, v, out, enable_gqa, precision, backend):
-    check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
-    check_device(q.device, "q")
-    select.parse_backend(backend)
-
-
-def _fake_lse(q, return_lse):
-    return q.new_empty(q.shape[:3] if return_lse else (0,), dtype=torch.float32)
+def _fake_lse(q):
+    return q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
 @torch.library.register_fake("xkernels::attention")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend):
-    _fake_attention_checks(q, k, v, None, enable_gqa, precision, backend)
+    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend)
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("xkernels::attention_lse")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend):
-    _fake_attention_checks(q, k, v, None, enable_gqa, precision, backend)
-    return q.new_empty(q.shape), _fake_lse(q, True)
+    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend)
+    return q.new_empty(q.shape), _fake_lse(q)
 
 
 @torch.library.register_fake("xkernels::attention_out")
 def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse):
-    _fake_attention_checks(q, k, v, out, enable_gqa, precision, backend)
-    return _fake_lse(q, return_lse)
+    resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend)
+    check_out_storage(out, {"q": q, "k": k, "v": v})
+    return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
 
 
 @torch.library.register_fake("xkernels::matmul")
 def _(a, b, b_layout, walk, out_dtype, backend):
-    batch, m, n, _, dtype = check_matmul(a, b, None, b_layout=b_layout, out_dtype=out_dtype)
-    check_device(a.device, "a")
-    select.parse_backend(backend)
+    (batch, m, n, _, dtype), _, _ = resolve_matmul(a, b, None, b_layout=b_layout, out_dtype=out_dtype,
+                                                   backend=backend)
     return a.new_empty((*batch, m, n), dtype=dtype)
 
 
 @torch.library.register_fake("xkernels::matmul_out")
 def _(a, b, out, b_layout, walk, out_dtype, backend):
-    check_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype)
-    check_device(a.device, "a")
-    select.parse_backend(backend)
+    resolve_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype, backend=backend)
+    check_out_storage(out, {"a": a, "b": b})
 
 
 attention_op = torch.ops.xkernels.attention.default

@@ -16,12 +16,11 @@ import torch
 
 from xkernels import select
 from xkernels.common import launch
-from xkernels.common.runtime import check_device, strides_ok, strides_ready, tma_copy, tma_empty, tma_ready
+from xkernels.common.runtime import strides_ok, strides_ready, tma_copy, tma_empty, tma_ready
 from xkernels.hopper import attention_fwd as hopper_attention
 from xkernels.hopper import gemm as hopper_gemm
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
-from xkernels.validation import check_attention, check_matmul
 
 log = logging.getLogger("xkernels")
 _last: str | None = None
@@ -80,15 +79,15 @@ def attention_args(q, k, v, out, lse, hq: int, group: int, sq: int, skv: int, qk
 class AttentionPlan:
     def __init__(self, q, k, v, out, *, is_causal: bool, enable_gqa: bool, precision: str, return_lse: bool,
                  positive_scale: bool, backend: str):
-        self.recipe = recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
-        check_device(q.device, "q")
+        self.recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
+                                                       backend=backend)
+        recipe = self.recipe
         b, hq, sq, d = q.shape
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.default_scale = 1.0 / math.sqrt(d)
         self.empty = q.numel() == 0
         self.group, self.skv = hq // k.shape[1] if k.shape[1] else 1, k.shape[2]
-        choice = select.select_attention(q.device, d, recipe, select.parse_backend(backend))
         self.layer = choice.layer
         if choice.layer == "hopper":
             self.fn = hopper_attention.attention_fwd_kernel
@@ -189,8 +188,8 @@ def _out_3d(out: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
 
 class MatmulPlan:
     def __init__(self, a, b, out, *, b_layout: str, walk: str, out_dtype, backend: str):
-        batch, m, n, k, out_dtype = check_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype)
-        check_device(a.device, "a")
+        (batch, m, n, k, out_dtype), _, choice = select.resolve_matmul(a, b, out, b_layout=b_layout,
+                                                                       out_dtype=out_dtype, backend=backend)
         self.out_shape, self.out_dtype, self.device = (*batch, m, n), out_dtype, a.device
         self.batch, self.m, self.n, self.k = batch, m, n, k
         self.b_layout, self.walk = b_layout, "grouped" if walk == "auto" else walk
@@ -199,7 +198,6 @@ class MatmulPlan:
             return
         a3, b3, copied = _operands_3d(a, b, batch, k)
         self.problems, self.rows = a3.shape[0], a3.shape[1]
-        choice = select.select_matmul(a.device, self.problems, a.dtype, out_dtype, select.parse_backend(backend))
         self.layer, self.cfg = choice.layer, choice.config
         self.name = f"{choice.layer}.gemm[{b_layout} {self.walk} {choice.config}]"
         if out is None:  # contiguous: descriptor-ready when its rows are 16-byte multiples
@@ -210,20 +208,20 @@ class MatmulPlan:
         self.direct = (launch.direct_launch_available(a.device) and not copied and strides_ready(a3)
                        and strides_ready(b3) and strides_ok(c_strides, out_dtype.itemsize))
         self.kernel: launch.Kernel | None = None
-        if not self.direct:
-            return
         if self.layer == "hopper":
-            self.grid, self.ints, self.constexprs, _ = hopper_gemm.launch_spec(
+            self.grid, self.ints, self.constexprs, self.options = hopper_gemm.launch_spec(
                 self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
+            self.fn = hopper_gemm.persistent_gemm_kernel
             b_shape = (n, k) if b_layout == "nk" else (k, n)
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
         else:
-            self.grid, walk_args, self.constexprs, self.options, _ = portable_gemm.launch_spec(
+            self.grid, self.walk_args, self.constexprs, self.options, _ = portable_gemm.launch_spec(
                 self.problems, self.rows, n, out_dtype=out_dtype, b_layout=b_layout, walk=self.walk)
+            self.fn = portable_gemm.gemm_kernel
             self.ints = (self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1), c_strides[0],
-                         c_strides[1], *walk_args)
-            self.tail = _constexpr_tail(portable_gemm.gemm_kernel, self.constexprs)
+                         c_strides[1], *self.walk_args)
+        self.tail = _constexpr_tail(self.fn, self.constexprs)
 
     def run(self, a, b, out):
         if out is None:
@@ -244,9 +242,8 @@ class MatmulPlan:
         if self.kernel is None:
             a2, b2, c2 = a.reshape(-1, self.k), b.reshape(b.shape[-2:]), _out_3d(out, self.rows, self.n)[0]
             descs = hopper_gemm.descriptors(a2, b2, c2, b_layout=self.b_layout, cfg=self.cfg)
-            self.kernel = launch.compile_kernel(hopper_gemm.persistent_gemm_kernel, self.grid, (*descs, *self.ints),
-                                                self.constexprs, {}, a.device)
-            self.tail = _constexpr_tail(hopper_gemm.persistent_gemm_kernel, self.constexprs)
+            self.kernel = launch.compile_kernel(self.fn, self.grid, (*descs, *self.ints), self.constexprs,
+                                                self.options, a.device)
             self.descriptors = [launch.DescriptorSlot(meta, shape, strides)
                                 for meta, (shape, strides) in zip(self.kernel.descriptor_meta, self.geometry,
                                                                   strict=True)]
@@ -257,8 +254,8 @@ class MatmulPlan:
     def _portable_direct(self, a, b, out):
         if self.kernel is None:
             a3, b3, _ = _operands_3d(a, b, self.batch, self.k)
-            self.kernel = launch.compile_kernel(portable_gemm.gemm_kernel, self.grid,
-                                                (a3, b3, out, *self.ints), self.constexprs, self.options, a.device)
+            self.kernel = launch.compile_kernel(self.fn, self.grid, (a3, b3, out, *self.ints), self.constexprs,
+                                                self.options, a.device)
         self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
 
     def _general(self, a, b, out):
@@ -274,15 +271,11 @@ class MatmulPlan:
             a2 = a3[0, :, :k] if a3.shape[2] != k else a3[0]
             b2 = b3[0, :n, :k] if self.b_layout == "nk" else b3[0, :k, :n]
             descs = hopper_gemm.descriptors(a2, b2, c3[0, :, :n], b_layout=self.b_layout, cfg=self.cfg)
-            grid, ints, constexprs, options = hopper_gemm.launch_spec(
-                self.rows, n, k, b_layout=self.b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
-            launch.generic_launch(hopper_gemm.persistent_gemm_kernel, grid, (*descs, *ints), constexprs, options)
+            args = (*descs, *self.ints)
         else:
-            grid, walk_args, constexprs, options, _ = portable_gemm.launch_spec(
-                self.problems, self.rows, n, out_dtype=self.out_dtype, b_layout=self.b_layout, walk=self.walk)
             args = (a3, b3, c3, self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1),
-                    c3.stride(0), c3.stride(1), *walk_args)
-            launch.generic_launch(portable_gemm.gemm_kernel, grid, args, constexprs, options)
+                    c3.stride(0), c3.stride(1), *self.walk_args)
+        launch.generic_launch(self.fn, self.grid, args, self.constexprs, self.options)
         if "out" in copies:
             out.copy_(c3[..., :n].reshape(out.shape))
         _record(self.name + _suffix(copies))

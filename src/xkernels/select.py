@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 from dataclasses import dataclass
 
 import torch
 
-from xkernels.common.runtime import hopper_available
+from xkernels.common.runtime import check_device, hopper_available
 from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, HopperAttentionConfig, HopperGemmConfig
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
+from xkernels.validation import check_attention, check_matmul
 
 LAYERS = ("portable", "hopper")
 DEFAULT_BACKEND: str = os.environ.get("XKERNELS_LAYER") or "auto"
@@ -55,13 +57,6 @@ def parse_backend(backend: str) -> Override:
     return Override(layer, tuple(config))
 
 
-if DEFAULT_BACKEND != "auto":
-    try:
-        parse_backend(DEFAULT_BACKEND)
-    except ValueError as e:
-        raise ValueError(f"XKERNELS_LAYER: {e}") from None
-
-
 def _fields(cls) -> set[str]:
     return {f.name for f in dataclasses.fields(cls)}
 
@@ -94,6 +89,29 @@ def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecip
     return Choice("portable", portable_configs.attention_config(head_dim))
 
 
+def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str):
+    """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
+    alike, so a traced call raises what the eager call raises. Returns (recipe, Choice)."""
+    recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
+    check_device(q.device, "q")
+    override = parse_backend(backend)
+    if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
+        return recipe, Choice("meta", None)
+    return recipe, select_attention(q.device, q.shape[-1], recipe, override)
+
+
+def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):
+    """As `resolve_attention` for matmul. Returns ((batch, M, N, K, out dtype), problems, Choice)."""
+    shape = check_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype)
+    check_device(a.device, "a")
+    override = parse_backend(backend)
+    batch, m, n, k, dtype = shape
+    problems = math.prod(batch) if b.dim() > 2 else 1  # a's batch folds into M against a 2-D b
+    if a.device.type == "meta" or m * n * math.prod(batch) == 0 or k == 0:
+        return shape, problems, Choice("none", None)
+    return shape, problems, select_matmul(a.device, problems, a.dtype, dtype, override)
+
+
 def select_matmul(device: torch.device, problems: int, dtype: torch.dtype, out_dtype: torch.dtype,
                   override: Override) -> Choice:
     """Hopper kernel for one 2-D problem with a 16-bit output on sm_90; batched and fp32-output calls portable."""
@@ -106,3 +124,10 @@ def select_matmul(device: torch.device, problems: int, dtype: torch.dtype, out_d
         cfg.check(dtype)
         return Choice("hopper", cfg)
     return Choice("portable", portable_configs.gemm_config(out_dtype))
+
+
+if DEFAULT_BACKEND != "auto":  # a bad XKERNELS_LAYER fails at import, naming the variable
+    try:
+        parse_backend(DEFAULT_BACKEND)
+    except ValueError as e:
+        raise ValueError(f"XKERNELS_LAYER: {e}") from None

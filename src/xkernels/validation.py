@@ -29,13 +29,20 @@ MAX_SCALE = 3.4028234663852886e38 / math.log2(math.e)
 
 def tensor(x: object, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got {_type_name(x)}")
+    if x.layout != torch.strided:
+        raise ValueError(f"{name}: layout {x.layout} is not supported; use a dense (strided) tensor")
     return x
+
+
+def _type_name(x: object) -> str:
+    t = type(x)
+    return t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
 def flag(x: object, name: str) -> None:
     if not isinstance(x, bool):
-        raise TypeError(f"{name}: expected bool, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected a Python bool, got {_type_name(x)}")
 
 
 def choice(x: object, name: str, choices: tuple[str, ...]) -> None:
@@ -75,6 +82,8 @@ def no_grad(named: dict[str, torch.Tensor | None]) -> None:
 # ---- tensor metadata (fake-safe) -----------------------------------------------------------------------------------
 
 def _same_dtype_and_device(named: dict[str, torch.Tensor]) -> None:
+    for name, t in named.items():
+        tensor(t, name)
     first_name, first = next(iter(named.items()))
     if first.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{first_name}: dtype {first.dtype} is not supported; use torch.float16 or torch.bfloat16")
@@ -176,6 +185,22 @@ def self_overlaps(t: torch.Tensor) -> bool:
             return True
         span += stride * (size - 1)
     return False
+
+
+def check_out_storage(out: torch.Tensor | None, inputs: dict[str, torch.Tensor]) -> None:
+    """What the fake kernels can see of the memory check (no addresses under FakeTensorMode): `out` overlapping
+    itself, or sharing a storage with an input. Under torch.compile this runs at trace time, before functionalization
+    would hand the real kernel a copy of `out` and hide the alias."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if out is None or out.numel() == 0:
+        return
+    if self_overlaps(out):
+        raise ValueError("out: several of its elements share memory (an expanded or overlapping strided view)")
+    ref = StorageWeakRef(out.untyped_storage())
+    for name, t in inputs.items():
+        if t.numel() and StorageWeakRef(t.untyped_storage()) == ref:
+            raise ValueError(f"out: overlaps the memory of {name}; inputs are never overwritten")
 
 
 def check_out_memory(out: torch.Tensor | None, inputs: dict[str, torch.Tensor]) -> None:

@@ -23,7 +23,7 @@ def run_inspect(kernel: str, json_path: str | None) -> int:
 
     if not triton.__version__.startswith(TESTED_TRITON):
         console.print(f"[yellow]triton {triton.__version__}: the Gluon (hopper.*) configs are written for triton "
-                      f"{'/'.join(TESTED_TRITON)}x and are not compiled here; dispatch never runs them either")
+                      f"{'/'.join(TESTED_TRITON)}x and are not compiled here; kernel selection never runs them either")
     configs = [c for c in all_configs() if kernel == "all" or f".{kernel} " in c.name]
     reports = [analyse(c) for c in track(configs, description="compiling for sm_90", console=console,
                                          transient=True)]

@@ -49,7 +49,7 @@ def _raw_launcher(runner):
 
 class Kernel:
     """One compiled kernel on one device, launched directly: `launch(grid, args)` with every runtime and constexpr
-    argument in the kernel's parameter order (pointers as ints or tensors, host descriptors as `encode_descriptor`
+    argument in the kernel's parameter order (pointers as ints or tensors, host descriptors as `DescriptorSlot.at`
     lists spliced in by the caller)."""
 
     def __init__(self, compiled, device: torch.device):
@@ -66,7 +66,6 @@ class Kernel:
         self.descriptor_meta = getattr(compiled.metadata, "tensordesc_meta", None) or []
         self.device = device
         self.index = device.index
-        self.shared = compiled.metadata.shared
 
     def launch(self, grid: int, args: Sequence[object]) -> None:
         stream = torch._C._cuda_getCurrentRawStream(self.index)
@@ -96,9 +95,13 @@ def compile_kernel(fn, grid: int, args: Sequence[object], constexprs: dict[str, 
 def generic_launch(fn, grid: int, args: Sequence[object], constexprs: dict[str, object],
                    options: dict[str, int]) -> None:
     """Triton's own launch path: the interpreter, non-CUDA backends and untested triton releases."""
-    if not INTERPRET and any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-        _install_allocator()
-    fn[(grid,)](*args, **constexprs, **options)
+    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    if INTERPRET or device is None:
+        fn[(grid,)](*args, **constexprs, **options)
+        return
+    _install_allocator()
+    with torch.cuda.device(device):  # Triton launches on the current device, not the tensors'
+        fn[(grid,)](*args, **constexprs, **options)
 
 
 # The TMA dtype enum differs between the device-side metadata and the host encoder (triton's driver has the same map).

@@ -128,7 +128,7 @@ def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: Hopper
 
 def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, b_layout: str, cfg: HopperGemmConfig) -> list:
     """Host TMA descriptors of the logical 2-D A, B and C, to compile against (launches re-encode only the address:
-    `common.launch.encode_descriptor`)."""
+    `common.launch.DescriptorSlot`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     return [TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype)))

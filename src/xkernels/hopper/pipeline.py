@@ -56,12 +56,3 @@ class Ring:
         """Consumer: hand stage `it % STAGES` back to the producer (arrive on its empty barrier)."""
         STAGES: gl.constexpr = self.bufs.shape[0]
         mbarrier.arrive(self.empty.index(it % STAGES), pred=pred)
-
-
-@gluon.jit
-def allocate_ring(dtype: gl.constexpr, shape: gl.constexpr, layout: gl.constexpr, STAGES: gl.constexpr,
-                  CONSUMERS: gl.constexpr = 1):
-    """A ring of STAGES tiles of `shape`: `ready` expects the producer's one arrive (with the TMA byte count) per
-    lap, `empty` one arrive from each of CONSUMERS partitions."""
-    bufs = gl.allocate_shared_memory(dtype, [STAGES] + shape, layout)
-    return Ring(bufs, allocate_barriers(STAGES, 1), allocate_barriers(STAGES, CONSUMERS))
