@@ -97,7 +97,8 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     override = parse_backend(backend)
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
-    return recipe, select_attention(q.device, q.shape[-1], recipe, override)
+    # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
+    return recipe, select_attention(q.device, int(q.shape[-1]), recipe, override)
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):
