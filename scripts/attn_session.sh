@@ -6,14 +6,9 @@
 # then scripts/attn_probe.py with the given args, then (SANITIZE=1) scripts/sanitize.sh. Output under $OUT; exit
 # code = failed stages.
 set -uo pipefail
-export OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-LOG="$OUT/session.log"
-failed=0
+. "$(dirname "$0")/session_lib.sh"
 note() { local rc=$1; echo "--- rc=$rc" | tee -a "$LOG"; [ "$rc" = 0 ] || failed=$((failed + 1)); }
 python3 -m pip install -q --no-deps --no-build-isolation -e . 2>&1 | tail -2
-XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 if [ -z "${SKIP_TESTS:-}" ]; then
   echo "=== gpu tests, all but hopper attention ($(date -u +%T))" | tee -a "$LOG"
   timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST -x -k "not (attention and hopper)" tests \

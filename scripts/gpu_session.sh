@@ -9,12 +9,7 @@
 # Every stage runs even when an earlier one fails; the exit code is the number of failed stages.
 set -uo pipefail
 MODE=${1:-quick}
-export OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-LOG="$OUT/session.log"
-failed=0
-stage() { echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed=$((failed + 1)); return 0; }
+. "$(dirname "$0")/session_lib.sh"
 
 stage python3 -m pip install -q --no-deps --no-build-isolation -e .
 stage nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
@@ -36,8 +31,6 @@ print(xkernels.last_backend(), 'rel err', err); assert err < 1e-2
   echo "!!! Hopper smoke test failed or hung: XKERNELS_LAYER=portable for the rest of this session" | tee -a "$LOG"
   export XKERNELS_LAYER=portable; failed=$((failed + 1))
 fi
-# the device image has pytest-xdist: 8 workers compile kernel variants in parallel
-XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 [ -z "${SKIP_TESTS:-}" ] && stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST --durations=10 tests
 [ "$MODE" = gemm ] || stage bash scripts/sanitize.sh
 stage timeout 300 xkernels check --json "$OUT/check.json"

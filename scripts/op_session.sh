@@ -4,15 +4,9 @@
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench]"   (default: smoke host)
 set -uo pipefail
-export OUT=${OUT:-out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-LOG="$OUT/session.log"
-failed=0
-stage() { echo "=== $* ($(date -u +%T))" | tee -a "$LOG"; "$@" 2>&1 | tee -a "$LOG"; local rc=${PIPESTATUS[0]}; [ "$rc" = 0 ] || failed=$((failed + 1)); return 0; }
+. "$(dirname "$0")/session_lib.sh"
 stage python3 -m pip install -q --no-deps --no-build-isolation -e .
 stage python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
 for part in "${@:-smoke host}"; do
   for p in $part; do
     case "$p" in
