@@ -63,11 +63,12 @@ class Report:
 def portable_configs() -> Iterator[KernelConfig]:
     from xkernels.portable import attention_fwd as attn
     from xkernels.portable import gemm
-    from xkernels.portable.configs import ATTENTION_CONFIGS, GEMM_CONFIGS
+    from xkernels.portable.configs import ATTENTION_CONFIGS, GEMM_CONFIGS, attention_config
     from xkernels.recipes import ATTENTION_RECIPES
 
-    for d, cfg in sorted(ATTENTION_CONFIGS.items()):
+    for d in sorted(ATTENTION_CONFIGS):
         for recipe in ATTENTION_RECIPES.values():
+            cfg = attention_config(d, recipe)
             for causal in (False, True):
                 yield KernelConfig(
                     f"portable.attention {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
@@ -115,11 +116,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
 
 def all_configs() -> Iterator[KernelConfig]:
-    """Every shipped config; the Gluon ones only with the triton release they were written for."""
-    from xkernels.common.runtime import TRITON_TESTED
+    """Every shipped config; the Gluon ones on the triton releases in `runtime.GLUON_COMPILES`."""
+    from xkernels.common.runtime import GLUON_COMPILED
 
     yield from portable_configs()
-    if TRITON_TESTED:
+    if GLUON_COMPILED:
         yield from hopper_configs()
 
 

@@ -86,7 +86,7 @@ def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecip
         cfg = _configured(ATTENTION_CONFIGS[head_dim], override.config)
         cfg.check(head_dim, recipe)
         return Choice("hopper", cfg)
-    return Choice("portable", portable_configs.attention_config(head_dim))
+    return Choice("portable", portable_configs.attention_config(head_dim, recipe))
 
 
 def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str):

@@ -18,12 +18,15 @@ def run_inspect(kernel: str, json_path: str | None) -> int:
         return 2
     import triton
 
-    from xkernels.common.runtime import TESTED_TRITON
+    from xkernels.common.runtime import GLUON_COMPILES, TESTED_TRITON
     from xkernels.inspection import SASS_OPS, all_configs, analyse
 
-    if not triton.__version__.startswith(TESTED_TRITON):
-        console.print(f"[yellow]triton {triton.__version__}: the Gluon (hopper.*) configs are written for triton "
-                      f"{'/'.join(TESTED_TRITON)}x and are not compiled here; kernel selection never runs them either")
+    if not triton.__version__.startswith(GLUON_COMPILES):
+        console.print(f"[yellow]triton {triton.__version__}: the Gluon (hopper.*) configs compile on triton "
+                      f"{'/'.join(GLUON_COMPILES)}x and are not compiled here; kernel selection never runs them either")
+    elif not triton.__version__.startswith(TESTED_TRITON):
+        console.print(f"[yellow]triton {triton.__version__}: the Gluon configs compile here, but they run only on "
+                      f"triton {'/'.join(TESTED_TRITON)}x until a GPU run covers this release")
     configs = [c for c in all_configs() if kernel == "all" or f".{kernel} " in c.name]
     reports = [analyse(c) for c in track(configs, description="compiling for sm_90", console=console,
                                          transient=True)]

@@ -8,7 +8,8 @@ kernel's in-kernel descriptors need comes from PyTorch's caching allocator (no `
 descriptors are encoded once per (address, shape, strides) and cached as bytes, never holding the tensor.
 
 The direct path reads Triton's generated CUDA launcher, so it is used only on the triton releases in
-`runtime.TESTED_TRITON`; elsewhere (the interpreter, AMD, Intel, newer triton) launches take Triton's generic path.
+`runtime.TESTED_TRITON`; elsewhere (the interpreter, AMD, Intel, triton 3.7 until a GPU run covers its launcher)
+launches take Triton's generic path.
 XKERNELS_DIRECT_LAUNCH=0 (read at import) sends every launch through the generic path, to compare the two.
 """
 

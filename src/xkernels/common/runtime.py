@@ -12,10 +12,17 @@ import triton
 # triton decides at decoration time whether @triton.jit interprets; read the switch the same way, once.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
-# Gluon's API changed between triton 3.5, 3.6 and later; the Hopper kernels run only on releases they were run on.
-# The direct launcher (common/launch.py) reads Triton's generated launcher the same way, so it follows this list.
+# The version policy. Gluon's API and Triton's launcher change between releases, so:
+#  - the Hopper (Gluon) kernels run, and the direct launcher (common/launch.py, which calls the launcher Triton
+#    generates) is used, only on releases they were run on a GPU with (TESTED_TRITON);
+#  - CI compiles every Gluon config on the releases in GLUON_COMPILES (`xkernels inspect`), so a release is added
+#    to TESTED_TRITON only after it compiles spill-free and its GPU tests pass on a device.
+# Triton 3.7.x (torch 2.13's pin) compiles; its launcher takes another calling convention, and no GPU run has
+# covered it yet.
 TESTED_TRITON = ("3.6.",)
+GLUON_COMPILES = ("3.6.", "3.7.")
 TRITON_TESTED: bool = triton.__version__.startswith(TESTED_TRITON)
+GLUON_COMPILED: bool = triton.__version__.startswith(GLUON_COMPILES)
 
 
 @functools.cache

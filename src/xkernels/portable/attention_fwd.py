@@ -93,6 +93,6 @@ def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bo
                 write_lse: bool) -> tuple[int, dict[str, object], dict[str, int], AttentionConfig]:
     """(grid, constexprs, launch options, config) for `attention_fwd_kernel`; its runtime arguments are
     `plans.attention_args` (shared with the Hopper kernel)."""
-    cfg = attention_config(head_dim)
+    cfg = attention_config(head_dim, recipe)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
     return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse), cfg.options(), cfg

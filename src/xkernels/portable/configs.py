@@ -56,14 +56,21 @@ class GemmConfig:
 # quick and tests at S = 17, 129 cross several tiles, the diagonal and the tails.
 ATTENTION_CONFIGS = {64: AttentionConfig(128, 128, 8, 3), 128: AttentionConfig(128, 128, 8, 3),
                      256: AttentionConfig(128, 64, 8, 2)}
+# Recipes that convert V in-kernel (bf16io) hold the converted tile too: at D256 a 64-key tile spills under triton
+# 3.7 (8-16 bytes of stack), a 32-key one compiles spill-free under 3.6 and 3.7.
+CONVERTING_V_CONFIGS = {256: AttentionConfig(128, 32, 8, 2)}
 ATTENTION_INTERPRETED = AttentionConfig(32, 16, 4, 1)
 # By output element size: a 128x256 fp32 C tile plus three A/B stages would overflow 227 KB of shared memory.
 GEMM_CONFIGS = {2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)}
 GEMM_INTERPRETED = GemmConfig(32, 32, 32, 4, 1, group_m=2)
 
 
-def attention_config(head_dim: int) -> AttentionConfig:
-    return ATTENTION_INTERPRETED if INTERPRET else ATTENTION_CONFIGS[head_dim]
+def attention_config(head_dim: int, recipe: AttentionRecipe) -> AttentionConfig:
+    if INTERPRET:
+        return ATTENTION_INTERPRETED
+    if recipe.converts_v and head_dim in CONVERTING_V_CONFIGS:
+        return CONVERTING_V_CONFIGS[head_dim]
+    return ATTENTION_CONFIGS[head_dim]
 
 
 def gemm_config(out_dtype: torch.dtype) -> GemmConfig:
