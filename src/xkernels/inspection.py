@@ -1,8 +1,10 @@
-"""Compile every shipped kernel config for Hopper without a GPU and read what the compiler made of it.
+"""Compile every shipped kernel config for a target without a GPU and read what the compiler made of it.
 
-The seeds' "check for spills before benchmarking" step: registers, stack and local memory (spills), shared memory,
-and counts of the instructions that matter on sm_90 (HGMMA tensor-core ops, UTMALDG/UTMASTG TMA copies, BAR
-barriers, LDL/STL local-memory traffic) from the cubin through the cuobjdump and nvdisasm that ship in triton's wheel.
+The seeds' "check for spills before benchmarking" step, per target (`common/targets.py`): registers (VGPRs on AMD),
+stack/local memory or scratch (spills), shared memory against the target's limit, and counts of the instructions
+that matter: the matrix instruction (HGMMA on sm_90, HMMA = mma.sync elsewhere on NVIDIA, v_mfma on AMD), TMA or
+async copies, 16-byte and 2-byte global loads, barriers and local-memory traffic. NVIDIA cubins are read with the
+cuobjdump and nvdisasm in triton's wheel, AMD code from the AMDGCN assembly and its metadata.
 """
 
 from __future__ import annotations
@@ -18,9 +20,28 @@ import torch
 import triton
 
 from xkernels.common.dtypes import POINTER_TYPE, SHORT_NAME
+from xkernels.common.targets import TARGETS, Target
 
-TARGET = ("cuda", 90, 32)
-SASS_OPS = ("HGMMA", "UTMALDG", "UTMASTG", "BAR", "LDL", "STL")
+# instruction counts per backend, label -> regex: the matrix op first, then copies and loads (16-byte vs 2-byte),
+# barriers, and local-memory (spill) traffic
+_MATRIX = {"HGMMA": r"\bHGMMA\.", "HMMA": r"\bHMMA\.", "v_mfma": r"\bv_mfma"}
+_SASS_COMMON = {"LDG.128": r"\bLDG\.[\w.]*128\b", "LDG.U16": r"\bLDG\.[\w.]*U16\b", "BAR": r"\bBAR\.",
+                "LDL": r"\bLDL\b", "STL": r"\bSTL\b"}
+SASS_OPS = {"sm_90": {"HGMMA": _MATRIX["HGMMA"], "UTMALDG": r"\bUTMALDG\b", "UTMASTG": r"\bUTMASTG\b",
+                      **_SASS_COMMON},
+            "cuda": {"HMMA": _MATRIX["HMMA"], "UTMALDG": r"\bUTMALDG\b", "LDGSTS": r"\bLDGSTS\b",
+                     "LDGSTS.128": r"\bLDGSTS\.[\w.]*128\b", **_SASS_COMMON}}
+AMDGCN_OPS = {"v_mfma": _MATRIX["v_mfma"], "load_dwordx4": r"_load_dwordx4\b", "load_ushort": r"_load_ushort\b",
+              "ds_read": r"\bds_read", "s_barrier": r"\bs_barrier\b"}
+
+
+def ops_for(target: Target) -> dict[str, str]:
+    return AMDGCN_OPS if target.backend == "hip" else SASS_OPS.get(target.name, SASS_OPS["cuda"])
+
+
+_ATTENTION_DIVISIBLE = ("Q", "K", "V", "O", "LSE", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss", "v_sb", "v_sh",
+                        "v_ss", "o_sb", "o_sh", "o_ss", "SQ", "SKV")
+_GEMM_DIVISIBLE = ("A", "B", "C", "M", "N", "K", "a_sb", "a_sm", "b_sb", "b_s0", "c_sb", "c_sm")
 
 
 def _attention_types(io: torch.dtype, v: torch.dtype | None = None) -> dict[str, str]:
@@ -39,52 +60,77 @@ class KernelConfig:
     num_stages: int = 1
     gluon: bool = False
     spill_free: bool = True  # CI fails when a config marked spill-free spills
+    # runtime arguments compiled as multiples of 16 (the common launch: aligned pointers, sizes and strides), as
+    # Triton's launcher specializes them; the report is of that variant
+    divisible: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Report:
     name: str
-    registers: int
-    stack: int
-    local: int
+    target: str
+    registers: int  # per thread (VGPRs on AMD)
+    stack: int  # NVIDIA stack bytes; AMD private segment (scratch) bytes
+    local: int  # NVIDIA local bytes; AMD VGPRs spilled to scratch (SGPR spills go to VGPR lanes, not memory)
     shared: int
-    sass: dict[str, int]
+    smem_limit: int
+    sass: dict[str, int]  # instruction counts (`ops_for(target)`); named for the SASS it was first read from
+    matrix_op: str
     spill_free_required: bool
 
     @property
     def spills(self) -> bool:
-        return bool(self.stack or self.local or self.sass.get("LDL") or self.sass.get("STL"))
+        """Registers spilled and reloaded: local memory, or any local load. (A stack frame written but never read
+        back is not a spill: on sm_120 in-kernel descriptors are staged through 8 bytes of stack with STL only.)"""
+        if self.sass.get("LDL") is None:  # AMD: scratch or VGPRs spilled to it
+            return bool(self.stack or self.local)
+        return bool(self.local or self.sass["LDL"])
+
+    @property
+    def fits(self) -> bool:
+        return self.shared <= self.smem_limit
 
     @property
     def ok(self) -> bool:
-        return not (self.spill_free_required and self.spills) and self.sass.get("HGMMA", 0) > 0
+        return (not (self.spill_free_required and self.spills) and self.fits
+                and self.sass.get(self.matrix_op, 0) > 0)
+
+    def verdict(self) -> str:
+        if self.ok:
+            return "ok (spills tolerated)" if self.spills else "ok"
+        if not self.fits:
+            return "SHARED MEMORY"
+        return "SPILLS" if self.spills else f"no {self.matrix_op}"
 
 
-def portable_configs() -> Iterator[KernelConfig]:
+def portable_configs(target: Target) -> Iterator[KernelConfig]:
     from xkernels.portable import attention_fwd as attn
     from xkernels.portable import gemm
-    from xkernels.portable.configs import ATTENTION_CONFIGS, GEMM_CONFIGS, attention_config
+    from xkernels.portable.configs import attention_config, gemm_config, table_for
     from xkernels.recipes import ATTENTION_RECIPES
+    from xkernels.validation import HEAD_DIMS
 
-    for d in sorted(ATTENTION_CONFIGS):
+    for d in HEAD_DIMS:
         for recipe in ATTENTION_RECIPES.values():
-            cfg = attention_config(d, recipe)
+            cfg = attention_config(d, recipe, target, interpret=False)
             for causal in (False, True):
                 yield KernelConfig(
                     f"portable.attention {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
                     attn.attention_fwd_kernel, _attention_types(recipe.io_dtype),
                     cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
-                    cfg.num_warps, cfg.num_stages)
+                    cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
+                    spill_free=table_for(target).spill_free("attention", d))
     for dtype, out in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
                        (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
-        g = GEMM_CONFIGS[out.itemsize]
+        g = gemm_config(out, target, interpret=False)
         dt = SHORT_NAME[dtype]
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):
                 yield KernelConfig(
                     f"portable.gemm {dt}->{SHORT_NAME[out]} {lay} {walk} {g}", gemm.gemm_kernel,
                     {"A": POINTER_TYPE[dtype], "B": POINTER_TYPE[dtype], "C": POINTER_TYPE[out]},
-                    g.constexprs(lay, walk, interpret=False), g.num_warps, g.num_stages)
+                    g.constexprs(lay, walk, interpret=False), g.num_warps, g.num_stages, divisible=_GEMM_DIVISIBLE,
+                    spill_free=table_for(target).spill_free("gemm", out.itemsize))
 
 
 def hopper_configs() -> Iterator[KernelConfig]:
@@ -115,24 +161,26 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                    c.constexprs(lay, walk), c.num_warps, gluon=True)
 
 
-def all_configs() -> Iterator[KernelConfig]:
-    """Every shipped config; the Gluon ones on the triton releases in `runtime.GLUON_COMPILES`."""
+def all_configs(target: Target = TARGETS["sm_90"]) -> Iterator[KernelConfig]:
+    """Every config shipped for `target`: the portable ones the target's config tables pick, and on sm_90 the Gluon
+    ones (on the triton releases in `runtime.GLUON_COMPILES`)."""
     from xkernels.common.runtime import GLUON_COMPILED
 
-    yield from portable_configs()
-    if GLUON_COMPILED:
+    yield from portable_configs(target)
+    if GLUON_COMPILED and target.name == "sm_90":
         yield from hopper_configs()
 
 
-def compile_config(cfg: KernelConfig):
+def compile_config(cfg: KernelConfig, target: Target = TARGETS["sm_90"]):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.experimental.gluon._runtime import GluonASTSource
 
     sig = {name: "constexpr" if name in cfg.constexprs else cfg.arg_types.get(name, "i32")
            for name in cfg.fn.arg_names}
-    src = (GluonASTSource if cfg.gluon else ASTSource)(cfg.fn, sig, constexprs=cfg.constexprs)
-    return triton.compile(src, target=GPUTarget(*TARGET),
+    attrs = {(cfg.fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in cfg.divisible}
+    src = (GluonASTSource if cfg.gluon else ASTSource)(cfg.fn, sig, constexprs=cfg.constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget(*target.gpu_target),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
@@ -140,8 +188,17 @@ def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
 
-def analyse(cfg: KernelConfig) -> Report:
-    compiled = compile_config(cfg)
+def analyse(cfg: KernelConfig, target: Target = TARGETS["sm_90"]) -> Report:
+    compiled = compile_config(cfg, target)
+    if target.backend == "hip":
+        asm = compiled.asm["amdgcn"]
+        meta = dict(re.findall(r"^\s*\.(vgpr_count|vgpr_spill_count|private_segment_fixed_size):"
+                               r"\s*(\d+)", asm, re.M))
+        counts = {op: len(re.findall(rx, asm)) for op, rx in AMDGCN_OPS.items()}
+        spills = int(meta.get("vgpr_spill_count", 0))
+        return Report(cfg.name, target.name, int(meta.get("vgpr_count", 0)),
+                      int(meta.get("private_segment_fixed_size", 0)), spills, int(compiled.metadata.shared),
+                      target.smem, counts, target.matrix_op, cfg.spill_free)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -149,6 +206,7 @@ def analyse(cfg: KernelConfig) -> Report:
                              check=True).stdout
         sass = subprocess.run([_tool("nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
     usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", res))
-    counts = {op: len(re.findall(rf"\b{op}(?:\.|\b)", sass)) for op in SASS_OPS}
-    return Report(cfg.name, int(usage.get("REG", 0)), int(usage.get("STACK", 0)), int(usage.get("LOCAL", 0)),
-                  int(compiled.metadata.shared), counts, cfg.spill_free)
+    counts = {op: len(re.findall(rx, sass)) for op, rx in ops_for(target).items()}
+    return Report(cfg.name, target.name, int(usage.get("REG", 0)), int(usage.get("STACK", 0)),
+                  int(usage.get("LOCAL", 0)), int(compiled.metadata.shared), target.smem, counts, target.matrix_op,
+                  cfg.spill_free)

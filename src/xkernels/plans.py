@@ -96,8 +96,8 @@ class AttentionPlan:
                 write_lse=return_lse, cfg=choice.config)
         else:
             self.fn = portable_attention.attention_fwd_kernel
-            self.grid, self.constexprs, self.options, _ = portable_attention.launch_spec(
-                b, hq, sq, d, is_causal=is_causal, recipe=recipe, write_lse=return_lse)
+            self.grid, self.constexprs, self.options = portable_attention.launch_spec(
+                b, hq, sq, d, is_causal=is_causal, recipe=recipe, write_lse=return_lse, cfg=choice.config)
         self.name = f"{choice.layer}.attention[{recipe.name} {choice.config}]"
         self.tail = _constexpr_tail(self.fn, self.constexprs)
         # the fast path: every layout descriptor-ready as it is; its integer arguments follow from the key
@@ -216,8 +216,8 @@ class MatmulPlan:
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
         else:
-            self.grid, self.walk_args, self.constexprs, self.options, _ = portable_gemm.launch_spec(
-                self.problems, self.rows, n, out_dtype=out_dtype, b_layout=b_layout, walk=self.walk)
+            self.grid, self.walk_args, self.constexprs, self.options = portable_gemm.launch_spec(
+                self.problems, self.rows, n, b_layout=b_layout, walk=self.walk, cfg=self.cfg)
             self.fn = portable_gemm.gemm_kernel
             self.ints = (self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1), c_strides[0],
                          c_strides[1], *self.walk_args)

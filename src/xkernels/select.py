@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from xkernels.common.runtime import check_device, hopper_available
+from xkernels.common.runtime import INTERPRET, check_device, hopper_available
+from xkernels.common.targets import Target, device_target
 from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, HopperAttentionConfig, HopperGemmConfig
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
@@ -71,6 +72,13 @@ def _configured(default, config: tuple[tuple[str, int], ...]):
     return dataclasses.replace(default, **dict(config))
 
 
+def _target(device: torch.device) -> Target | None:
+    """The compile target of a CUDA or ROCm device (the portable configs follow it); None elsewhere."""
+    if device.type != "cuda" or INTERPRET:
+        return None
+    return device_target(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @dataclass(frozen=True)
 class Choice:
     layer: str  # "portable" or "hopper"
@@ -86,7 +94,7 @@ def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecip
         cfg = _configured(ATTENTION_CONFIGS[head_dim], override.config)
         cfg.check(head_dim, recipe)
         return Choice("hopper", cfg)
-    return Choice("portable", portable_configs.attention_config(head_dim, recipe))
+    return Choice("portable", portable_configs.attention_config(head_dim, recipe, _target(device)))
 
 
 def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str):
@@ -124,7 +132,7 @@ def select_matmul(device: torch.device, problems: int, dtype: torch.dtype, out_d
         cfg = _configured(GEMM_CONFIG, override.config)
         cfg.check(dtype)
         return Choice("hopper", cfg)
-    return Choice("portable", portable_configs.gemm_config(out_dtype))
+    return Choice("portable", portable_configs.gemm_config(out_dtype, _target(device)))
 
 
 if DEFAULT_BACKEND != "auto":  # a bad XKERNELS_LAYER fails at import, naming the variable

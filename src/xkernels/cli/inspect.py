@@ -1,46 +1,76 @@
-"""`xkernels inspect`: compile each shipped config for sm_90 and report registers, spills, shared memory, SASS."""
+"""`xkernels inspect`: compile each shipped config for one or more targets (no GPU needed) and report registers,
+spills, shared memory against the target's limit, and the instructions that matter there."""
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 
 from rich.console import Console
-from rich.progress import track
+from rich.progress import Progress
 from rich.table import Table
 
+_WORK: list = []  # (config, target) pairs; forked workers inherit them (kernel functions do not pickle)
 
-def run_inspect(kernel: str, json_path: str | None) -> int:
-    console = Console(width=None if sys.stdout.isatty() else 200)
+
+def _analyse(index: int):
+    from xkernels.inspection import analyse
+
+    cfg, target = _WORK[index]
+    return analyse(cfg, target)
+
+
+def run_inspect(kernel: str, targets: list[str], json_path: str | None, jobs: int = 1) -> int:
+    console = Console(width=None if sys.stdout.isatty() else 220)
     if os.environ.get("TRITON_INTERPRET") == "1":
         console.print("[red]inspect compiles kernels: unset TRITON_INTERPRET")
         return 2
     import triton
 
     from xkernels.common.runtime import GLUON_COMPILES, TESTED_TRITON
-    from xkernels.inspection import SASS_OPS, all_configs, analyse
+    from xkernels.common.targets import TARGETS
+    from xkernels.inspection import all_configs, ops_for
 
+    names = list(TARGETS) if "all" in targets else targets
+    unknown = sorted(set(names) - set(TARGETS))
+    if unknown:
+        console.print(f"[red]--target: {unknown} are not among {sorted(TARGETS)}")
+        return 2
     if not triton.__version__.startswith(GLUON_COMPILES):
         console.print(f"[yellow]triton {triton.__version__}: the Gluon (hopper.*) configs compile on triton "
                       f"{'/'.join(GLUON_COMPILES)}x and are not compiled here; kernel selection never runs them either")
     elif not triton.__version__.startswith(TESTED_TRITON):
         console.print(f"[yellow]triton {triton.__version__}: the Gluon configs compile here, but they run only on "
                       f"triton {'/'.join(TESTED_TRITON)}x until a GPU run covers this release")
-    configs = [c for c in all_configs() if kernel == "all" or f".{kernel} " in c.name]
-    reports = [analyse(c) for c in track(configs, description="compiling for sm_90", console=console,
-                                         transient=True)]
-    table = Table(title="Hopper (sm_90) compile report")
-    for col in ("kernel config", "regs", "stack", "local", "shared B", *SASS_OPS, "spill-free req.", "result"):
-        table.add_column(col)
-    for r in reports:
-        verdict = "[green]ok" if r.ok else ("[red]SPILLS" if r.spills else "[red]no HGMMA")
-        table.add_row(r.name, str(r.registers), str(r.stack), str(r.local), str(r.shared),
-                      *(str(r.sass[o]) for o in SASS_OPS), "yes" if r.spill_free_required else "no", verdict)
-    console.print(table)
-    bad = [r for r in reports if not r.ok]
+    _WORK[:] = [(c, TARGETS[t]) for t in names for c in all_configs(TARGETS[t])
+                if kernel == "all" or f".{kernel} " in c.name]
+    context = multiprocessing.get_context("fork")
+    with Progress(console=console, transient=True) as progress, \
+            ProcessPoolExecutor(max(jobs, 1), mp_context=context) as pool:
+        task = progress.add_task(f"compiling for {', '.join(names)}", total=len(_WORK))
+        reports = []
+        for r in pool.map(_analyse, range(len(_WORK))):
+            reports.append(r)
+            progress.advance(task)
+    bad = []
+    for name in names:
+        rows = [r for r in reports if r.target == name]
+        ops = list(ops_for(TARGETS[name]))
+        table = Table(title=f"{name} compile report (shared memory limit {TARGETS[name].smem // 1024} KB)")
+        for col in ("kernel config", "regs", "stack", "local", "shared B", *ops, "result"):
+            table.add_column(col)
+        for r in rows:
+            verdict = r.verdict()
+            table.add_row(r.name, str(r.registers), str(r.stack), str(r.local), str(r.shared),
+                          *(str(r.sass[o]) for o in ops), f"[green]{verdict}" if r.ok else f"[red]{verdict}")
+        console.print(table)
+        bad += [r for r in rows if not r.ok]
     console.print(f"{len(reports) - len(bad)} passed, {len(bad)} failed")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump([r.__dict__ | {"spills": r.spills, "ok": r.ok} for r in reports], f, indent=1)
+            json.dump([r.__dict__ | {"spills": r.spills, "ok": r.ok, "verdict": r.verdict()} for r in reports], f,
+                      indent=1)
     return 1 if bad else 0

@@ -34,7 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", metavar="DIR", default="bench-out", help="folder for the JSON, Markdown and PNG")
     p.add_argument("--json", metavar="PATH", help="JSON path (default: DIR/bench.json)")
 
-    p = sub.add_parser("inspect", help="compile each kernel config for Hopper (no GPU needed): registers, spills, SASS")
+    p = sub.add_parser("inspect", help="compile each kernel config for a target (no GPU needed): registers, spills, "
+                                       "shared memory, instruction counts")
+    p.add_argument("--target", action="append", default=None, metavar="NAME",
+                   help="sm_90 (default), sm_80, sm_89, sm_120, gfx942, gfx950, or all; repeatable")
+    p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="compiles in parallel")
     p.add_argument("--kernel", choices=["all", "attention", "gemm"], default="all")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
 
@@ -51,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(device, args)
     from xkernels.cli.inspect import run_inspect
 
-    return run_inspect(args.kernel, args.json)
+    return run_inspect(args.kernel, args.target or ["sm_90"], args.json, args.jobs)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from xkernels.common.seqlen import kv_bounds
-from xkernels.portable.configs import AttentionConfig, attention_config
+from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.dot import mma
 from xkernels.recipes import AttentionRecipe
 
@@ -46,7 +46,8 @@ def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, qk_scale, SK
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["HQ", "GROUP", "SQ", "SKV"])  # one compile serves every sequence length
+# SQ and SKV are specialized (divisible by 16 or not), as M, N, K in the GEMM: vector loads where TMA is absent
+@triton.jit(do_not_specialize=["HQ", "GROUP"])
 def attention_fwd_kernel(Q, K, V, O, LSE,
                          q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
                          HQ, GROUP, SQ, SKV, qk_scale,
@@ -90,9 +91,8 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
-                write_lse: bool) -> tuple[int, dict[str, object], dict[str, int], AttentionConfig]:
-    """(grid, constexprs, launch options, config) for `attention_fwd_kernel`; its runtime arguments are
-    `plans.attention_args` (shared with the Hopper kernel)."""
-    cfg = attention_config(head_dim, recipe)
+                write_lse: bool, cfg: AttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
+    """(grid, constexprs, launch options) for `attention_fwd_kernel` with the config `select` chose; its runtime
+    arguments are `plans.attention_args` (shared with the Hopper kernel)."""
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
-    return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse), cfg.options(), cfg
+    return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse), cfg.options()

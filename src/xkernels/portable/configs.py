@@ -1,13 +1,15 @@
-"""Tile configs of the portable kernels: a pure function of the problem (and of interpreter mode)."""
+"""Tile configs of the portable kernels: a pure function of the problem and the target (and interpreter mode)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from xkernels.common.dtypes import TL_DTYPE
 from xkernels.common.runtime import INTERPRET
+from xkernels.common.targets import Target
 from xkernels.recipes import AttentionRecipe
 
 
@@ -52,26 +54,85 @@ class GemmConfig:
         return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
 
 
-# Compiled: Hopper-sized tiles checked spill-free by `xkernels inspect`. Interpreted: small tiles so the CPU run is
-# quick and tests at S = 17, 129 cross several tiles, the diagonal and the tails.
-ATTENTION_CONFIGS = {64: AttentionConfig(128, 128, 8, 3), 128: AttentionConfig(128, 128, 8, 3),
-                     256: AttentionConfig(128, 64, 8, 2)}
-# Recipes that convert V in-kernel (bf16io) hold the converted tile too: at D256 a 64-key tile spills under triton
-# 3.7 (8-16 bytes of stack), a 32-key one compiles spill-free under 3.6 and 3.7.
-CONVERTING_V_CONFIGS = {256: AttentionConfig(128, 32, 8, 2)}
+@dataclass(frozen=True)
+class ConfigTable:
+    """The portable configs of one family of targets, each checked by `xkernels inspect --target` (CI): spill-free
+    and within the family's shared memory for every recipe, head dim, mask, dtype and layout."""
+
+    attention: dict[int, AttentionConfig]  # by head dim
+    converting_v: dict[int, AttentionConfig]  # by head dim, where bf16io's in-kernel V conversion needs its own
+    gemm: dict[int, GemmConfig]  # by output element size
+    # configs that spill a little on this family and ship anyway (the report still says SPILLS): "attention-<head
+    # dim>" or "gemm-<output element size>"
+    tolerated_spills: frozenset[str] = frozenset()
+
+    def spill_free(self, kernel: str, key: int) -> bool:
+        return f"{kernel}-{key}" not in self.tolerated_spills
+
+
+# sm_90 (227 KB): Hopper-sized tiles. bf16io at D256 holds the converted V tile too: a 64-key tile spills under
+# triton 3.7 (8-16 bytes of stack), a 32-key one does not. A 128x256 fp32 C tile plus three A/B stages would
+# overflow 227 KB, so fp32 outputs take 128x128.
+HOPPER = ConfigTable(
+    attention={64: AttentionConfig(128, 128, 8, 3), 128: AttentionConfig(128, 128, 8, 3),
+               256: AttentionConfig(128, 64, 8, 2)},
+    converting_v={256: AttentionConfig(128, 32, 8, 2)},
+    gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)})
+# sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
+# register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
+# 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.
+AMPERE = ConfigTable(
+    attention={64: AttentionConfig(128, 64, 8, 2), 128: AttentionConfig(128, 32, 8, 2),
+               256: AttentionConfig(64, 64, 8, 2)},
+    converting_v={},
+    gemm={2: GemmConfig(128, 128, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)})
+# fp32-output GEMMs on sm_89: ptxas keeps 128 registers per thread and reloads one or two values from local memory
+# in some walk orders, for every tile shape tried (128x128, 128x64, 64x128); tolerated rather than shrunk further.
+ADA = ConfigTable(
+    attention={64: AttentionConfig(128, 64, 8, 2), 128: AttentionConfig(128, 32, 8, 2),
+               256: AttentionConfig(64, 32, 8, 2)},
+    converting_v={},
+    gemm={2: GemmConfig(128, 128, 32, 8, 3), 4: GemmConfig(128, 128, 32, 8, 2)},
+    tolerated_spills=frozenset({"gemm-4"}))
+# sm_120 (99 KB): as sm_89, but triton 3.6 spills hundreds of bytes at D256 with 64-row blocks (and 32-row blocks
+# with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants.
+BLACKWELL_CONSUMER = dataclasses.replace(ADA, attention={**ADA.attention, 256: AttentionConfig(32, 16, 4, 1)},
+                                         tolerated_spills=frozenset({"gemm-4", "attention-256"}))
+# AMD CDNA (wave64): 4 warps keep 512 VGPRs per thread available (8 warps halve it and spill); gfx942's 64 KB of
+# LDS holds a 64-row D256 block with 32-key tiles, not 64-key ones.
+CDNA = ConfigTable(
+    attention={64: AttentionConfig(128, 64, 4, 2), 128: AttentionConfig(128, 32, 4, 2),
+               256: AttentionConfig(64, 32, 4, 2)},
+    converting_v={},
+    gemm={2: GemmConfig(128, 128, 64, 4, 2), 4: GemmConfig(128, 128, 32, 4, 2)})
+# Interpreted: small tiles so the CPU run is quick and tests at S = 17, 129 cross several tiles, the diagonal and
+# the tails.
 ATTENTION_INTERPRETED = AttentionConfig(32, 16, 4, 1)
-# By output element size: a 128x256 fp32 C tile plus three A/B stages would overflow 227 KB of shared memory.
-GEMM_CONFIGS = {2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)}
 GEMM_INTERPRETED = GemmConfig(32, 32, 32, 4, 1, group_m=2)
 
 
-def attention_config(head_dim: int, recipe: AttentionRecipe) -> AttentionConfig:
-    if INTERPRET:
+def table_for(target: Target | None) -> ConfigTable:
+    """The family a target belongs to, by backend and shared memory; no target (XPU, or unknown): Hopper's."""
+    if target is None:
+        return HOPPER
+    if target.backend == "hip":
+        return CDNA
+    if target.smem >= 200 * 1024:
+        return HOPPER
+    if target.smem >= 160 * 1024:
+        return AMPERE
+    return BLACKWELL_CONSUMER if isinstance(target.arch, int) and target.arch >= 120 else ADA
+
+
+def attention_config(head_dim: int, recipe: AttentionRecipe, target: Target | None = None,
+                     interpret: bool = INTERPRET) -> AttentionConfig:
+    if interpret:
         return ATTENTION_INTERPRETED
-    if recipe.converts_v and head_dim in CONVERTING_V_CONFIGS:
-        return CONVERTING_V_CONFIGS[head_dim]
-    return ATTENTION_CONFIGS[head_dim]
+    table = table_for(target)
+    if recipe.converts_v and head_dim in table.converting_v:
+        return table.converting_v[head_dim]
+    return table.attention[head_dim]
 
 
-def gemm_config(out_dtype: torch.dtype) -> GemmConfig:
-    return GEMM_INTERPRETED if INTERPRET else GEMM_CONFIGS[out_dtype.itemsize]
+def gemm_config(out_dtype: torch.dtype, target: Target | None = None, interpret: bool = INTERPRET) -> GemmConfig:
+    return GEMM_INTERPRETED if interpret else table_for(target).gemm[out_dtype.itemsize]

@@ -6,16 +6,17 @@ bounds (loads past the edge read zeros, stores past it are clipped). A leading b
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
 from xkernels.common.tile_walk import tile_coords, zorder_grid
-from xkernels.portable.configs import GemmConfig, gemm_config
+from xkernels.portable.configs import GemmConfig
 from xkernels.portable.dot import mma
 
 
-@triton.jit(do_not_specialize=["M", "N", "K", "programs"])  # one compile serves every problem size
+# M, N and K are specialized (divisible by 16 or not): on targets without TMA the descriptor loads vectorize (16-byte
+# loads, cp.async on sm_80) only when the bounds are known to be multiples of 16
+@triton.jit(do_not_specialize=["programs"])
 def gemm_kernel(A, B, C, M, N, K, a_sb, a_sm, b_sb, b_s0, c_sb, c_sm, programs, z_bits, z_tall,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, B_NK: tl.constexpr,
                 WALK: tl.constexpr, GROUP_M: tl.constexpr, INTERPRET: tl.constexpr):
@@ -48,10 +49,10 @@ def gemm_kernel(A, B, C, M, N, K, a_sb, a_sm, b_sb, b_s0, c_sb, c_sm, programs, 
         c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
 
 
-def launch_spec(batch: int, m: int, n: int, *, out_dtype: torch.dtype, b_layout: str,
-                walk: str) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int], GemmConfig]:
-    """(grid, (programs, z_bits, z_tall), constexprs, launch options, config) for `gemm_kernel`."""
-    cfg = gemm_config(out_dtype)
+def launch_spec(batch: int, m: int, n: int, *, b_layout: str, walk: str,
+                cfg: GemmConfig) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int]]:
+    """(grid, (programs, z_bits, z_tall), constexprs, launch options) for `gemm_kernel` with the config `select`
+    chose."""
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     walk_args = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
-    return walk_args[0] * batch, walk_args, cfg.constexprs(b_layout, walk), cfg.options(), cfg
+    return walk_args[0] * batch, walk_args, cfg.constexprs(b_layout, walk), cfg.options()
