@@ -1,0 +1,40 @@
+"""The portable config tables: every target family covers every head dim and output size, and a target picks its
+family by backend and shared memory (the compile gate itself is tests/test_inspect.py)."""
+
+import pytest
+import torch
+
+from xkernels.common.targets import TARGETS, Target
+from xkernels.portable import configs
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.validation import HEAD_DIMS
+
+
+@pytest.mark.parametrize("name,family", [("sm_90", configs.HOPPER), ("sm_80", configs.AMPERE), ("sm_89", configs.ADA),
+                                         ("sm_120", configs.BLACKWELL_CONSUMER), ("gfx942", configs.CDNA),
+                                         ("gfx950", configs.CDNA)])
+def test_targets_pick_their_family(name, family):
+    assert configs.table_for(TARGETS[name]) is family
+
+
+def test_unknown_targets_fall_back_by_shared_memory():
+    assert configs.table_for(Target("sm_100", "cuda", 100, 32, 232448, "HMMA")) is configs.HOPPER
+    assert configs.table_for(Target("sm_86", "cuda", 86, 32, 101376, "HMMA")) is configs.ADA
+    assert configs.table_for(None) is configs.HOPPER
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_every_family_covers_every_problem(name):
+    target = TARGETS[name]
+    for d in HEAD_DIMS:
+        for recipe in ATTENTION_RECIPES.values():
+            cfg = configs.attention_config(d, recipe, target, interpret=False)
+            assert cfg.block_m % cfg.block_n == 0 or cfg.block_n % cfg.block_m == 0
+    for dtype in (torch.float16, torch.float32):
+        assert configs.gemm_config(dtype, target, interpret=False).block_k >= 16
+
+
+def test_bf16io_takes_its_own_tiles_where_the_conversion_needs_registers():
+    hopper = TARGETS["sm_90"]
+    assert configs.attention_config(256, ATTENTION_RECIPES["bf16io"], hopper, interpret=False).block_n == 32
+    assert configs.attention_config(256, ATTENTION_RECIPES["bf16"], hopper, interpret=False).block_n == 64
