@@ -20,10 +20,20 @@ from xkernels.testing import attention_inputs, gemm_inputs
 
 CALLS = 2000
 
+# ops declared like xkernels::matmul, to split the dispatcher's cost from ours: a kernel that only allocates, one
+# registered like ours (CPU, CUDA and XPU kernels plus a fake), and one whose kernel runs a cached plan directly
 _lib = torch.library.Library("xkernels_floor", "DEF")
-_lib.define("noop(Tensor a, Tensor b, str s, str t, ScalarType? d, str u) -> Tensor")
+_SCHEMA = "(Tensor a, Tensor b, str s, str t, ScalarType? d, str u) -> Tensor"
+for _name in ("noop", "noop_like_ours", "plan_only"):
+    _lib.define(_name + _SCHEMA)
 _lib.impl("noop", lambda a, b, s, t, d, u: torch.empty((256, 256), dtype=a.dtype, device=a.device), "CUDA")
+for _key in ("CPU", "CUDA", "XPU"):
+    _lib.impl("noop_like_ours", lambda a, b, s, t, d, u: torch.empty((256, 256), dtype=a.dtype, device=a.device), _key)
+torch.library.register_fake("xkernels_floor::noop_like_ours", lambda a, b, s, t, d, u: a.new_empty((256, 256)),
+                            lib=_lib)
 noop = torch.ops.xkernels_floor.noop.default
+noop_like_ours = torch.ops.xkernels_floor.noop_like_ours.default
+plan_only = torch.ops.xkernels_floor.plan_only.default
 
 
 def per_call(fn) -> float:
@@ -50,6 +60,7 @@ def main() -> None:
     xkernels.matmul(a, b)
     xkernels.attention(q, k, v, is_causal=True)
     mm_plan = next(p for p in plans._PLANS.values() if isinstance(p, plans.MatmulPlan))
+    _lib.impl("plan_only", lambda a, b, s, t, d, u: mm_plan.run(a, b, None), "CUDA")
     at_plan = next(p for p in plans._PLANS.values() if isinstance(p, plans.AttentionPlan))
     out = torch.empty(256, 256, dtype=torch.bfloat16, device="cuda")
     rows = {
@@ -57,6 +68,8 @@ def main() -> None:
         "torch.matmul 256^3": lambda: torch.matmul(a, b),
         "SDPA B1 H2 128 D64 causal": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
         "library op, Python kernel returning torch.empty": lambda: noop(a, b, "kn", "auto", None, "auto"),
+        "  same, registered like ours (3 keys + fake)": lambda: noop_like_ours(a, b, "kn", "auto", None, "auto"),
+        "  same, kernel = the cached matmul plan's run": lambda: plan_only(a, b, "kn", "auto", None, "auto"),
         "matmul: plan.run with out given (launch path only)": lambda: mm_plan.run(a, b, out),
         "matmul: plan.run (allocates out)": lambda: mm_plan.run(a, b, None),
         "matmul: plans.matmul (key + lookup + run)": lambda: plans.matmul(a, b, None, b_layout="kn", walk="auto",
