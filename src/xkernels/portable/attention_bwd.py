@@ -1,0 +1,134 @@
+"""Portable flash-attention backward (plain `tl`, pointer loads with masks): preprocess, dK/dV, dQ.
+
+Given the forward's O and natural-log LSE, recompute P = exp(S * scale - LSE) tile by tile (never the S x S matrix):
+  delta_i = sum_d dO_id O_id                           (preprocess, fp32)
+  dV_j = sum_i P_ij dO_i;  dP = dO V^T;  dS = P * (dP - delta);  dK_j = scale * sum_i dS_ij Q_i;  dQ_i = scale * dS K
+One program of the dK/dV kernel owns BLOCK_N keys of one kv head and walks every query head of its GQA group, so dK
+and dV are summed over the group in registers (no atomics, deterministic); one program of the dQ kernel owns BLOCK_M
+query rows of one head. Causal is top-left aligned, as in the forward. Not yet wired to autograd.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from xkernels.portable.dot import mma
+
+
+@triton.jit
+def preprocess_kernel(O, DO, DELTA, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, SQ, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr):
+    m_blocks = tl.cdiv(SQ, BLOCK_M)
+    bh = (tl.program_id(0) // m_blocks).to(tl.int64)
+    b, h = bh // HQ, bh % HQ
+    rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    keep = rows[:, None] < SQ
+    o = tl.load(O + b * o_sb + h * o_sh + rows[:, None] * o_ss + cols[None, :], mask=keep, other=0.0)
+    do = tl.load(DO + b * do_sb + h * do_sh + rows[:, None] * do_ss + cols[None, :], mask=keep, other=0.0)
+    tl.store(DELTA + bh * SQ + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=rows < SQ)
+
+
+@triton.jit
+def _tile(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """A [ROWS, HEAD_DIM] tile of rows start..start+ROWS of a (S, D) head, zero past the sequence end."""
+    rows = start + tl.arange(0, ROWS)
+    cols = tl.arange(0, HEAD_DIM)
+    return tl.load(base + rows[:, None] * s_s + cols[None, :], mask=rows[:, None] < rows_len, other=0.0)
+
+
+@triton.jit
+def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, HQ, HKV, SQ, SKV, scale,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
+                CAUSAL: tl.constexpr, INTERPRET: tl.constexpr):
+    n_blocks = tl.cdiv(SKV, BLOCK_N)
+    bhk = (tl.program_id(0) // n_blocks).to(tl.int64)
+    b, hk = bhk // HKV, bhk % HKV
+    start_n = (tl.program_id(0) % n_blocks) * BLOCK_N
+    keys = start_n + tl.arange(0, BLOCK_N)
+    k = _tile(K + b * k_sb + hk * k_sh, k_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
+    v = _tile(V + b * v_sb + hk * v_sh, v_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0  # causal: earlier queries see none of these keys
+    qk_scale = scale * 1.4426950408889634
+    for g in range(GROUP):
+        h = (hk * GROUP + g).to(tl.int64)
+        bh = b * HQ + h
+        for start_m in range(lo, SQ, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q = _tile(Q + b * q_sb + h * q_sh, q_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
+            do = _tile(DO + b * do_sb + h * do_sh, do_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
+            lse = tl.load(LSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
+            delta = tl.load(DELTA + bh * SQ + rows, mask=rows < SQ, other=0.0)
+            s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+            keep = (rows[:, None] < SQ) & (keys[None, :] < SKV)
+            if CAUSAL:
+                keep = keep & (keys[None, :] <= rows[:, None])
+            p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634), 0.0)
+            dv = mma(tl.trans(p.to(do.dtype)), do, dv, INTERPRET)
+            dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+            ds = p * (dp - delta[:, None])
+            dk = mma(tl.trans(ds.to(q.dtype)), q, dk, INTERPRET)
+    cols = tl.arange(0, HEAD_DIM)
+    keep_n = keys[:, None] < SKV
+    tl.store(DK + b * dk_sb + hk * dk_sh + keys[:, None] * dk_ss + cols[None, :], (dk * scale).to(DK.dtype.element_ty),
+             mask=keep_n)
+    tl.store(DV + b * dv_sb + hk * dv_sh + keys[:, None] * dv_ss + cols[None, :], dv.to(DV.dtype.element_ty),
+             mask=keep_n)
+
+
+@triton.jit
+def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+              do_sb, do_sh, do_ss, dq_sb, dq_sh, dq_ss, HQ, GROUP, SQ, SKV, scale, HEAD_DIM: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INTERPRET: tl.constexpr):
+    m_blocks = tl.cdiv(SQ, BLOCK_M)
+    bh = (tl.program_id(0) // m_blocks).to(tl.int64)
+    b, h = bh // HQ, bh % HQ
+    hk = h // GROUP
+    start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
+    rows = start_m + tl.arange(0, BLOCK_M)
+    q = _tile(Q + b * q_sb + h * q_sh, q_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
+    do = _tile(DO + b * do_sb + h * do_sh, do_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
+    lse = tl.load(LSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
+    delta = tl.load(DELTA + bh * SQ + rows, mask=rows < SQ, other=0.0)
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    hi = tl.minimum(SKV, start_m + BLOCK_M) if CAUSAL else SKV
+    qk_scale = scale * 1.4426950408889634
+    for start_n in range(0, hi, BLOCK_N):
+        keys = start_n + tl.arange(0, BLOCK_N)
+        k = _tile(K + b * k_sb + hk * k_sh, k_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
+        v = _tile(V + b * v_sb + hk * v_sh, v_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
+        s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+        keep = (rows[:, None] < SQ) & (keys[None, :] < SKV)
+        if CAUSAL:
+            keep = keep & (keys[None, :] <= rows[:, None])
+        p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634), 0.0)
+        dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+        ds = p * (dp - delta[:, None])
+        dq = mma(ds.to(k.dtype), k, dq, INTERPRET)
+    cols = tl.arange(0, HEAD_DIM)
+    tl.store(DQ + b * dq_sb + h * dq_sh + rows[:, None] * dq_ss + cols[None, :], (dq * scale).to(DQ.dtype.element_ty),
+             mask=rows[:, None] < SQ)
+
+
+def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, is_causal: bool, scale: float, block_m: int = 32,
+                  block_n: int = 16, num_warps: int = 4, interpret: bool = True) -> None:
+    """Gradients of O = attention(q, k, v) given dO, written into dq, dk, dv (the caller allocates them)."""
+    import torch
+
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    preprocess_kernel[(triton.cdiv(sq, block_m) * b * hq,)](
+        o, do, delta, *o.stride()[:3], *do.stride()[:3], hq, sq, HEAD_DIM=d, BLOCK_M=block_m, num_warps=num_warps)
+    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
+    dkdv_kernel[(triton.cdiv(skv, block_n) * b * hkv,)](
+        q, k, v, do, lse, delta, dk, dv, *common, *dk.stride()[:3], *dv.stride()[:3], hq, hkv, sq, skv, scale,
+        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, GROUP=hq // hkv, CAUSAL=is_causal, INTERPRET=interpret,
+        num_warps=num_warps)
+    dq_kernel[(triton.cdiv(sq, block_m) * b * hq,)](
+        q, k, v, do, lse, delta, dq, *common, *dq.stride()[:3], hq, hq // hkv, sq, skv, scale, HEAD_DIM=d,
+        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=is_causal, INTERPRET=interpret, num_warps=num_warps)
