@@ -97,8 +97,8 @@ def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse
 
 @torch.library.register_fake("xkernels::matmul")
 def _(a, b, b_layout, walk, out_dtype, backend):
-    (batch, m, n, _, dtype), _, _ = resolve_matmul(a, b, None, b_layout=b_layout, out_dtype=out_dtype,
-                                                   backend=backend)
+    (batch, m, n, _, dtype), _ = resolve_matmul(a, b, None, b_layout=b_layout, out_dtype=out_dtype,
+                                                backend=backend)
     return a.new_empty((*batch, m, n), dtype=dtype)
 
 

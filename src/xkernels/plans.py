@@ -188,10 +188,10 @@ def _out_3d(out: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
 
 class MatmulPlan:
     def __init__(self, a, b, out, *, b_layout: str, walk: str, out_dtype, backend: str):
-        (batch, m, n, k, out_dtype), _, choice = select.resolve_matmul(a, b, out, b_layout=b_layout,
-                                                                       out_dtype=out_dtype, backend=backend)
+        (batch, m, n, k, out_dtype), choice = select.resolve_matmul(a, b, out, b_layout=b_layout,
+                                                                    out_dtype=out_dtype, backend=backend)
         self.out_shape, self.out_dtype, self.device = (*batch, m, n), out_dtype, a.device
-        self.batch, self.m, self.n, self.k = batch, m, n, k
+        self.batch, self.n, self.k = batch, n, k
         self.b_layout, self.walk = b_layout, "grouped" if walk == "auto" else walk
         self.trivial = "empty" if math.prod(self.out_shape) == 0 else ("zero-k" if k == 0 else None)
         if self.trivial:

@@ -110,15 +110,15 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):
-    """As `resolve_attention` for matmul. Returns ((batch, M, N, K, out dtype), problems, Choice)."""
+    """As `resolve_attention` for matmul. Returns ((batch, M, N, K, out dtype), Choice)."""
     shape = check_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype)
     check_device(a.device, "a")
     override = parse_backend(backend)
     batch, m, n, k, dtype = shape
     problems = math.prod(batch) if b.dim() > 2 else 1  # a's batch folds into M against a 2-D b
     if a.device.type == "meta" or m * n * math.prod(batch) == 0 or k == 0:
-        return shape, problems, Choice("none", None)
-    return shape, problems, select_matmul(a.device, problems, a.dtype, dtype, override)
+        return shape, Choice("none", None)
+    return shape, select_matmul(a.device, problems, a.dtype, dtype, override)
 
 
 def select_matmul(device: torch.device, problems: int, dtype: torch.dtype, out_dtype: torch.dtype,
