@@ -2,9 +2,16 @@
 # The op layer on the device, in one call: install, a smoke test of both launch paths under a timeout, the op tests
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
-#   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench]"   (default: smoke host)
+#   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
+#                              [train] [bwdbench] [gradacc]"   (default: smoke host)
+# XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
+# and run everything on it.
 set -uo pipefail
 . "$(dirname "$0")/session_lib.sh"
+if [ -n "${XK_TRITON_TARBALL:-}" ]; then
+  mkdir -p /tmp/xk-triton && python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" \
+    "$XK_TRITON_TARBALL" /tmp/xk-triton && export PYTHONPATH=/tmp/xk-triton${PYTHONPATH:+:$PYTHONPATH}
+fi
 stage python3 -m pip install -q --no-deps --no-build-isolation -e .
 stage python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 for part in "${@:-smoke host}"; do
@@ -23,6 +30,12 @@ for part in "${@:-smoke host}"; do
           stage timeout 170 compute-sanitizer --tool "$tool" --error-exitcode 1 --print-limit 20 \
             python3 scripts/small_shapes.py --check
         done ;;
+      grad) stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_backward.py tests/test_ops.py \
+              tests/gpu ;;
+      tiles) stage timeout 300 python3 scripts/bwd_tiles.py --json "$OUT/bwd_tiles.json" ;;
+      gradacc) stage timeout 300 python3 scripts/grad_accuracy.py --json "$OUT/grad_accuracy.json" ;;
+      train) stage timeout 300 python3 examples/train_bytes.py --steps 300 --out "$OUT/train" ;;
+      bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

@@ -74,8 +74,8 @@ def test_compile_raises_the_eager_errors_at_trace_time(device):
     q, k, v = _attention_args(device)
     with pytest.raises(trace_error, match="enable_gqa=True"):
         _compiled(lambda q, k, v: xkernels.attention(q, k, v))(q, k, v)
-    with pytest.raises(trace_error, match="backend: 'hopper' was forced" if device == "cpu" else "consumers=3"):
-        _compiled(lambda q, k, v: xkernels.attention(q, k, v, enable_gqa=True, backend="hopper:consumers=3"))(q, k, v)
+    with pytest.raises(trace_error, match="backend: 'hopper' was forced" if device == "cpu" else "consumers=4"):
+        _compiled(lambda q, k, v: xkernels.attention(q, k, v, enable_gqa=True, backend="hopper:consumers=4"))(q, k, v)
     a, b = gemm_inputs(16, 24, 32, torch.float16, device, seed=4)
     with pytest.raises(trace_error, match="inner dim"):
         _compiled(lambda a, b: xkernels.matmul(a, b, b_layout="nk"))(a, b)
@@ -107,16 +107,16 @@ def test_out_requiring_grad_is_refused_on_every_call(device):
         xkernels.matmul(a, b, out=torch.empty(16, 16, dtype=a.dtype, device=device).requires_grad_())
 
 
-def test_xkernels_layer_is_the_default_backend():
+def test_xkernels_layer_is_the_default_backend(device):
     """XKERNELS_LAYER is read at import as the default of `backend`; a bad value fails at import, naming it."""
     import os
     import subprocess
     import sys
 
     code = ("import torch, xkernels; from xkernels.testing import attention_inputs; "
-            "q, k, v = attention_inputs(1, 1, 8, 8, 64, torch.float16, 'cpu', seed=0); xkernels.attention(q, k, v); "
-            "print(xkernels.last_backend())")
-    env = dict(os.environ, TRITON_INTERPRET="1", XKERNELS_LAYER="portable")
+            f"q, k, v = attention_inputs(1, 1, 8, 8, 64, torch.float16, {device!r}, seed=0); "
+            "xkernels.attention(q, k, v); print(xkernels.last_backend())")
+    env = dict(os.environ, XKERNELS_LAYER="portable", **({"TRITON_INTERPRET": "1"} if device == "cpu" else {}))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().startswith("portable.attention")

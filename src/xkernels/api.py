@@ -53,8 +53,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     query i attends keys j <= i also when Sq != Skv. `enable_gqa` allows Hq a multiple of Hkv. `precision` picks a
     recipe from `xkernels.recipes` ("fp16", "bf16", "bf16io", or "auto": fp16 -> fp16, bf16 -> bf16).
     Returns O (B, Hq, Sq, D) in the input dtype, or (O, LSE) with the natural-log LSE (B, Hq, Sq) fp32 when
-    `return_lse`. `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel
-    ("portable", "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`).
+    `return_lse`. Differentiable in q, k and v through O and the LSE (not with `out`): the forward saves O and the
+    LSE, and the backward recomputes the attention matrix tile by tile; bf16io's backward is the bf16 recipe's.
+    `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
+    "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`).
     """
     # the common call passes this one test; anything else gets the full checks (and their named errors)
     if not (type(is_causal) is bool and type(enable_gqa) is bool and type(return_lse) is bool
@@ -66,9 +68,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        no_grad({"q": q, "k": k, "v": v})
+    if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        # differentiable: the op that also returns the LSE, which the backward needs (ops.py registers it)
+        o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
+        return (o, lse) if return_lse else o
     if out is not None:
+        no_grad({"q": q, "k": k, "v": v}, "a call with out= is not differentiable (as for torch's out= functions)")
         _out(out)
         lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse)
         return (out, lse) if return_lse else out
@@ -98,7 +103,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
     if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        no_grad({"a": a, "b": b})
+        no_grad({"a": a, "b": b}, "xkernels.matmul has no backward (use torch.matmul to train)")
     if out is None:
         return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
     _out(out)

@@ -120,6 +120,7 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                     cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
                     cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
                     spill_free=table_for(target).spill_free("attention", d))
+    yield from _attention_bwd_configs(target)
     for dtype, out in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
                        (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
         g = gemm_config(out, target, interpret=False)
@@ -131,6 +132,31 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                     {"A": POINTER_TYPE[dtype], "B": POINTER_TYPE[dtype], "C": POINTER_TYPE[out]},
                     g.constexprs(lay, walk, interpret=False), g.num_warps, g.num_stages, divisible=_GEMM_DIVISIBLE,
                     spill_free=table_for(target).spill_free("gemm", out.itemsize))
+
+
+_BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss",
+                  "v_sb", "v_sh", "v_ss", "do_sb", "do_sh", "do_ss", "dk_sb", "dk_sh", "dk_ss", "dv_sb", "dv_sh",
+                  "dv_ss", "dq_sb", "dq_sh", "dq_ss", "SQ", "SKV")
+
+
+def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
+    """The two backward kernels per head dim and mask, bf16 (fp16 differs only in the operand type)."""
+    from xkernels.portable import attention_bwd as bwd
+    from xkernels.portable.configs import attention_bwd_config
+    from xkernels.validation import HEAD_DIMS
+
+    p = POINTER_TYPE[torch.bfloat16]
+    types = {"Q": p, "K": p, "V": p, "DO": p, "DK": p, "DV": p, "DQ": p, "LSE": "*fp32", "DELTA": "*fp32",
+             "scale": "fp32"}
+    for d in HEAD_DIMS:
+        cfg = attention_bwd_config(d, target, interpret=False)
+        for causal in (False, True):
+            for name, fn, constexprs in (
+                    ("dkdv", bwd.dkdv_kernel, cfg.dkdv_constexprs(d, causal=causal, interpret=False)),
+                    ("dq", bwd.dq_kernel, cfg.dq_constexprs(d, causal=causal, interpret=False))):
+                yield KernelConfig(f"portable.attention_bwd.{name} bf16 D{d}{' causal' if causal else ''} {cfg}", fn,
+                                   types, constexprs, cfg.num_warps, cfg.num_stages,
+                                   divisible=tuple(a for a in _BWD_DIVISIBLE if a in fn.arg_names))
 
 
 def hopper_configs() -> Iterator[KernelConfig]:

@@ -9,18 +9,25 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, backend) -> O
   xkernels::attention_lse(q, k, v, ...same...) -> (O, LSE)
   xkernels::attention_out(q, k, v, out!, ...same..., return_lse) -> LSE          (writes O into `out`)
+  xkernels::attention_backward(grad_out, q, k, v, out, lse, grad_lse?, ...same...) -> (dQ, dK, dV)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
 LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
 fixed type; the LSE-less op allocates nothing for an LSE.
+
+Autograd: `attention_lse` saves q, k, v, O and the LSE, and its backward calls `attention_backward` (a gradient on
+the LSE output is supported). `attention` has no LSE to save, so its backward first recomputes the forward with the
+LSE; the public `xkernels.attention` therefore calls `attention_lse` whenever an input requires grad. The ops with
+`out` are not differentiable, like torch's out= functions. Registered with `torch.library.register_autograd`, so
+`torch.compile` traces the backward too.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xkernels import plans
-from xkernels.select import resolve_attention, resolve_matmul
+from xkernels import backward, plans
+from xkernels.select import resolve_attention, resolve_attention_backward, resolve_matmul
 from xkernels.validation import check_out_memory, check_out_storage
 
 _lib = torch.library.Library("xkernels", "DEF")
@@ -29,6 +36,8 @@ _MM_ARGS = "str b_layout, str walk, ScalarType? out_dtype, str backend"
 _lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> Tensor")
 _lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> (Tensor, Tensor)")
 _lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse) -> Tensor")
+_lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            f"Tensor? grad_lse, {_ATTN_ARGS}) -> (Tensor, Tensor, Tensor)")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
 _DEVICES = ("CPU", "CUDA", "XPU")
@@ -56,6 +65,11 @@ def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backen
     return q.new_empty(0, dtype=torch.float32) if lse is None else lse
 
 
+def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend):
+    return backward.attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal, scale=scale,
+                                       enable_gqa=enable_gqa, precision=precision, backend=backend)
+
+
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
     return plans.matmul(a, b, None, b_layout=b_layout, walk=walk, out_dtype=out_dtype, backend=backend)
 
@@ -68,6 +82,7 @@ def _matmul_out(a, b, out, b_layout, walk, out_dtype, backend):
 _register("attention", _attention)
 _register("attention_lse", _attention_lse)
 _register("attention_out", _attention_out)
+_register("attention_backward", _attention_backward)
 _register("matmul", _matmul)
 _register("matmul_out", _matmul_out)
 
@@ -95,6 +110,13 @@ def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse
     return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
 
 
+@torch.library.register_fake("xkernels::attention_backward")
+def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend):
+    resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa, precision=precision,
+                               backend=backend)
+    return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
+
+
 @torch.library.register_fake("xkernels::matmul")
 def _(a, b, b_layout, walk, out_dtype, backend):
     (batch, m, n, _, dtype), _ = resolve_matmul(a, b, None, b_layout=b_layout, out_dtype=out_dtype,
@@ -108,8 +130,41 @@ def _(a, b, out, b_layout, walk, out_dtype, backend):
     check_out_storage(out, {"a": a, "b": b})
 
 
+# ---- autograd -------------------------------------------------------------------------------------------------------
+
+def _save_lse(ctx, inputs, output) -> None:
+    q, k, v, *flags = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.flags = flags  # is_causal, scale, enable_gqa, precision, backend
+
+
+def _backward_lse(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None:  # only the LSE reached the loss
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
+    return dq, dk, dv, None, None, None, None, None
+
+
+def _save_inputs(ctx, inputs, output) -> None:
+    q, k, v, *flags = inputs
+    ctx.save_for_backward(q, k, v)
+    ctx.flags = flags
+
+
+def _backward_recompute(ctx, grad_out):
+    q, k, v = ctx.saved_tensors
+    out, lse = attention_lse_op(q, k, v, *ctx.flags)
+    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, None, *ctx.flags)
+    return dq, dk, dv, None, None, None, None, None
+
+
+torch.library.register_autograd("xkernels::attention_lse", _backward_lse, setup_context=_save_lse)
+torch.library.register_autograd("xkernels::attention", _backward_recompute, setup_context=_save_inputs)
+
 attention_op = torch.ops.xkernels.attention.default
 attention_lse_op = torch.ops.xkernels.attention_lse.default
 attention_out_op = torch.ops.xkernels.attention_out.default
+attention_backward_op = torch.ops.xkernels.attention_backward.default
 matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default

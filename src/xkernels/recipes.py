@@ -22,6 +22,9 @@ class AttentionRecipe:
     max_abs_diff: float  # seeds' bound, inputs U(-0.5, 0.5)
     rel_rms: float  # ||out - ref|| / ||ref||: rules out the all-zero output the max-diff bound alone lets pass
     summary: str
+    # backward: rel-RMS of each of dQ, dK, dV against float64 autograd, and the bound on any one row of them
+    grad_rel_rms: float = 0.0
+    grad_row_rel: float = 0.0
 
     @property
     def converts_v(self) -> bool:
@@ -34,21 +37,35 @@ class AttentionRecipe:
         return 5 * self.rel_rms
 
 
+# Backward bounds (rel-RMS, worst row), inputs and dO uniform in (-0.5, 0.5); benchmarks/results/h200/2026-11-30/
+# 9-triton-3.7.1/grad_accuracy.json has ours, SDPA-cuDNN's and FA2's against float64 on the same inputs.
+#  - rel-RMS: at most 3.0e-4 (fp16) and 2.4e-3 (bf16) on the H200 for all three; 3.7e-4 and 6.9e-3 under the
+#    interpreter, which truncates fp32 -> bf16 where GPUs round.
+#  - worst row: fp16 at most 4.4e-3. bf16 causal dQ: 0.19 for all three kernels: the first queries see few keys,
+#    and their dS = P (dP - delta) cancels, so the bf16 rounding of P and dO is amplified in rows whose true dQ is
+#    small (the per-row floor is 5 % of the RMS row norm). The bf16 row bound sits above that, and still fails a
+#    row computed wrong (a wrong row is off by its own size, ~1).
+GRAD_BOUNDS = {"fp16": (2e-3, 1e-2), "bf16": (2e-2, 0.3)}
+
 # P.V accumulates in fp32 in every recipe of the portable layer (the seeds' fp16 accumulator saved registers on Xe2;
 # the Hopper fast path measures it as an option).
 ATTENTION_RECIPES: dict[str, AttentionRecipe] = {
     "fp16": AttentionRecipe(
         "fp16", torch.float16, torch.float16, torch.float16, max_abs_diff=0.05, rel_rms=2e-3,
-        summary="fp16 I/O; S in fp32; P and V fp16; P.V accumulated in fp32",
+        summary="fp16 I/O; S in fp32; P and V fp16; P.V accumulated in fp32", grad_rel_rms=GRAD_BOUNDS["fp16"][0],
+        grad_row_rel=GRAD_BOUNDS["fp16"][1],
     ),
     "bf16": AttentionRecipe(
         "bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, max_abs_diff=0.15, rel_rms=1e-2,
-        summary="bf16 I/O; S in fp32; P and V bf16; P.V accumulated in fp32",
+        summary="bf16 I/O; S in fp32; P and V bf16; P.V accumulated in fp32", grad_rel_rms=GRAD_BOUNDS["bf16"][0],
+        grad_row_rel=GRAD_BOUNDS["bf16"][1],
     ),
     "bf16io": AttentionRecipe(
         "bf16io", torch.bfloat16, torch.bfloat16, torch.float16, max_abs_diff=0.15, rel_rms=5e-3,
         summary="bf16 I/O; QK^T from bf16 (fp32 acc); P fp16, V bf16->fp16 in-kernel; P.V accumulated in fp32. "
-        "Needs |V| <= 65504 (fp16 range): larger V gives inf/NaN in the output, never a finite wrong value",
+        "Needs |V| <= 65504 (fp16 range): larger V gives inf/NaN in the output, never a finite wrong value. "
+        "Its backward is the bf16 recipe's (bf16 operands, fp32 accumulation)", grad_rel_rms=GRAD_BOUNDS["bf16"][0],
+        grad_row_rel=GRAD_BOUNDS["bf16"][1],
     ),
 }
 

@@ -21,7 +21,7 @@ from xkernels.common.targets import Target, device_target
 from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, HopperAttentionConfig, HopperGemmConfig
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
-from xkernels.validation import check_attention, check_matmul
+from xkernels.validation import check_attention, check_attention_backward, check_matmul
 
 LAYERS = ("portable", "hopper")
 DEFAULT_BACKEND: str = os.environ.get("XKERNELS_LAYER") or "auto"
@@ -107,6 +107,20 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
     return recipe, select_attention(q.device, int(q.shape[-1]), recipe, override)
+
+
+def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
+                               backend: str):
+    """The backward's checks and kernel choice, for the real and the fake kernel alike. Only the portable layer has a
+    backward so far; `backend` is still parsed (a bad one raises), and a forced layer without a backward kernel
+    runs the portable one (`last_backend()` names it). Returns (recipe, Choice)."""
+    recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
+                                      precision=precision)
+    check_device(q.device, "q")
+    parse_backend(backend)
+    if q.device.type == "meta":
+        return recipe, Choice("meta", None)
+    return recipe, Choice("portable", portable_configs.attention_bwd_config(int(q.shape[-1]), _target(q.device)))
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):

@@ -71,12 +71,11 @@ def check_precision(precision: object) -> str:
     return precision
 
 
-def no_grad(named: dict[str, torch.Tensor | None]) -> None:
+def no_grad(named: dict[str, torch.Tensor | None], why: str) -> None:
     if torch.is_grad_enabled():
         for name, t in named.items():
             if t is not None and t.requires_grad:
-                raise ValueError(f"{name}: requires grad, but xkernels has forward kernels only (no backward yet); "
-                                 "call under torch.no_grad() or detach it")
+                raise ValueError(f"{name}: requires grad, but {why}; call under torch.no_grad() or detach it")
 
 
 # ---- tensor metadata (fake-safe) -----------------------------------------------------------------------------------
@@ -135,6 +134,33 @@ def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
         raise ValueError("k: sequence length is 0; softmax over no keys is undefined")
     recipe = resolve_attention_recipe(precision, q.dtype)
     check_out(out, q.shape, q.dtype, q.device)
+    return recipe
+
+
+def check_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor | None, *,
+                             enable_gqa: bool, precision: str) -> AttentionRecipe:
+    """Validate the backward's tensors against the forward's (q, k, v as in `check_attention`; O and dO shaped and
+    typed like q; the LSE and its gradient (B, Hq, Sq) fp32); return the forward's recipe."""
+    recipe = check_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision)
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        tensor(t, name)
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"{name}: shape {tuple(t.shape)} does not match q's {tuple(q.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} does not match q's {q.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on device {t.device}, but q is on {q.device}")
+    for name, t in (("lse", lse), ("grad_lse", grad_lse)):
+        if t is None:
+            continue
+        tensor(t, name)
+        if tuple(t.shape) != tuple(q.shape[:3]):
+            raise ValueError(f"{name}: shape {tuple(t.shape)} is not (B, Hq, Sq) = {tuple(q.shape[:3])}")
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name}: dtype {t.dtype} is not torch.float32")
+        if t.device != q.device:
+            raise ValueError(f"{name}: on device {t.device}, but q is on {q.device}")
     return recipe
 
 

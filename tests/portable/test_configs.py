@@ -32,6 +32,9 @@ def test_every_family_covers_every_problem(name):
             assert cfg.block_m % cfg.block_n == 0 or cfg.block_n % cfg.block_m == 0
     for dtype in (torch.float16, torch.float32):
         assert configs.gemm_config(dtype, target, interpret=False).block_k >= 16
+    for d in HEAD_DIMS:
+        bwd = configs.attention_bwd_config(d, target, interpret=False)
+        assert min(bwd.kv_m, bwd.kv_n, bwd.q_m, bwd.q_n) >= 16
 
 
 def test_bf16io_takes_its_own_tiles_where_the_conversion_needs_registers():

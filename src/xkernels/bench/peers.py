@@ -6,9 +6,10 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 
-from xkernels.testing.cases import AttentionCase, Case, GemmCase
+from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, GemmCase
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,37 @@ def _sdpa_peer(name: str, backend_name: str, case: AttentionCase) -> Peer:
     return Peer(name, lambda: sdpa_kernel([backend]), lambda x: x, fn)
 
 
+def _sdpa_grad_peer(name: str, backend_name: str, case: AttentionGradCase) -> Peer:
+    """The same step as ours through SDPA: prepared (for "bwd": the forward run once, its graph kept) under the
+    forced backend, so the timed backward is that backend's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = getattr(SDPBackend, backend_name)
+    gqa = case.hq != case.hkv
+
+    def forward(q, k, v):
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        return F.scaled_dot_product_attention(*leaves, is_causal=case.causal, enable_gqa=gqa), leaves
+
+    def prepare(inputs):
+        if case.step != "bwd":
+            return inputs
+        q, k, v, do = inputs
+        with sdpa_kernel([backend]):
+            o, leaves = forward(q, k, v)
+        return o, leaves, do
+
+    def fn(prepared):
+        if case.step == "bwd":
+            o, leaves, do = prepared
+            return torch.autograd.grad(o, leaves, do, retain_graph=True)
+        q, k, v, do = prepared
+        o, leaves = forward(q, k, v)
+        return torch.autograd.grad(o, leaves, do)
+
+    return Peer(name, lambda: sdpa_kernel([backend]), prepare, fn)
+
+
 def _flash_attn_peer(case: AttentionCase) -> Peer | None:
     try:
         from flash_attn import flash_attn_func
@@ -48,6 +80,10 @@ def peers_for(case: Case) -> list[Peer]:
         if case.b_layout == "nk":
             return [Peer("cuBLAS", contextlib.nullcontext, lambda x: x, lambda ab: ab[0] @ ab[1].t())]
         return [Peer("cuBLAS", contextlib.nullcontext, lambda x: x, lambda ab: ab[0] @ ab[1])]
+    if isinstance(case, AttentionGradCase):
+        return [_sdpa_grad_peer(n, b, case) for n, b in (("SDPA-flash", "FLASH_ATTENTION"),
+                                                         ("SDPA-cuDNN", "CUDNN_ATTENTION"),
+                                                         ("SDPA-efficient", "EFFICIENT_ATTENTION"))]
     peers = [_sdpa_peer("SDPA-flash", "FLASH_ATTENTION", case), _sdpa_peer("SDPA-cuDNN", "CUDNN_ATTENTION", case),
              _sdpa_peer("SDPA-efficient", "EFFICIENT_ATTENTION", case)]
     fa = _flash_attn_peer(case)

@@ -72,7 +72,8 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
     sets = [first] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]
     if sleep_s:
         time.sleep(sleep_s)  # the seeds' pre-sleep: start each row's timings from a settled GPU
-    row.ours = time_cuda(case.run, sets, warmup=warmup, iters=iters)
+    prepare = getattr(case, "prepare", None)  # a backward row times the backward of a forward run beforehand
+    row.ours = time_cuda(case.run, [prepare(s) for s in sets] if prepare else sets, warmup=warmup, iters=iters)
     for peer in peers_for(case):
         try:
             prepared = [peer.prepare(s) for s in sets]

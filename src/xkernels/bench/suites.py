@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing.cases import AttentionCase, Case, GemmCase
+from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, GemmCase
 
 WALKS = ("row", "grouped", "zorder")
 LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
@@ -67,3 +67,20 @@ def attention_ablation() -> list[Case]:
     rows.append(AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16io", "hopper:stages=3"))
     d64 = ("consumers=2", "overlap=1")  # D64 ships 3 consumers, the window closed
     return rows + [AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", f"hopper:{v}") for v in d64]
+
+
+# The backward anchors measured on the H200 (bf16): (B, H, S, D, causal)
+BWD_ROWS = ((1, 32, 8192, 128, False), (1, 32, 8192, 128, True), (4, 32, 4096, 64, False), (1, 16, 8192, 256, False),
+            (2, 16, 4096, 128, True))
+
+
+def attention_bwd_suite(quick: bool) -> list[Case]:
+    """The backward ("bwd") on the anchor rows, bf16, and a training step ("fwd+bwd") on two of them; fp16 and
+    GQA rows in the full suite."""
+    rows = BWD_ROWS[:2] if quick else BWD_ROWS
+    cases: list[Case] = [AttentionGradCase(b, h, h, s, s, d, c, "bf16", step="bwd") for b, h, s, d, c in rows]
+    cases += [AttentionGradCase(b, h, h, s, s, d, c, "bf16", step="fwd+bwd") for b, h, s, d, c in rows[:2]]
+    if not quick:
+        cases += [AttentionGradCase(1, 32, 32, 8192, 8192, 128, False, "fp16", step="bwd"),
+                  AttentionGradCase(1, 32, 8, 8192, 8192, 128, True, "bf16", step="bwd")]
+    return cases

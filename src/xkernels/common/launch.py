@@ -7,9 +7,11 @@ device) key; `Kernel.launch` then calls the compiled launcher directly with the 
 kernel's in-kernel descriptors need comes from PyTorch's caching allocator (no `triton.set_allocator`), and host
 descriptors are encoded once per (address, shape, strides) and cached as bytes, never holding the tensor.
 
-The direct path reads Triton's generated CUDA launcher, so it is used only on the triton releases in
-`runtime.TESTED_TRITON`; elsewhere (the interpreter, AMD, Intel, triton 3.7 until a GPU run covers its launcher)
-launches take Triton's generic path.
+The direct path calls Triton's CUDA launcher, whose calling convention changed between releases (3.6: a generated
+launcher taking the kernel arguments spread; 3.7: one generic launcher taking an argument list with the kernel's
+signature metadata). `Kernel` picks the convention from the launcher object it wraps, and the direct path is used only
+on the releases in `runtime.TESTED_TRITON`; elsewhere (the interpreter, AMD, Intel, untested releases) launches take
+Triton's generic path.
 XKERNELS_DIRECT_LAUNCH=0 (read at import) sends every launch through the generic path, to compare the two.
 """
 
@@ -27,10 +29,18 @@ from xkernels.common.runtime import INTERPRET, TRITON_TESTED
 DIRECT_LAUNCH: bool = os.environ.get("XKERNELS_DIRECT_LAUNCH", "1") != "0"
 
 
-@functools.cache
+def _torch_allocator(size: int, align: int, stream) -> torch.Tensor:
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
 def _install_allocator() -> None:
-    """Generic path only: in-kernel descriptors need per-program global scratch on GPUs that materialize them."""
-    triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
+    """Generic path only: in-kernel descriptors need per-program global scratch on GPUs that materialize them.
+    Triton keeps the allocator in a context variable, so it is set in every context that launches (the autograd
+    engine runs backward launches on its own thread), unless one is already set there."""
+    from triton.runtime import _allocation
+
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_torch_allocator)
 
 
 def direct_launch_available(device: torch.device) -> bool:
@@ -64,6 +74,9 @@ class Kernel:
         self._function = compiled.function
         self._packed = compiled.packed_metadata
         self._scratch = runner.global_scratch_size * runner.num_ctas
+        # Triton >= 3.7: one launcher for every kernel, told how to read the argument list by these two objects.
+        self._signature = ((runner.arg_annotations, runner.kernel_signature)
+                           if hasattr(runner, "kernel_signature") else None)
         self.descriptor_meta = getattr(compiled.metadata, "tensordesc_meta", None) or []
         self.device = device
         self.index = device.index
@@ -75,14 +88,21 @@ class Kernel:
             # (A buffer cached per stream would save this allocation, but a cached buffer made while inductor's
             # CUDA-graph trees warm up lives in the graph pool untracked, which they refuse.)
             scratch = torch.empty(grid * self._scratch, dtype=torch.uint8, device=self.device)
-        coop, pdl = self._flags
         if torch._C._cuda_getDevice() != self.index:
             with torch.cuda.device(self.index):
-                self._launch(grid, 1, 1, stream, self._function, coop, pdl, scratch, None, self._packed, None, None,
-                             None, *args)
+                self._call(grid, stream, scratch, args)
             return
-        self._launch(grid, 1, 1, stream, self._function, coop, pdl, scratch, None, self._packed, None, None, None,
-                     *args)
+        self._call(grid, stream, scratch, args)
+
+    def _call(self, grid: int, stream: int, scratch, args: Sequence[object]) -> None:
+        coop, pdl = self._flags
+        if self._signature is None:  # 3.6: grid, stream, function, flags, scratch, profile scratch, metadata, hooks
+            self._launch(grid, 1, 1, stream, self._function, coop, pdl, scratch, None, self._packed, None, None,
+                         None, *args)
+            return
+        annotations, signature = self._signature  # 3.7: metadata and hooks first, then scratch, then the list
+        self._launch(grid, 1, 1, stream, self._function, coop, pdl, self._packed, None, None, None, scratch, None,
+                     annotations, signature, args)
 
 
 def compile_kernel(fn, grid: int, args: Sequence[object], constexprs: dict[str, object], options: dict[str, int],
@@ -109,6 +129,12 @@ def generic_launch(fn, grid: int, args: Sequence[object], constexprs: dict[str, 
 _TMA_DTYPE_DEVICE_TO_HOST = {i: i for i in range(16)} | {8: 10, 9: 8, 10: 9}
 
 
+@functools.cache
+def _fill_tma_descriptor():
+    utils = triton.runtime.driver.active.utils
+    return getattr(utils, "fill_tma_descriptor_tiled", None) or utils.fill_tma_descriptor  # renamed in 3.7
+
+
 class DescriptorSlot:
     """One host tensor-descriptor argument of a plan: its shape, strides and box are fixed, so the launcher
     arguments ([CUtensorMap, *shape, *strides]) depend only on the address. Encodings are cached per address: a
@@ -124,7 +150,7 @@ class DescriptorSlot:
         hit = self.by_address.get(ptr)
         if hit is None:
             m = self.meta
-            tmap = triton.runtime.driver.active.utils.fill_tma_descriptor(
+            tmap = _fill_tma_descriptor()(
                 ptr, m["swizzle"], m["elem_size"], _TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"],
                 self.shape, self.strides, 0)
             if len(self.by_address) >= self.MAX:

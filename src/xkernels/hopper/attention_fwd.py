@@ -27,13 +27,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_wait,
 )
 
 from xkernels.common.seqlen import kv_bounds
-from xkernels.hopper import configs
+from xkernels.hopper import configs, tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.softmax import mask_scores, softmax_step
@@ -68,12 +67,12 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, 
     """TMA loads (one warp, or with CONVERT_V a warpgroup that also converts V tile j-1 after issuing K tile j)."""
     mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
-        tma.async_copy_global_to_shared(q_desc, [start_m + w * WG_ROWS, 0], q_ready, q_bufs.index(w))
+        tma.async_load(q_desc, [start_m + w * WG_ROWS, 0], q_ready, q_bufs.index(w))
     it = 0
     for start_n in range(0, hi, BLOCK_N):
         s = k.acquire(it)
         mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [start_n, 0], k.ready.index(s), k.bufs.index(s))
+        tma.async_load(k_desc, [start_n, 0], k.ready.index(s), k.bufs.index(s))
         if CONVERT_V:
             if it > 0:
                 # V(it-1) was issued a tile ago: converting it before waiting for V(it)'s stage starts it as early as
@@ -81,7 +80,7 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, 
                 _convert_v(v, v_landed, it - 1, CONVERT_STEPS)
         s = v.acquire(it)
         mbarrier.expect(v_landed.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [start_n, 0], v_landed.index(s), v.bufs.index(s))
+        tma.async_load(v_desc, [start_n, 0], v_landed.index(s), v.bufs.index(s))
         it += 1
     if CONVERT_V:
         _convert_v(v, v_landed, it - 1, CONVERT_STEPS)
@@ -155,7 +154,7 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, st
     out = acc.to(gl.float32) / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
     q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
-    tma.async_copy_shared_to_global(o_desc, [row0, 0], q)
+    tma.async_store(o_desc, [row0, 0], q)
     if WRITE_LSE:
         gl.store(LSE + lse_row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < SQ)
     tma.store_wait(0)

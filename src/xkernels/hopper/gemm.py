@@ -22,7 +22,6 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_init,
     warpgroup_mma_wait,
@@ -31,6 +30,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from xkernels.common.dtypes import gl_dtype
 from xkernels.common.runtime import sm_count
 from xkernels.common.tile_walk import tile_coords, zorder_grid
+from xkernels.hopper import tma
 from xkernels.hopper.barriers import gemm_barriers
 from xkernels.hopper.configs import HopperGemmConfig
 
@@ -40,11 +40,11 @@ def _load_stage(a_desc, b_desc, a, b, s, off_m, off_n, k, B_NK: gl.constexpr):
     """Arm stage s's ready barrier with the bytes of both tiles, then start their TMA copies onto it."""
     bar = a.ready.index(s)
     mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(a_desc, [off_m, k], bar, a.bufs.index(s))
+    tma.async_load(a_desc, [off_m, k], bar, a.bufs.index(s))
     if B_NK:
-        tma.async_copy_global_to_shared(b_desc, [off_n, k], bar, b.bufs.index(s))
+        tma.async_load(b_desc, [off_n, k], bar, b.bufs.index(s))
     else:
-        tma.async_copy_global_to_shared(b_desc, [k, off_n], bar, b.bufs.index(s))
+        tma.async_load(b_desc, [k, off_n], bar, b.bufs.index(s))
 
 
 @gluon.jit
@@ -97,7 +97,7 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, K, tiles_m, tiles_n, walk_len, z
             tma.store_wait(0)
             c_smem.store(acc.to(c_desc.dtype))
             fence_async_shared()
-            tma.async_copy_shared_to_global(c_desc, [tile_m * BLOCK_M, tile_n * BLOCK_N], c_smem)
+            tma.async_store(c_desc, [tile_m * BLOCK_M, tile_n * BLOCK_N], c_smem)
     tma.store_wait(0)
 
 

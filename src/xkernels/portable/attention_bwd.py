@@ -1,11 +1,12 @@
 """Portable flash-attention backward (plain `tl`, pointer loads with masks): preprocess, dK/dV, dQ.
 
 Given the forward's O and natural-log LSE, recompute P = exp(S * scale - LSE) tile by tile (never the S x S matrix):
-  delta_i = sum_d dO_id O_id                           (preprocess, fp32)
+  delta_i = sum_d dO_id O_id - dLSE_i                  (preprocess, fp32; dLSE when the LSE output has a gradient)
   dV_j = sum_i P_ij dO_i;  dP = dO V^T;  dS = P * (dP - delta);  dK_j = scale * sum_i dS_ij Q_i;  dQ_i = scale * dS K
 One program of the dK/dV kernel owns BLOCK_N keys of one kv head and walks every query head of its GQA group, so dK
 and dV are summed over the group in registers (no atomics, deterministic); one program of the dQ kernel owns BLOCK_M
-query rows of one head. Causal is top-left aligned, as in the forward. Not yet wired to autograd.
+query rows of one head. Causal is top-left aligned, as in the forward. The LSE term: d LSE_i / d S_ij = P_ij, so
+a gradient on the LSE output adds dLSE_i P_ij to dS_ij, which is the same as subtracting it from delta_i.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from xkernels.portable.dot import mma
 
 
 @triton.jit
-def preprocess_kernel(O, DO, DELTA, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, SQ, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr):
+def preprocess_kernel(O, DO, DLSE, DELTA, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, SQ, HEAD_DIM: tl.constexpr,
+                      BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr):
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     b, h = bh // HQ, bh % HQ
@@ -27,7 +28,10 @@ def preprocess_kernel(O, DO, DELTA, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, S
     keep = rows[:, None] < SQ
     o = tl.load(O + b * o_sb + h * o_sh + rows[:, None] * o_ss + cols[None, :], mask=keep, other=0.0)
     do = tl.load(DO + b * do_sb + h * do_sh + rows[:, None] * do_ss + cols[None, :], mask=keep, other=0.0)
-    tl.store(DELTA + bh * SQ + rows, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), mask=rows < SQ)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
+    tl.store(DELTA + bh * SQ + rows, delta, mask=rows < SQ)
 
 
 @triton.jit
@@ -40,9 +44,9 @@ def _tile(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr
 
 @triton.jit
 def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, HQ, HKV, SQ, SKV, scale,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP: tl.constexpr,
-                CAUSAL: tl.constexpr, INTERPRET: tl.constexpr):
+                do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, HQ, HKV, GROUP, SQ, SKV, scale,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                INTERPRET: tl.constexpr):
     n_blocks = tl.cdiv(SKV, BLOCK_N)
     bhk = (tl.program_id(0) // n_blocks).to(tl.int64)
     b, hk = bhk // HKV, bhk % HKV
@@ -114,21 +118,25 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v
              mask=rows[:, None] < SQ)
 
 
-def attention_bwd(q, k, v, o, lse, do, dq, dk, dv, *, is_causal: bool, scale: float, block_m: int = 32,
-                  block_n: int = 16, num_warps: int = 4, interpret: bool = True) -> None:
-    """Gradients of O = attention(q, k, v) given dO, written into dq, dk, dv (the caller allocates them)."""
+def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg) -> None:
+    """Gradients of O = attention(q, k, v) given dO (and dLSE, or None), written into dq, dk, dv (allocated by the
+    caller, any (B, H, S) strides with a unit last stride, like every input). `lse` and `grad_lse` are (B, Hq, Sq)
+    contiguous fp32. Workspace: delta, (B, Hq, Sq) fp32."""
     import torch
+
+    from xkernels.common.launch import generic_launch
 
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    preprocess_kernel[(triton.cdiv(sq, block_m) * b * hq,)](
-        o, do, delta, *o.stride()[:3], *do.stride()[:3], hq, sq, HEAD_DIM=d, BLOCK_M=block_m, num_warps=num_warps)
+    opts = cfg.options()
+    generic_launch(preprocess_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
+                   (o, do, delta if grad_lse is None else grad_lse, delta, *o.stride()[:3], *do.stride()[:3], hq,
+                    sq), dict(HEAD_DIM=d, BLOCK_M=cfg.q_m, HAS_DLSE=grad_lse is not None), opts)
     common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-    dkdv_kernel[(triton.cdiv(skv, block_n) * b * hkv,)](
-        q, k, v, do, lse, delta, dk, dv, *common, *dk.stride()[:3], *dv.stride()[:3], hq, hkv, sq, skv, scale,
-        HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=block_n, GROUP=hq // hkv, CAUSAL=is_causal, INTERPRET=interpret,
-        num_warps=num_warps)
-    dq_kernel[(triton.cdiv(sq, block_m) * b * hq,)](
-        q, k, v, do, lse, delta, dq, *common, *dq.stride()[:3], hq, hq // hkv, sq, skv, scale, HEAD_DIM=d,
-        BLOCK_M=block_m, BLOCK_N=block_n, CAUSAL=is_causal, INTERPRET=interpret, num_warps=num_warps)
+    generic_launch(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
+                   (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride()[:3], *dv.stride()[:3], hq, hkv, hq // hkv,
+                    sq, skv, scale), cfg.dkdv_constexprs(d, causal=is_causal), opts)
+    generic_launch(dq_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
+                   (q, k, v, do, lse, delta, dq, *common, *dq.stride()[:3], hq, hq // hkv, sq, skv, scale),
+                   cfg.dq_constexprs(d, causal=is_causal), opts)

@@ -34,6 +34,31 @@ class AttentionConfig:
 
 
 @dataclass(frozen=True)
+class AttentionBwdConfig:
+    """Tiles of the two backward kernels: dK/dV holds `kv_n` keys and walks queries `kv_m` at a time; dQ holds `q_m`
+    queries and walks keys `q_n` at a time (the tile each program keeps in registers is the larger one)."""
+
+    kv_m: int
+    kv_n: int
+    q_m: int
+    q_n: int
+    num_warps: int
+    num_stages: int
+
+    def dkdv_constexprs(self, head_dim: int, *, causal: bool, interpret: bool = INTERPRET) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_M=self.kv_m, BLOCK_N=self.kv_n, CAUSAL=causal, INTERPRET=interpret)
+
+    def dq_constexprs(self, head_dim: int, *, causal: bool, interpret: bool = INTERPRET) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_M=self.q_m, BLOCK_N=self.q_n, CAUSAL=causal, INTERPRET=interpret)
+
+    def options(self) -> dict[str, int]:
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
+
+    def __str__(self) -> str:
+        return (f"KV{self.kv_m}x{self.kv_n}-Q{self.q_m}x{self.q_n}-W{self.num_warps}-S{self.num_stages}")
+
+
+@dataclass(frozen=True)
 class GemmConfig:
     block_m: int
     block_n: int
@@ -62,6 +87,7 @@ class ConfigTable:
     attention: dict[int, AttentionConfig]  # by head dim
     converting_v: dict[int, AttentionConfig]  # by head dim, where bf16io's in-kernel V conversion needs its own
     gemm: dict[int, GemmConfig]  # by output element size
+    attention_bwd: dict[int, AttentionBwdConfig] = dataclasses.field(default_factory=dict)  # by head dim
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "attention-<head
     # dim>" or "gemm-<output element size>"
     tolerated_spills: frozenset[str] = frozenset()
@@ -72,12 +98,15 @@ class ConfigTable:
 
 # sm_90 (227 KB): Hopper-sized tiles. bf16io at D256 holds the converted V tile too: a 64-key tile spills under
 # triton 3.7 (8-16 bytes of stack), a 32-key one does not. A 128x256 fp32 C tile plus three A/B stages would
-# overflow 227 KB, so fp32 outputs take 128x128.
+# overflow 227 KB, so fp32 outputs take 128x128. The backward's tiles were timed on the H200
+# (scripts/bwd_tiles.py): 128 queries per dK/dV step and 128 keys per dQ step at D128, 4 warps at D64.
 HOPPER = ConfigTable(
     attention={64: AttentionConfig(128, 128, 8, 3), 128: AttentionConfig(128, 128, 8, 3),
                256: AttentionConfig(128, 64, 8, 2)},
     converting_v={256: AttentionConfig(128, 32, 8, 2)},
-    gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)})
+    gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
+    attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(128, 64, 64, 128, 8, 1),
+                   256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)})
 # sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
 # register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
 # 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.
@@ -85,7 +114,9 @@ AMPERE = ConfigTable(
     attention={64: AttentionConfig(128, 64, 8, 2), 128: AttentionConfig(128, 32, 8, 2),
                256: AttentionConfig(64, 64, 8, 2)},
     converting_v={},
-    gemm={2: GemmConfig(128, 128, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)})
+    gemm={2: GemmConfig(128, 128, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
+    attention_bwd={64: AttentionBwdConfig(32, 64, 64, 32, 4, 2), 128: AttentionBwdConfig(64, 64, 64, 64, 8, 1),
+                   256: AttentionBwdConfig(32, 32, 32, 32, 4, 1)})
 # fp32-output GEMMs on sm_89: ptxas keeps 128 registers per thread and reloads one or two values from local memory
 # in some walk orders, for every tile shape tried (128x128, 128x64, 64x128); tolerated rather than shrunk further.
 ADA = ConfigTable(
@@ -93,21 +124,28 @@ ADA = ConfigTable(
                256: AttentionConfig(64, 32, 8, 2)},
     converting_v={},
     gemm={2: GemmConfig(128, 128, 32, 8, 3), 4: GemmConfig(128, 128, 32, 8, 2)},
+    attention_bwd=AMPERE.attention_bwd,
     tolerated_spills=frozenset({"gemm-4"}))
 # sm_120 (99 KB): as sm_89, but triton 3.6 spills hundreds of bytes at D256 with 64-row blocks (and 32-row blocks
-# with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants.
-BLACKWELL_CONSUMER = dataclasses.replace(ADA, attention={**ADA.attention, 256: AttentionConfig(32, 16, 4, 1)},
-                                         tolerated_spills=frozenset({"gemm-4", "attention-256"}))
+# with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants. The D64
+# backward spills with 64-key dK/dV tiles there.
+BLACKWELL_CONSUMER = dataclasses.replace(
+    ADA, attention={**ADA.attention, 256: AttentionConfig(32, 16, 4, 1)},
+    attention_bwd={**ADA.attention_bwd, 64: AttentionBwdConfig(32, 32, 32, 32, 4, 2)},
+    tolerated_spills=frozenset({"gemm-4", "attention-256"}))
 # AMD CDNA (wave64): 4 warps keep 512 VGPRs per thread available (8 warps halve it and spill); gfx942's 64 KB of
 # LDS holds a 64-row D256 block with 32-key tiles, not 64-key ones.
 CDNA = ConfigTable(
     attention={64: AttentionConfig(128, 64, 4, 2), 128: AttentionConfig(128, 32, 4, 2),
                256: AttentionConfig(64, 32, 4, 2)},
     converting_v={},
-    gemm={2: GemmConfig(128, 128, 64, 4, 2), 4: GemmConfig(128, 128, 32, 4, 2)})
+    gemm={2: GemmConfig(128, 128, 64, 4, 2), 4: GemmConfig(128, 128, 32, 4, 2)},
+    attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(32, 64, 64, 32, 4, 1),
+                   256: AttentionBwdConfig(32, 32, 32, 32, 4, 1)})
 # Interpreted: small tiles so the CPU run is quick and tests at S = 17, 129 cross several tiles, the diagonal and
 # the tails.
 ATTENTION_INTERPRETED = AttentionConfig(32, 16, 4, 1)
+ATTENTION_BWD_INTERPRETED = AttentionBwdConfig(16, 32, 32, 16, 4, 1)
 GEMM_INTERPRETED = GemmConfig(32, 32, 32, 4, 1, group_m=2)
 
 
@@ -132,6 +170,11 @@ def attention_config(head_dim: int, recipe: AttentionRecipe, target: Target | No
     if recipe.converts_v and head_dim in table.converting_v:
         return table.converting_v[head_dim]
     return table.attention[head_dim]
+
+
+def attention_bwd_config(head_dim: int, target: Target | None = None,
+                         interpret: bool = INTERPRET) -> AttentionBwdConfig:
+    return ATTENTION_BWD_INTERPRETED if interpret else table_for(target).attention_bwd[head_dim]
 
 
 def gemm_config(out_dtype: torch.dtype, target: Target | None = None, interpret: bool = INTERPRET) -> GemmConfig:

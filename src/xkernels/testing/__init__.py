@@ -1,10 +1,22 @@
 """The seeds' correctness method, shared by the test suite and `xkernels check`."""
 
 from xkernels.testing.inputs import attention_inputs, gemm_inputs
-from xkernels.testing.metrics import Comparison, compare, compare_attention, compare_gemm, compare_lse
-from xkernels.testing.reference import reference_attention, reference_lse, reference_matmul
+from xkernels.testing.metrics import (
+    Comparison,
+    compare,
+    compare_attention,
+    compare_gemm,
+    compare_grad,
+    compare_lse,
+)
+from xkernels.testing.reference import (
+    reference_attention,
+    reference_attention_grads,
+    reference_lse,
+    reference_matmul,
+)
 
 __all__ = [
-    "Comparison", "compare", "compare_attention", "compare_gemm", "compare_lse", "attention_inputs", "gemm_inputs",
-    "reference_attention", "reference_lse", "reference_matmul",
+    "Comparison", "compare", "compare_attention", "compare_gemm", "compare_grad", "compare_lse", "attention_inputs",
+    "gemm_inputs", "reference_attention", "reference_attention_grads", "reference_lse", "reference_matmul",
 ]

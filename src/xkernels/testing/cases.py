@@ -10,8 +10,13 @@ import torch
 import xkernels
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing.inputs import attention_inputs, gemm_inputs
-from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm, compare_lse
-from xkernels.testing.reference import reference_attention, reference_lse, reference_matmul
+from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm, compare_grad, compare_lse
+from xkernels.testing.reference import (
+    reference_attention,
+    reference_attention_grads,
+    reference_lse,
+    reference_matmul,
+)
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -75,6 +80,66 @@ class AttentionCase:
 
 
 @dataclass(frozen=True)
+class AttentionGradCase(AttentionCase):
+    """The backward ("bwd": dQ, dK, dV from a saved forward, as `torch.autograd.grad(O, (q, k, v), dO)`) or a
+    training step ("fwd+bwd"). FLOPs: the backward's five matmuls are 2.5x the forward's two, halved for causal
+    like the forward's."""
+
+    step: str = "bwd"
+
+    @property
+    def shape(self) -> str:
+        return f"{super().shape} {self.step}"
+
+    @property
+    def flops(self) -> int:
+        return int(super().flops * (2.5 if self.step == "bwd" else 3.5))
+
+    @property
+    def nbytes(self) -> int:
+        return 3 * super().nbytes  # q, k, v, O, dO, dQ, dK, dV
+
+    def inputs(self, device: str, seed: int = 0):
+        q, k, v = super().inputs(device, seed)
+        g = torch.Generator(device=device).manual_seed(seed + 1000)
+        do = (torch.rand(q.shape, generator=g, device=device) - 0.5).to(q.dtype)
+        return q, k, v, do
+
+    def forward(self, q, k, v):
+        """(O, leaves) with fresh leaves, so each call's graph is its own."""
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        return super().run(leaves), leaves
+
+    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
+        """inputs: (q, k, v, dO), or for "bwd" the prepared (O, leaves, dO) of `prepare`."""
+        if self.step == "bwd":
+            o, leaves, do = inputs
+            return torch.autograd.grad(o, leaves, do, retain_graph=True)
+        q, k, v, do = inputs
+        o, leaves = self.forward(q, k, v)
+        return torch.autograd.grad(o, leaves, do)
+
+    def prepare(self, inputs):
+        """What a timed call starts from: for "bwd" the forward already run (its graph kept for every call)."""
+        if self.step != "bwd":
+            return inputs
+        q, k, v, do = inputs
+        o, leaves = self.forward(q, k, v)
+        return o, leaves, do
+
+    def check(self, inputs) -> Comparison:
+        """Every gradient against float64 autograd on the same q, k, v and dO; the worst of the three is reported."""
+        q, k, v, do = inputs
+        grads = AttentionGradCase.run(dataclasses.replace(self, step="fwd+bwd"), inputs)
+        refs = reference_attention_grads(q, k, v, do, is_causal=self.causal)
+        recipe = ATTENTION_RECIPES[self.recipe]
+        results = [(n, compare_grad(g, r, recipe)) for n, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)]
+        failed = [f"{n}: {c.reason}" for n, c in results if not c.passed]
+        worst = max((c for _, c in results), key=lambda c: c.rel_rms)
+        return dataclasses.replace(worst, passed=not failed, reason="; ".join(failed) or "ok")
+
+
+@dataclass(frozen=True)
 class GemmCase:
     m: int
     n: int
@@ -113,10 +178,12 @@ class GemmCase:
         return compare_gemm(out, reference_matmul(a, b, self.b_layout), self.k)
 
 
-Case = AttentionCase | GemmCase
+Case = AttentionCase | AttentionGradCase | GemmCase
 
 
 def kernel_name(case: Case) -> str:
+    if isinstance(case, AttentionGradCase):
+        return "attention-" + case.step
     return "attention" if isinstance(case, AttentionCase) else "gemm"
 
 

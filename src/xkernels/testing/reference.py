@@ -48,6 +48,31 @@ def reference_lse(q: torch.Tensor, k: torch.Tensor, *, is_causal: bool = False,
     return _per_head(q, k, k, lambda qh, kh, _: torch.logsumexp(_scores(qh, kh, is_causal, scale), -1))
 
 
+def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, *,
+                              is_causal: bool = False, scale: float | None = None,
+                              grad_lse: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """(dQ, dK, dV) in float64 by autograd through the float64 attention (and the LSE when `grad_lse` is given), on
+    the same quantized q, k, v and dO, one (batch, query head) at a time; GQA gradients sum over each group."""
+    b, hq = q.shape[:2]
+    group = hq // k.shape[1]
+    dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    for bi in range(b):
+        for h in range(hq):
+            qh, kh, vh = (t.detach().double().requires_grad_() for t in (q[bi, h], k[bi, h // group],
+                                                                         v[bi, h // group]))
+            s = _scores(qh, kh, is_causal, scale)
+            loss = ((torch.softmax(s, -1) @ vh) * grad_out[bi, h].double()).sum()
+            if grad_lse is not None:
+                loss = loss + (torch.logsumexp(s, -1) * grad_lse[bi, h].double()).sum()
+            gq, gk, gv = torch.autograd.grad(loss, (qh, kh, vh))
+            dq[bi, h] = gq
+            dk[bi, h // group] += gk
+            dv[bi, h // group] += gv
+    return dq, dk, dv
+
+
 def reference_matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "kn") -> torch.Tensor:
     """a @ b (or a @ b^T for the [N, K] layout) in float64, so the reference adds no rounding of its own."""
     bb = b.double()

@@ -1,0 +1,45 @@
+"""Host path of the attention backward: the layouts its kernels read, the gradient buffers, and the launch.
+
+Autograd reaches it through `xkernels::attention_backward` (registered in `ops.py`); the forward saved q, k, v, O
+and the fp32 LSE, nothing of size S x S.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from xkernels import plans, select
+from xkernels.portable import attention_bwd as portable_bwd
+
+
+def grad_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialized gradient for `t`: its layout where the kernels can write it (unit last stride), else
+    contiguous. The fake kernel uses the same rule, so traced strides match eager ones."""
+    g = torch.empty_like(t)
+    return g if g.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def _unit_last(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, scale: float | None,
+                       enable_gqa: bool, precision: str, backend: str):
+    """(dQ, dK, dV) of O = attention(q, k, v) for the upstream gradients dO (and dLSE, or None): dK and dV summed
+    over each GQA group, in the inputs' dtypes."""
+    _, choice = select.resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
+                                                  precision=precision, backend=backend)
+    dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
+    if q.numel() == 0 or k.numel() == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()
+        plans._record("empty")
+        return dq, dk, dv
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    grad_lse = None if grad_lse is None else grad_lse.contiguous()
+    portable_bwd.launch(_unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out), lse.contiguous(),
+                        _unit_last(grad_out), dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
+                        cfg=choice.config)
+    plans._record(f"portable.attention_backward[{choice.config}]")
+    return dq, dk, dv

@@ -1,0 +1,15 @@
+"""The TMA operations the Hopper kernels use, under one set of names across the Triton releases they compile on.
+
+Triton 3.9 renamed the bulk copies (`async_copy_global_to_shared` -> `async_load`, `async_copy_shared_to_global`
+-> `async_store`; the old names now raise). The kernels call the new names; on 3.6 and 3.7 they are the old
+builtins, which take the same arguments.
+"""
+
+from triton.experimental.gluon.language.nvidia.hopper import tma as _tma
+
+async_load = getattr(_tma, "async_load", None) or _tma.async_copy_global_to_shared
+async_store = getattr(_tma, "async_store", None) or _tma.async_copy_shared_to_global
+store_wait = _tma.store_wait
+make_tensor_descriptor = _tma.make_tensor_descriptor
+
+__all__ = ["async_load", "async_store", "make_tensor_descriptor", "store_wait"]

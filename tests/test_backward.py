@@ -1,0 +1,221 @@
+"""The attention backward through autograd (`xkernels.attention` with inputs that require grad) against float64
+autograd on the same quantized q, k, v and dO: rel-RMS and per-row bounds per gradient, non-finite first, NaN-poisoned
+gradient buffers. Covers GQA/MQA (dK, dV summed per group), causal with Sq != Skv, tails, Sq = 1, a custom scale,
+non-contiguous inputs, a gradient through the LSE, bf16io, torch.compile, and determinism. Each check is shown to
+fail on a broken backward."""
+
+import math
+
+import pytest
+import torch
+
+import xkernels
+from tests.helpers import poisoned_like
+from xkernels import backward, ops
+from xkernels.recipes import ATTENTION_RECIPES, resolve_attention_recipe
+from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
+
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.fixture(autouse=True)
+def poisoned_gradients(monkeypatch):
+    """Every gradient buffer the backward allocates starts as NaN: an element it fails to write fails the check."""
+    real = backward.grad_like
+    monkeypatch.setattr(backward, "grad_like", lambda t: real(t).fill_(float("nan")))
+
+
+def _grad_out(shape, dtype, device, seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(shape, generator=g) - 0.5).to(dtype).to(device)
+
+
+def _run(q, k, v, do, *, causal, scale=None, precision="auto", dlse=None, backend=None):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=q.shape[1] != k.shape[1],
+                                precision=precision, return_lse=True, backend=backend)
+    loss = (o.float() * do.float()).sum()
+    if dlse is not None:
+        loss = loss + (lse * dlse).sum()
+    loss.backward()
+    return q.grad, k.grad, v.grad
+
+
+def _check(grads, q, k, v, do, *, causal, scale=None, precision="auto", dlse=None):
+    recipe = resolve_attention_recipe(precision, q.dtype)
+    refs = reference_attention_grads(q, k, v, do, is_causal=causal, scale=scale, grad_lse=dlse)
+    results = {}
+    for name, g, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+        assert g.dtype == q.dtype and g.shape == ref.shape, name
+        results[name] = compare_grad(g, ref, ATTENTION_RECIPES[recipe.name])
+    return results
+
+
+def _assert_passes(results):
+    failed = {n: c.reason for n, c in results.items() if not c.passed}
+    assert not failed, failed
+
+
+CASES = [(2, 2, 33, 33), (4, 2, 17, 40), (4, 1, 40, 17), (2, 2, 1, 33), (2, 1, 33, 1)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hq,hkv,sq,skv", CASES)
+def test_gradients_match_float64(device, dtype, causal, hq, hkv, sq, skv):
+    q, k, v = attention_inputs(1, hq, sq, skv, 64, dtype, device, hkv=hkv, seed=sq + skv)
+    do = _grad_out(q.shape, dtype, device)
+    _assert_passes(_check(_run(q, k, v, do, causal=causal, scale=0.3), q, k, v, do, causal=causal, scale=0.3))
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_larger_head_dims(device, d):
+    q, k, v = attention_inputs(2, 2, 20, 24, d, torch.float16, device, hkv=1, seed=d)
+    do = _grad_out(q.shape, torch.float16, device)
+    _assert_passes(_check(_run(q, k, v, do, causal=True), q, k, v, do, causal=True))
+
+
+def test_gradient_through_the_lse(device):
+    """d LSE / d S = P: a loss using the LSE (as ring attention's merge does) gets the gradient through it too."""
+    q, k, v = attention_inputs(1, 2, 24, 40, 64, torch.float16, device, seed=3)
+    do = _grad_out(q.shape, torch.float16, device)
+    dlse = _grad_out(q.shape[:3], torch.float32, device, seed=9)
+    grads = _run(q, k, v, do, causal=True, dlse=dlse)
+    _assert_passes(_check(grads, q, k, v, do, causal=True, dlse=dlse))
+    # and the check sees it when the LSE term is dropped
+    assert not all(c.passed for c in _check(_run(q, k, v, do, causal=True), q, k, v, do, causal=True,
+                                            dlse=dlse).values())
+
+
+def test_bf16io_backward_is_the_bf16_recipes(device):
+    q, k, v = attention_inputs(1, 2, 33, 40, 64, torch.bfloat16, device, seed=11)
+    do = _grad_out(q.shape, torch.bfloat16, device)
+    _assert_passes(_check(_run(q, k, v, do, causal=False, precision="bf16io"), q, k, v, do, causal=False,
+                          precision="bf16io"))
+
+
+def test_non_contiguous_inputs_and_grad_out(device):
+    """(B, S, H, D) storage seen as (B, H, S, D), and a dO that is a transposed view: gradients come back in the
+    inputs' layouts."""
+    b, h, s, d = 2, 2, 24, 64
+    base = [attention_inputs(b, h, s, s, d, torch.float16, device, seed=20 + i)[0].transpose(1, 2).contiguous()
+            for i in range(3)]
+    q, k, v = (t.transpose(1, 2) for t in base)
+    do = _grad_out((b, s, h, d), torch.float16, device).transpose(1, 2)
+    grads = _run(q, k, v, do, causal=True)
+    for g, t in zip(grads, (q, k, v), strict=True):
+        assert g.stride() == t.stride()
+    _assert_passes(_check(grads, q, k, v, do, causal=True))
+
+
+def test_only_requested_inputs_get_gradients(device):
+    q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=5)
+    k = k.clone().requires_grad_()
+    o = xkernels.attention(q, k, v)
+    (dk,) = torch.autograd.grad(o.float().sum(), (k,))
+    assert dk.shape == k.shape and torch.isfinite(dk).all() and q.grad is None
+
+
+def test_backward_is_deterministic(device):
+    q, k, v = attention_inputs(1, 4, 40, 40, 64, torch.bfloat16, device, hkv=1, seed=6)
+    do = _grad_out(q.shape, torch.bfloat16, device)
+    first, second = _run(q, k, v, do, causal=True), _run(q, k, v, do, causal=True)
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_lse_less_op_recomputes_what_it_needs(device):
+    """torch.ops.xkernels.attention saves no LSE; its backward recomputes it and gives the same gradients."""
+    q, k, v = attention_inputs(1, 2, 17, 33, 64, torch.float16, device, seed=8)
+    do = _grad_out(q.shape, torch.float16, device)
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    o = ops.attention_op(qq, kk, vv, True, None, False, "auto", "auto")
+    torch.autograd.backward(o, do)
+    for g, want in zip((qq.grad, kk.grad, vv.grad), _run(q, k, v, do, causal=True), strict=True):
+        assert torch.equal(g, want)
+
+
+def test_opcheck_backward_op(device):
+    q, k, v = attention_inputs(1, 4, 17, 33, 64, torch.float16, device, hkv=2, seed=1)
+    o, lse = ops.attention_lse_op(q, k, v, True, None, True, "auto", "auto")
+    do = _grad_out(q.shape, torch.float16, device)
+    dlse = _grad_out(lse.shape, torch.float32, device)
+    for g in (None, dlse):
+        torch.library.opcheck(ops.attention_backward_op, (do, q, k, v, o, lse, g, True, None, True, "auto", "auto"))
+    qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+    torch.library.opcheck(ops.attention_lse_op, (qq, kk, vv, True, 0.5, True, "auto", "auto"))
+
+
+def test_compiled_training_step_matches_eager(device):
+    """torch.compile(fullgraph=True) of forward + backward: one graph, the same gradients as eager."""
+    q, k, v = attention_inputs(1, 4, 24, 24, 64, torch.float16, device, hkv=2, seed=12)
+    w = _grad_out((64, 64), torch.float16, device, seed=13)
+
+    def step(q, k, v):
+        q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+        o = xkernels.attention(q @ w, k, v, is_causal=True, enable_gqa=True)
+        o.float().square().sum().backward()
+        return q.grad, k.grad, v.grad
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=False, backend="inductor" if ON_GPU else "aot_eager")
+    for got, want in zip(compiled(q, k, v), step(q, k, v), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_bad_backward_arguments_name_the_argument(device):
+    q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=2)
+    o, lse = ops.attention_lse_op(q, k, v, False, None, False, "auto", "auto")
+    call = ops.attention_backward_op
+    with pytest.raises(ValueError, match="grad_out: shape"):
+        call(o[:, :, :8], q, k, v, o, lse, None, False, None, False, "auto", "auto")
+    with pytest.raises(TypeError, match="grad_out: dtype"):
+        call(o.float(), q, k, v, o, lse, None, False, None, False, "auto", "auto")
+    with pytest.raises(TypeError, match="lse: dtype"):
+        call(o, q, k, v, o, lse.half(), None, False, None, False, "auto", "auto")
+    with pytest.raises(ValueError, match="grad_lse: shape"):
+        call(o, q, k, v, o, lse, lse[:, :1], False, None, False, "auto", "auto")
+    with pytest.raises(ValueError, match="backend"):
+        call(o, q, k, v, o, lse, None, False, None, False, "auto", "nope")
+
+
+def test_out_and_matmul_refuse_grad_with_a_reason(device):
+    q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=2)
+    with pytest.raises(ValueError, match="q: requires grad, but a call with out= is not differentiable"):
+        xkernels.attention(q.clone().requires_grad_(), k, v, out=torch.empty_like(q))
+    a = torch.ones(16, 16, dtype=torch.float16, device=device)
+    with pytest.raises(ValueError, match="a: requires grad, but xkernels.matmul has no backward"):
+        xkernels.matmul(a.clone().requires_grad_(), a)
+
+
+@pytest.mark.parametrize("broken", ["dropped scale", "dk dv swapped", "gqa not summed", "no causal mask",
+                                    "one row wrong", "nan"])
+def test_each_check_fails_on_a_broken_backward(device, broken):
+    causal = broken == "no causal mask"
+    q, k, v = attention_inputs(1, 4, 33, 33, 64, torch.float16, device, hkv=2, seed=5)
+    do = _grad_out(q.shape, torch.float16, device, seed=8)
+    scale = 1 / math.sqrt(64)
+    dq, dk, dv = (g.clone() for g in _run(q, k, v, do, causal=causal, scale=scale))
+    if broken == "dropped scale":
+        dq = dq / scale
+    elif broken == "dk dv swapped":
+        dk, dv = dv, dk
+    elif broken == "gqa not summed":
+        dk = dk / 2
+    elif broken == "no causal mask":
+        dq, dk, dv = _run(q, k, v, do, causal=False, scale=scale)
+    elif broken == "one row wrong":  # one key of 66 (2 kv heads x 33): below the rel-RMS bound, over the row bound
+        dv[0, 1, 7] *= 1.013
+    else:
+        dq[0, 0, 3, 5] = float("nan")
+    results = _check((dq, dk, dv), q, k, v, do, causal=causal, scale=scale)
+    assert not all(c.passed for c in results.values()), {n: (c.rel_rms, c.worst_row_rel) for n, c in results.items()}
+    if broken == "one row wrong":
+        assert results["dv"].rel_rms < results["dv"].rel_rms_bound and "worst row" in results["dv"].reason
+
+
+def test_the_poisoned_buffers_are_really_poisoned(device):
+    """The fixture's NaN fill reaches the backward: an unwritten gradient element would be NaN."""
+    q = attention_inputs(1, 2, 8, 8, 64, torch.float16, device)[0]
+    assert torch.isnan(backward.grad_like(q)).all()
+    assert torch.isnan(poisoned_like(q)).all()
