@@ -1,6 +1,7 @@
 """Every kernel variant at small shapes with tails, each called twice (the first call builds the launch plan and
 compiles, the second takes the cached plan's launch): the workload for compute-sanitizer, and with --check a smoke
-test of both calls against the float64 references (exit 1 on any failure)."""
+test of both calls against the float64 references (exit 1 on any failure). The backward runs once per head dim,
+recipe and mask, with GQA, tails and Sq != Skv."""
 
 import sys
 
@@ -12,8 +13,10 @@ from xkernels.testing import (
     attention_inputs,
     compare_attention,
     compare_gemm,
+    compare_grad,
     gemm_inputs,
     reference_attention,
+    reference_attention_grads,
     reference_matmul,
 )
 
@@ -32,6 +35,18 @@ for backend in ("auto", "portable"):
                         if not c.passed:
                             failures.append(f"{xkernels.last_backend()} D{d} causal={causal}: {c.reason}")
                             print("FAIL", failures[-1], flush=True)
+                if backend == "auto":  # the backward has one layer
+                    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+                    o = xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, precision=recipe)
+                    do = torch.rand_like(o) - 0.5
+                    grads = torch.autograd.grad(o, leaves, do)
+                    if check:
+                        refs = reference_attention_grads(q, k, v, do, is_causal=causal)
+                        for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+                            c = compare_grad(g, r, rec)
+                            if not c.passed:
+                                failures.append(f"backward {name} {recipe} D{d} causal={causal}: {c.reason}")
+                                print("FAIL", failures[-1], flush=True)
     for dtype in (torch.float16, torch.bfloat16):
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):

@@ -9,6 +9,7 @@ cuobjdump and nvdisasm in triton's wheel, AMD code from the AMDGCN assembly and 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -33,9 +34,15 @@ SASS_OPS = {"sm_90": {"HGMMA": _MATRIX["HGMMA"], "UTMALDG": r"\bUTMALDG\b", "UTM
                      "LDGSTS.128": r"\bLDGSTS\.[\w.]*128\b", **_SASS_COMMON}}
 AMDGCN_OPS = {"v_mfma": _MATRIX["v_mfma"], "load_dwordx4": r"_load_dwordx4\b", "load_ushort": r"_load_ushort\b",
               "ds_read": r"\bds_read", "s_barrier": r"\bs_barrier\b"}
+# Intel: counted in the LLVM IR the SPIR-V is made from (IGC allocates registers when the driver loads it): calls of
+# the DPAS builtin, 2D block loads, and work-group barriers
+XPU_OPS = {"matrix_mad": r"call[^\n]*matrix_mad_k16", "block_load_2d": r"call[^\n]*2d_block_read",
+           "barrier": r"call[^\n]*(?:barrier|__spirv_ControlBarrier)"}
 
 
 def ops_for(target: Target) -> dict[str, str]:
+    if target.backend == "xpu":
+        return XPU_OPS
     return AMDGCN_OPS if target.backend == "hip" else SASS_OPS.get(target.name, SASS_OPS["cuda"])
 
 
@@ -77,11 +84,15 @@ class Report:
     sass: dict[str, int]  # instruction counts (`ops_for(target)`); named for the SASS it was first read from
     matrix_op: str
     spill_free_required: bool
+    allocated: bool = True  # registers allocated at compile time (False for Intel: IGC does it at load time)
 
     @property
     def spills(self) -> bool:
         """Registers spilled and reloaded: local memory, or any local load. (A stack frame written but never read
-        back is not a spill: on sm_120 in-kernel descriptors are staged through 8 bytes of stack with STL only.)"""
+        back is not a spill: on sm_120 in-kernel descriptors are staged through 8 bytes of stack with STL only.)
+        Unknown, and reported as none, where registers are allocated at load time."""
+        if not self.allocated:
+            return False
         if self.sass.get("LDL") is None:  # AMD: scratch or VGPRs spilled to it
             return bool(self.stack or self.local)
         return bool(self.local or self.sass["LDL"])
@@ -97,6 +108,8 @@ class Report:
 
     def verdict(self) -> str:
         if self.ok:
+            if not self.allocated:
+                return "ok (registers at load)"
             return "ok (spills tolerated)" if self.spills else "ok"
         if not self.fits:
             return "SHARED MEMORY"
@@ -200,12 +213,13 @@ def all_configs(target: Target = TARGETS["sm_90"]) -> Iterator[KernelConfig]:
 def compile_config(cfg: KernelConfig, target: Target = TARGETS["sm_90"]):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from triton.experimental.gluon._runtime import GluonASTSource
 
+    if cfg.gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as ASTSource
     sig = {name: "constexpr" if name in cfg.constexprs else cfg.arg_types.get(name, "i32")
            for name in cfg.fn.arg_names}
     attrs = {(cfg.fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in cfg.divisible}
-    src = (GluonASTSource if cfg.gluon else ASTSource)(cfg.fn, sig, constexprs=cfg.constexprs, attrs=attrs)
+    src = ASTSource(cfg.fn, sig, constexprs=cfg.constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget(*target.gpu_target),
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
@@ -215,7 +229,14 @@ def _tool(name: str) -> str:
 
 
 def analyse(cfg: KernelConfig, target: Target = TARGETS["sm_90"]) -> Report:
+    if target.backend == "xpu":
+        os.environ.setdefault("CC", "g++")  # the Intel backend compiles a SYCL (C++) helper with $CC on first use
     compiled = compile_config(cfg, target)
+    if target.backend == "xpu":
+        llir = compiled.asm["llir"]
+        counts = {op: len(re.findall(rx, llir)) for op, rx in XPU_OPS.items()}
+        return Report(cfg.name, target.name, 0, 0, 0, int(compiled.metadata.shared), target.smem, counts,
+                      target.matrix_op, cfg.spill_free, allocated=False)
     if target.backend == "hip":
         asm = compiled.asm["amdgcn"]
         meta = dict(re.findall(r"^\s*\.(vgpr_count|vgpr_spill_count|private_segment_fixed_size):"

@@ -17,8 +17,6 @@ import torch
 from xkernels import select
 from xkernels.common import launch
 from xkernels.common.runtime import strides_ok, strides_ready, tma_copy, tma_empty, tma_ready
-from xkernels.hopper import attention_fwd as hopper_attention
-from xkernels.hopper import gemm as hopper_gemm
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
 
@@ -90,6 +88,8 @@ class AttentionPlan:
         self.group, self.skv = hq // k.shape[1] if k.shape[1] else 1, k.shape[2]
         self.layer = choice.layer
         if choice.layer == "hopper":
+            from xkernels.hopper import attention_fwd as hopper_attention  # Gluon: imported where it can run
+
             self.fn = hopper_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = hopper_attention.launch_spec(
                 b, hq, sq, d, is_causal=is_causal, recipe=recipe, positive_scale=positive_scale,
@@ -209,9 +209,11 @@ class MatmulPlan:
                        and strides_ready(b3) and strides_ok(c_strides, out_dtype.itemsize))
         self.kernel: launch.Kernel | None = None
         if self.layer == "hopper":
+            from xkernels.hopper import gemm as hopper_gemm
+
             self.grid, self.ints, self.constexprs, self.options = hopper_gemm.launch_spec(
                 self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
-            self.fn = hopper_gemm.persistent_gemm_kernel
+            self.fn, self.descriptors = hopper_gemm.persistent_gemm_kernel, hopper_gemm.descriptors
             b_shape = (n, k) if b_layout == "nk" else (k, n)
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
@@ -241,7 +243,7 @@ class MatmulPlan:
     def _hopper_direct(self, a, b, out):
         if self.kernel is None:
             a2, b2, c2 = a.reshape(-1, self.k), b.reshape(b.shape[-2:]), _out_3d(out, self.rows, self.n)[0]
-            descs = hopper_gemm.descriptors(a2, b2, c2, b_layout=self.b_layout, cfg=self.cfg)
+            descs = self.descriptors(a2, b2, c2, b_layout=self.b_layout, cfg=self.cfg)
             self.kernel = launch.compile_kernel(self.fn, self.grid, (*descs, *self.ints), self.constexprs,
                                                 self.options, a.device)
             self.descriptors = [launch.DescriptorSlot(meta, shape, strides)
@@ -270,7 +272,7 @@ class MatmulPlan:
         if self.layer == "hopper":
             a2 = a3[0, :, :k] if a3.shape[2] != k else a3[0]
             b2 = b3[0, :n, :k] if self.b_layout == "nk" else b3[0, :k, :n]
-            descs = hopper_gemm.descriptors(a2, b2, c3[0, :, :n], b_layout=self.b_layout, cfg=self.cfg)
+            descs = self.descriptors(a2, b2, c3[0, :, :n], b_layout=self.b_layout, cfg=self.cfg)
             args = (*descs, *self.ints)
         else:
             args = (a3, b3, c3, self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1),

@@ -29,17 +29,28 @@ def run_inspect(kernel: str, targets: list[str], json_path: str | None, jobs: in
         console.print("[red]inspect compiles kernels: unset TRITON_INTERPRET")
         return 2
     import triton
+    from triton.backends import backends
 
     from xkernels.common.runtime import GLUON_COMPILES, TESTED_TRITON
-    from xkernels.common.targets import TARGETS
+    from xkernels.common.targets import INTEL_TARGETS, TARGETS
     from xkernels.inspection import all_configs, ops_for
 
-    names = list(TARGETS) if "all" in targets else targets
+    intel = "intel" in backends  # triton-xpu; the CUDA/ROCm triton has no Intel backend, and vice versa
+    names = [t for t in TARGETS if (t in INTEL_TARGETS) == intel] if "all" in targets else targets
     unknown = sorted(set(names) - set(TARGETS))
     if unknown:
         console.print(f"[red]--target: {unknown} are not among {sorted(TARGETS)}")
         return 2
-    if not triton.__version__.startswith(GLUON_COMPILES):
+    wrong = sorted(t for t in names if (t in INTEL_TARGETS) != intel)
+    if wrong:
+        console.print(f"[red]--target: {wrong} need {'the CUDA/ROCm triton' if intel else 'the Intel backend'} "
+                      f"(this is triton {triton.__version__} with backends {sorted(backends)}); "
+                      "see benchmarks/README.md for the Intel setup")
+        return 2
+    if intel:
+        console.print("[yellow]Intel backend: registers are allocated when the driver loads the SPIR-V, so spills "
+                      "are not known offline; the report counts DPAS (matrix_mad) calls in the LLVM IR")
+    elif not triton.__version__.startswith(GLUON_COMPILES):
         console.print(f"[yellow]triton {triton.__version__}: the Gluon (hopper.*) configs compile on triton "
                       f"{'/'.join(GLUON_COMPILES)}x and are not compiled here; kernel selection never runs them either")
     elif not triton.__version__.startswith(TESTED_TRITON):
@@ -64,7 +75,8 @@ def run_inspect(kernel: str, targets: list[str], json_path: str | None, jobs: in
             table.add_column(col)
         for r in rows:
             verdict = r.verdict()
-            table.add_row(r.name, str(r.registers), str(r.stack), str(r.local), str(r.shared),
+            regs = (str(r.registers), str(r.stack), str(r.local)) if r.allocated else ("—", "—", "—")
+            table.add_row(r.name, *regs, str(r.shared),
                           *(str(r.sass[o]) for o in ops), f"[green]{verdict}" if r.ok else f"[red]{verdict}")
         console.print(table)
         bad += [r for r in rows if not r.ok]

@@ -21,6 +21,9 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 TESTED_TRITON = ("3.6.", "3.7.")
 GLUON_COMPILES = ("3.6.", "3.7.", "3.9.")
 TRITON_TESTED: bool = triton.__version__.startswith(TESTED_TRITON)
+# The portable kernels read tiles through tensor descriptors where Triton has them, else through masked pointers
+# (the Intel backend on the package registry, triton-xpu 3.3, has none).
+TENSOR_DESCRIPTORS: bool = hasattr(triton.language, "make_tensor_descriptor")
 GLUON_COMPILED: bool = triton.__version__.startswith(GLUON_COMPILES)
 
 

@@ -13,19 +13,25 @@ import triton
 import triton.language as tl
 
 from xkernels.common.seqlen import kv_bounds
+from xkernels.portable import tiles
 from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.dot import mma
+from xkernels.portable.tiles import load_tile, store_tile
 from xkernels.recipes import AttentionRecipe
 
 
 @triton.jit
-def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, qk_scale, SKV,
-                  BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr, PV_DTYPE: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    """Fold K/V tiles [lo, hi) into the running (acc, row sum l_i, row max m_i), all in base-2 units."""
+def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk_scale, SKV,
+                  HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+                  PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Fold K/V tiles [lo, hi) into the running (acc, row sum l_i, row max m_i), all in base-2 units. K and V come
+    from descriptors (`k_src`, `v_src`), or without them from those base pointers and row strides."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
-        k = k_desc.load([start_n, 0])
+        if DESCRIPTORS:
+            k = k_src.load([start_n, 0])
+        else:
+            k = load_tile(k_src, start_n, 0, SKV, HEAD_DIM, k_ss, BLOCK_N, HEAD_DIM)
         s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET) * qk_scale
         if MASKED:
             keys = start_n + offs_n
@@ -40,7 +46,10 @@ def _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, lo, hi, offs_m, qk_scale, SK
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
         # recipe: P rounded to PV_DTYPE; V converted in-kernel when its storage dtype differs (bf16io)
-        v = v_desc.load([start_n, 0]).to(PV_DTYPE)
+        if DESCRIPTORS:
+            v = v_src.load([start_n, 0]).to(PV_DTYPE)
+        else:
+            v = load_tile(v_src, start_n, 0, SKV, HEAD_DIM, v_ss, BLOCK_N, HEAD_DIM).to(PV_DTYPE)
         acc = mma(p.to(PV_DTYPE), v, acc, INTERPRET)
         m_i = m_new
     return acc, l_i, m_i
@@ -53,7 +62,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
                          HQ, GROUP, SQ, SKV, qk_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                         INTERPRET: tl.constexpr):
+                         DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
     # one grid axis (CUDA caps the others at 65535): row blocks of one (batch, head) are neighbours, sharing K/V in L2
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
@@ -61,30 +70,40 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
     b = bh // HQ
     h = bh % HQ
     hk = h // GROUP
-    q_desc = tl.make_tensor_descriptor(Q + b * q_sb + h * q_sh, shape=[SQ, HEAD_DIM], strides=[q_ss, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
-    k_desc = tl.make_tensor_descriptor(K + b * k_sb + hk * k_sh, shape=[SKV, HEAD_DIM], strides=[k_ss, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    v_desc = tl.make_tensor_descriptor(V + b * v_sb + hk * v_sh, shape=[SKV, HEAD_DIM], strides=[v_ss, 1],
-                                       block_shape=[BLOCK_N, HEAD_DIM])
-    o_desc = tl.make_tensor_descriptor(O + b * o_sb + h * o_sh, shape=[SQ, HEAD_DIM], strides=[o_ss, 1],
-                                       block_shape=[BLOCK_M, HEAD_DIM])
+    q_base, k_base = Q + b * q_sb + h * q_sh, K + b * k_sb + hk * k_sh
+    v_base, o_base = V + b * v_sb + hk * v_sh, O + b * o_sb + h * o_sh
+    if DESCRIPTORS:
+        q_desc = tiles.make_tensor_descriptor(q_base, shape=[SQ, HEAD_DIM], strides=[q_ss, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM])
+        k_src = tiles.make_tensor_descriptor(k_base, shape=[SKV, HEAD_DIM], strides=[k_ss, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+        v_src = tiles.make_tensor_descriptor(v_base, shape=[SKV, HEAD_DIM], strides=[v_ss, 1],
+                                          block_shape=[BLOCK_N, HEAD_DIM])
+        o_desc = tiles.make_tensor_descriptor(o_base, shape=[SQ, HEAD_DIM], strides=[o_ss, 1],
+                                           block_shape=[BLOCK_M, HEAD_DIM])
+        q = q_desc.load([start_m, 0])  # rows past SQ read as zeros; their results are clipped at the store
+    else:
+        k_src, v_src = k_base, v_base
+        q = load_tile(q_base, start_m, 0, SQ, HEAD_DIM, q_ss, BLOCK_M, HEAD_DIM)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    q = q_desc.load([start_m, 0])  # rows past SQ read as zeros; their results are clipped at the store
 
     # [0, full_hi): whole tiles inside Skv and (causal) wholly at or below the diagonal of this row block
     # [full_hi, hi): the tail tile and the diagonal tiles, masked; keys >= hi are never visited
     full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, 0, full_hi, offs_m, qk_scale, SKV,
-                                  BLOCK_N, CAUSAL, False, PV_DTYPE, INTERPRET)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_desc, v_desc, full_hi, hi, offs_m, qk_scale, SKV,
-                                  BLOCK_N, CAUSAL, True, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, 0, full_hi, offs_m, qk_scale, SKV,
+                                  HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m, qk_scale, SKV,
+                                  HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET)
 
-    o_desc.store([start_m, 0], (acc / l_i[:, None]).to(o_desc.dtype))
+    o = (acc / l_i[:, None]).to(O.dtype.element_ty)
+    if DESCRIPTORS:
+        o_desc.store([start_m, 0], o)
+    else:
+        store_tile(o_base, start_m, 0, SQ, HEAD_DIM, o_ss, o, BLOCK_M, HEAD_DIM)
     if WRITE_LSE:
         # natural-log LSE of the scaled scores: (m + log2 l) in base-2 units, times ln 2
         tl.store(LSE + bh * SQ + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < SQ)

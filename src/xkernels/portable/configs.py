@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from xkernels.common.dtypes import TL_DTYPE
-from xkernels.common.runtime import INTERPRET
+from xkernels.common.runtime import INTERPRET, TENSOR_DESCRIPTORS
 from xkernels.common.targets import Target
 from xkernels.recipes import AttentionRecipe
 
@@ -24,7 +24,8 @@ class AttentionConfig:
                    interpret: bool = INTERPRET) -> dict[str, object]:
         """`attention_fwd_kernel`'s compile-time arguments: one mapping for the launch and for `inspect`."""
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
-                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, INTERPRET=interpret)
+                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, DESCRIPTORS=TENSOR_DESCRIPTORS,
+                    INTERPRET=interpret)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -70,7 +71,7 @@ class GemmConfig:
     def constexprs(self, b_layout: str, walk: str, interpret: bool = INTERPRET) -> dict[str, object]:
         """`gemm_kernel`'s compile-time arguments: one mapping for the launch and for `inspect`."""
         return dict(BLOCK_M=self.block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, B_NK=b_layout == "nk",
-                    WALK=walk, GROUP_M=self.group_m, INTERPRET=interpret)
+                    WALK=walk, GROUP_M=self.group_m, DESCRIPTORS=TENSOR_DESCRIPTORS, INTERPRET=interpret)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -142,6 +143,16 @@ CDNA = ConfigTable(
     gemm={2: GemmConfig(128, 128, 64, 4, 2), 4: GemmConfig(128, 128, 32, 4, 2)},
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(32, 64, 64, 32, 4, 1),
                    256: AttentionBwdConfig(32, 32, 32, 32, 4, 1)})
+# Intel Xe2 (SIMD16 sub-groups, DPAS 8x16x16, 128 KB SLM): the masked-pointer path of triton-xpu 3.3 has no 2D
+# block loads, so operands go through registers (256 GRF in large-GRF mode); moderate tiles. Compiled offline only:
+# no Xe2 device is reachable to time them.
+XE2 = ConfigTable(
+    attention={64: AttentionConfig(64, 64, 4, 1), 128: AttentionConfig(64, 32, 4, 1),
+               256: AttentionConfig(32, 32, 4, 1)},
+    converting_v={},
+    gemm={2: GemmConfig(128, 128, 32, 8, 1), 4: GemmConfig(128, 128, 32, 8, 1)},
+    attention_bwd={64: AttentionBwdConfig(32, 64, 64, 32, 4, 1), 128: AttentionBwdConfig(32, 32, 32, 32, 4, 1),
+                   256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)})
 # Interpreted: small tiles so the CPU run is quick and tests at S = 17, 129 cross several tiles, the diagonal and
 # the tails.
 ATTENTION_INTERPRETED = AttentionConfig(32, 16, 4, 1)
@@ -155,6 +166,8 @@ def table_for(target: Target | None) -> ConfigTable:
         return HOPPER
     if target.backend == "hip":
         return CDNA
+    if target.backend == "xpu":
+        return XE2
     if target.smem >= 200 * 1024:
         return HOPPER
     if target.smem >= 160 * 1024:
