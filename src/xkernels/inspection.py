@@ -155,7 +155,7 @@ _BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb",
 def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
     """The two backward kernels per head dim and mask, bf16 (fp16 differs only in the operand type)."""
     from xkernels.portable import attention_bwd as bwd
-    from xkernels.portable.configs import attention_bwd_config
+    from xkernels.portable.configs import attention_bwd_config, table_for
     from xkernels.validation import HEAD_DIMS
 
     p = POINTER_TYPE[torch.bfloat16]
@@ -169,7 +169,8 @@ def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
                     ("dq", bwd.dq_kernel, cfg.dq_constexprs(d, causal=causal, interpret=False))):
                 yield KernelConfig(f"portable.attention_bwd.{name} bf16 D{d}{' causal' if causal else ''} {cfg}", fn,
                                    types, constexprs, cfg.num_warps, cfg.num_stages,
-                                   divisible=tuple(a for a in _BWD_DIVISIBLE if a in fn.arg_names))
+                                   divisible=tuple(a for a in _BWD_DIVISIBLE if a in fn.arg_names),
+                                   spill_free=table_for(target).spill_free("attention_bwd", d))
 
 
 def hopper_configs() -> Iterator[KernelConfig]:

@@ -57,7 +57,7 @@ def run_inspect(kernel: str, targets: list[str], json_path: str | None, jobs: in
         console.print(f"[yellow]triton {triton.__version__}: the Gluon configs compile here, but they run only on "
                       f"triton {'/'.join(TESTED_TRITON)}x until a GPU run covers this release")
     _WORK[:] = [(c, TARGETS[t]) for t in names for c in all_configs(TARGETS[t])
-                if kernel == "all" or f".{kernel} " in c.name]
+                if kernel in ("all", c.name.split()[0].split(".")[1])]
     context = multiprocessing.get_context("fork")
     with Progress(console=console, transient=True) as progress, \
             ProcessPoolExecutor(max(jobs, 1), mp_context=context) as pool:

@@ -43,10 +43,20 @@ def _tile(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr
 
 
 @triton.jit
+def _tile_t(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr):
+    """The transpose [HEAD_DIM, ROWS] of `_tile`, read transposed from memory (no register transpose)."""
+    rows = start + tl.arange(0, ROWS)
+    cols = tl.arange(0, HEAD_DIM)
+    return tl.load(base + rows[None, :] * s_s + cols[:, None], mask=rows[None, :] < rows_len, other=0.0)
+
+
+@triton.jit
 def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                 do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, HQ, HKV, GROUP, SQ, SKV, scale,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 INTERPRET: tl.constexpr):
+    """Works on transposed scores, S^T = K Q^T (keys on rows): P^T and dS^T come out of one product as the left
+    operand of the next (dV += P^T dO, dK += dS^T Q), so nothing is transposed in registers."""
     n_blocks = tl.cdiv(SKV, BLOCK_N)
     bhk = (tl.program_id(0) // n_blocks).to(tl.int64)
     b, hk = bhk // HKV, bhk % HKV
@@ -63,19 +73,19 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, q_sb, q_sh, q_ss, k_sb, k_sh, k
         bh = b * HQ + h
         for start_m in range(lo, SQ, BLOCK_M):
             rows = start_m + tl.arange(0, BLOCK_M)
-            q = _tile(Q + b * q_sb + h * q_sh, q_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
+            q_t = _tile_t(Q + b * q_sb + h * q_sh, q_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
             do = _tile(DO + b * do_sb + h * do_sh, do_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
             lse = tl.load(LSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
             delta = tl.load(DELTA + bh * SQ + rows, mask=rows < SQ, other=0.0)
-            s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
-            keep = (rows[:, None] < SQ) & (keys[None, :] < SKV)
+            s_t = mma(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
+            keep = (keys[:, None] < SKV) & (rows[None, :] < SQ)
             if CAUSAL:
-                keep = keep & (keys[None, :] <= rows[:, None])
-            p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634), 0.0)
-            dv = mma(tl.trans(p.to(do.dtype)), do, dv, INTERPRET)
-            dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
-            ds = p * (dp - delta[:, None])
-            dk = mma(tl.trans(ds.to(q.dtype)), q, dk, INTERPRET)
+                keep = keep & (keys[:, None] <= rows[None, :])
+            p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse[None, :] * 1.4426950408889634), 0.0)
+            dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
+            dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, INTERPRET)
     cols = tl.arange(0, HEAD_DIM)
     keep_n = keys[:, None] < SKV
     tl.store(DK + b * dk_sb + hk * dk_sh + keys[:, None] * dk_ss + cols[None, :], (dk * scale).to(DK.dtype.element_ty),

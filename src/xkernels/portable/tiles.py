@@ -8,9 +8,15 @@ where it has not (`runtime.TENSOR_DESCRIPTORS`: the Intel backend, triton-xpu 3.
 import triton
 import triton.language as tl
 
-# `tl.make_tensor_descriptor`, or a constexpr None where Triton lacks it: the kernels call it only when their
-# DESCRIPTORS constexpr is set, but older Triton resolves every attribute of a kernel's source when hashing it.
-make_tensor_descriptor = getattr(tl, "make_tensor_descriptor", None) or tl.constexpr(None)
+
+def __getattr__(name: str):
+    """`tiles.make_tensor_descriptor` is `tl.make_tensor_descriptor`, looked up on each use (the interpreter swaps
+    triton.language's builtins while a kernel runs), or a constexpr None where Triton lacks it: the kernels call it
+    only when their DESCRIPTORS constexpr is set, but older Triton resolves every attribute of a kernel's source
+    when hashing it."""
+    if name == "make_tensor_descriptor":
+        return getattr(tl, name, None) or tl.constexpr(None)
+    raise AttributeError(name)
 
 
 @triton.jit
