@@ -38,8 +38,37 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool
         return dq, dk, dv
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     grad_lse = None if grad_lse is None else grad_lse.contiguous()
-    portable_bwd.launch(_unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out), lse.contiguous(),
-                        _unit_last(grad_out), dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
+    q, k, v, out, grad_out, lse = (_unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out),
+                                   _unit_last(grad_out), lse.contiguous())
+    if choice.layer == "hopper":
+        _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
+                cfg=choice.config)
+        plans._record(f"hopper.attention_backward[{choice.config}]")
+        return dq, dk, dv
+    portable_bwd.launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
                         cfg=choice.config)
     plans._record(f"portable.attention_backward[{choice.config}]")
     return dq, dk, dv
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """Contiguous with a 16-byte aligned base: what a flat (B * H * S, D) TMA descriptor reads."""
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
+def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg) -> None:
+    """The Hopper dK/dV kernel, with the portable preprocess and dQ kernels (their tiles for this head dim)."""
+    from xkernels.common import launch
+    from xkernels.hopper import attention_bwd as hopper_bwd
+
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    portable_cfg = select.portable_configs.attention_bwd_config(d, select._target(q.device))
+    delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
+                                    num_warps=portable_cfg.num_warps)
+    qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
+    args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg), lse, delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3],
+            hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
+    launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
+                          cfg.constexprs(d, causal=is_causal), {})
+    portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)

@@ -190,6 +190,20 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
                     ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True)
 
+    from xkernels.hopper import attention_bwd as bwd
+    from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS
+
+    for d, bc in sorted(ATTENTION_BWD_CONFIGS.items()):
+        for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
+            descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
+                     for name, rows in (("q_desc", bc.block_m), ("k_desc", bc.block_n), ("v_desc", bc.block_n),
+                                        ("do_desc", bc.block_m))}
+            types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dt}", "DV": f"*{dt}", "qk_scale": "fp32",
+                             "scale": "fp32"}
+            for causal in (False, True):
+                yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{' causal' if causal else ''} {bc}",
+                                   bwd.attention_dkdv_kernel, types, bc.constexprs(d, causal=causal), 4, gluon=True)
+
     c = GEMM_CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
         for lay in ("kn", "nk"):

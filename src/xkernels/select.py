@@ -18,7 +18,13 @@ import torch
 
 from xkernels.common.runtime import INTERPRET, check_device, hopper_available
 from xkernels.common.targets import Target, device_target
-from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, HopperAttentionConfig, HopperGemmConfig
+from xkernels.hopper.configs import (
+    ATTENTION_BWD_CONFIGS,
+    ATTENTION_CONFIGS,
+    GEMM_CONFIG,
+    HopperAttentionConfig,
+    HopperGemmConfig,
+)
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
 from xkernels.validation import check_attention, check_attention_backward, check_matmul
@@ -111,16 +117,21 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
                                backend: str):
-    """The backward's checks and kernel choice, for the real and the fake kernel alike. Only the portable layer has a
-    backward so far; `backend` is still parsed (a bad one raises), and a forced layer without a backward kernel
-    runs the portable one (`last_backend()` names it). Returns (recipe, Choice)."""
+    """The backward's checks and kernel choice, for the real and the fake kernel alike: on sm_90 with a tested triton
+    the Hopper dK/dV kernel at D64 and D128 (with the portable dQ kernel), else the portable kernels. `backend`
+    "portable" forces those; "hopper" where the Hopper backward has no kernel (D256, other GPUs) runs the portable
+    one (`last_backend()` names it), and config overrides ("hopper:stages=3") apply to the forward only. Returns
+    (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
     check_device(q.device, "q")
-    parse_backend(backend)
+    override = parse_backend(backend)
     if q.device.type == "meta":
         return recipe, Choice("meta", None)
-    return recipe, Choice("portable", portable_configs.attention_bwd_config(int(q.shape[-1]), _target(q.device)))
+    d = int(q.shape[-1])
+    if override.layer != "portable" and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
+        return recipe, Choice("hopper", ATTENTION_BWD_CONFIGS[d])
+    return recipe, Choice("portable", portable_configs.attention_bwd_config(d, _target(q.device)))
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):

@@ -12,6 +12,13 @@ Attention forward (`attention_fwd.py`), per CTA; "arrive" -> "wait": what the wa
                nobody still reads V tile s.
 K and V have separate rings so a K stage frees once the QK^T wgmmas retire, while P.V of that tile still reads V.
 
+Attention backward, dK/dV (`attention_bwd.py`), per CTA:
+  kv_ready     producer's TMA (K and V tile bytes) -> each consumer, once: its keys and values have landed.
+  qdo.ready[s] producer's TMA (Q and dO tile bytes) plus the producer's arrive after writing the block's LSE and delta
+               rows into shared memory (count 2 with the expect) -> each consumer, per query block: stage s holds
+               Q, dO, LSE and delta.
+  qdo.empty[s] each of the 2 consumers, once its dV and dK wgmmas retired -> producer, before refilling stage s.
+
 GEMM (`gemm.py`), per CTA: one ring of A+B stages.
   ready[s]     loader's TMA (A and B tile bytes) -> MMA partition, per k-step: stage s's tiles have landed.
   empty[s]     MMA partition, once the wgmma reading stage s retired -> loader, before refilling stage s.
@@ -47,3 +54,12 @@ def gemm_barriers(a_bufs, b_bufs):
     ready = allocate_barriers(STAGES, 1)
     empty = allocate_barriers(STAGES, 1)
     return Ring(a_bufs, ready, empty), Ring(b_bufs, ready, empty)
+
+
+@gluon.jit
+def attention_bwd_barriers(q_bufs):
+    """(kv_ready, the Q/dO ring over `q_bufs`; dO's stages share its barriers), as in the table above."""
+    STAGES: gl.constexpr = q_bufs.shape[0]
+    kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_ready, count=1)
+    return kv_ready, Ring(q_bufs, allocate_barriers(STAGES, 2), allocate_barriers(STAGES, 2))

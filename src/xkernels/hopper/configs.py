@@ -64,6 +64,27 @@ ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, c
 
 
 @dataclass(frozen=True)
+class HopperAttentionBwdConfig:
+    """The dK/dV kernel's tiles: BLOCK_N keys per program (two consumer warpgroups of 64), BLOCK_M queries per step,
+    a ring of `stages` Q/dO tiles."""
+
+    block_m: int = 64
+    block_n: int = 128
+    stages: int = 2
+
+    def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
+                    CAUSAL=causal)
+
+    def __str__(self) -> str:
+        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}"
+
+
+# the Hopper backward covers D64 and D128 (D256's dK + dV accumulators do not fit a warpgroup's registers: portable)
+ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwdConfig()}
+
+
+@dataclass(frozen=True)
 class HopperGemmConfig:
     block_m: int = 128
     block_n: int = 256

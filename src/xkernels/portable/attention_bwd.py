@@ -128,25 +128,42 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v
              mask=rows[:, None] < SQ)
 
 
-def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg) -> None:
-    """Gradients of O = attention(q, k, v) given dO (and dLSE, or None), written into dq, dk, dv (allocated by the
-    caller, any (B, H, S) strides with a unit last stride, like every input). `lse` and `grad_lse` are (B, Hq, Sq)
-    contiguous fp32. Workspace: delta, (B, Hq, Sq) fp32."""
+def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4):
+    """delta = rowsum(dO * O) - dLSE, (B, Hq, Sq) fp32: the backward's one workspace."""
     import torch
 
     from xkernels.common.launch import generic_launch
 
+    b, hq, sq, d = o.shape
+    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=o.device)
+    generic_launch(preprocess_kernel, triton.cdiv(sq, block_m) * b * hq,
+                   (o, do, delta if grad_lse is None else grad_lse, delta, *o.stride()[:3], *do.stride()[:3], hq,
+                    sq), dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None), dict(num_warps=num_warps))
+    return delta
+
+
+def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg) -> None:
+    from xkernels.common.launch import generic_launch
+
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-    opts = cfg.options()
-    generic_launch(preprocess_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
-                   (o, do, delta if grad_lse is None else grad_lse, delta, *o.stride()[:3], *do.stride()[:3], hq,
-                    sq), dict(HEAD_DIM=d, BLOCK_M=cfg.q_m, HAS_DLSE=grad_lse is not None), opts)
-    common = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3])
-    generic_launch(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
-                   (q, k, v, do, lse, delta, dk, dv, *common, *dk.stride()[:3], *dv.stride()[:3], hq, hkv, hq // hkv,
-                    sq, skv, scale), cfg.dkdv_constexprs(d, causal=is_causal), opts)
     generic_launch(dq_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
-                   (q, k, v, do, lse, delta, dq, *common, *dq.stride()[:3], hq, hq // hkv, sq, skv, scale),
-                   cfg.dq_constexprs(d, causal=is_causal), opts)
+                   (q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                    *do.stride()[:3], *dq.stride()[:3], hq, hq // hkv, sq, skv, scale),
+                   cfg.dq_constexprs(d, causal=is_causal), cfg.options())
+
+
+def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg) -> None:
+    """Gradients of O = attention(q, k, v) given dO (and dLSE, or None), written into dq, dk, dv (allocated by the
+    caller, any (B, H, S) strides with a unit last stride, like every input). `lse` and `grad_lse` are (B, Hq, Sq)
+    contiguous fp32. Workspace: delta, (B, Hq, Sq) fp32."""
+    from xkernels.common.launch import generic_launch
+
+    b, hq, sq, d = q.shape
+    hkv, skv = k.shape[1], k.shape[2]
+    delta = preprocess(o, do, grad_lse, block_m=cfg.q_m, num_warps=cfg.num_warps)
+    generic_launch(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
+                   (q, k, v, do, lse, delta, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                    *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], hq, hkv, hq // hkv, sq, skv, scale),
+                   cfg.dkdv_constexprs(d, causal=is_causal), cfg.options())
+    launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg)

@@ -1,0 +1,158 @@
+"""Hopper attention backward, dK and dV, in Gluon: a TMA producer feeding two consumer warpgroups through a Q/dO ring.
+
+Per program: BLOCK_N = 128 keys of one kv head, 64 per consumer warpgroup, walking every query block of every query
+head of its GQA group, so dK and dV sum over the group in registers (no atomics: deterministic). dQ comes from the
+portable dQ kernel; delta = rowsum(dO * O) - dLSE from the portable preprocess kernel. Partitions:
+  - producer (1 warp): K and V once; then per query block: acquire a ring stage, TMA Q and dO into it, copy the
+    block's LSE (in log2 units) and delta into the stage's stats rows, arrive (the TMA bytes and this arrive together
+    make the stage ready);
+  - consumer warpgroup w (4 warps): its 64 keys against every query block, on transposed scores (keys on rows), so
+    P^T and dS^T come out of one product as the register A operand of the next and are never transposed:
+      issue S^T = K_w Q^T and dP^T = V_w dO^T async -> wait S^T -> P^T = exp2(S^T c - lse), masked
+                                                       <- window: dP^T runs on the tensor cores
+      -> issue dV += P^T dO async -> wait dP^T -> dS^T = P^T (dP^T - delta)   <- window: dV's wgmma
+      -> issue dK += dS^T Q -> wait all -> release the stage.
+Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S, D) tensors: tiles past a head's
+last row read the next head's rows (or zeros at the end), which the masks (LSE = +inf for queries past SQ, keys past
+SKV) turn into exact zeros of P^T and dS^T. Causal is top-left aligned, as in the forward. Barriers: `barriers.py`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+
+from xkernels.common.dtypes import gl_dtype
+from xkernels.hopper import tma
+from xkernels.hopper.barriers import attention_bwd_barriers
+from xkernels.hopper.configs import HopperAttentionBwdConfig
+
+WG_KEYS = gl.constexpr(64)  # keys per consumer warpgroup (a wgmma's M)
+LOG2E = gl.constexpr(1.4426950408889634)
+
+
+@gluon.jit
+def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b, hk,
+              bhk, start_n, lo, HQ, GROUP, SQ, SKV, BLOCK_M: gl.constexpr):
+    mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
+    tma.async_load(k_desc, [(bhk * SKV + start_n).to(gl.int32), 0], kv_ready, k_buf)
+    tma.async_load(v_desc, [(bhk * SKV + start_n).to(gl.int32), 0], kv_ready, v_buf)
+    rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
+    offs = gl.arange(0, BLOCK_M, rows_layout)
+    it = 0
+    for g in range(GROUP):
+        row0 = (b * HQ + hk * GROUP + g) * SQ
+        for start_m in range(lo, SQ, BLOCK_M):
+            s = qdo.acquire(it)
+            mbarrier.expect(qdo.ready.index(s), 2 * q_desc.block_type.nbytes)
+            tma.async_load(q_desc, [(row0 + start_m).to(gl.int32), 0], qdo.ready.index(s), qdo.bufs.index(s))
+            tma.async_load(do_desc, [(row0 + start_m).to(gl.int32), 0], qdo.ready.index(s), do_bufs.index(s))
+            rows = start_m + offs
+            inside = rows < SQ
+            # queries past SQ: LSE = +inf makes their P exactly 0 (whatever rows the flat tile holds there)
+            lse = gl.load(LSE + row0 + rows, mask=inside, other=float("inf")) * LOG2E
+            delta = gl.load(DELTA + row0 + rows, mask=inside, other=0.0)
+            stats.index(2 * s).store(lse)
+            stats.index(2 * s + 1).store(delta)
+            mbarrier.arrive(qdo.ready.index(s))  # with the TMA bytes: the stage is ready
+            it += 1
+
+
+@gluon.jit
+def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb,
+              dv_sh, dv_ss, b, hk, start_n, lo, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_M, 16])
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                         instr_shape=[16, HEAD_DIM, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    dtype: gl.constexpr = k_buf.dtype
+    k_w = k_buf.slice(W * WG_KEYS, WG_KEYS)  # [64, D]: this warpgroup's keys
+    v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)
+    keys = start_n + W * WG_KEYS + gl.arange(0, WG_KEYS, gl.SliceLayout(1, s_layout))
+    cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # queries
+    dk = gl.zeros([WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dv = gl.zeros([WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
+    mbarrier.wait(kv_ready, 0)
+    it = 0
+    for _g in range(GROUP):
+        for start_m in range(lo, SQ, BLOCK_M):
+            s = qdo.wait(it)
+            q = qdo.bufs.index(s)
+            do = do_bufs.index(s)
+            s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
+            dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
+            lse = stats.index(2 * s).load(cols)
+            delta = stats.index(2 * s + 1).load(cols)
+            queries = start_m + gl.arange(0, BLOCK_M, cols)
+            s_t = warpgroup_mma_wait(1, deps=[s_tok])
+            p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
+            keep = gl.expand_dims(keys < SKV, 1)
+            if CAUSAL:
+                keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
+            p_t = gl.where(keep, p_t, 0.0)
+            p_op = gl.convert_layout(p_t.to(dtype), op_layout)
+            dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)  # dV += P^T dO
+            dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
+            ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+            ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
+            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)  # dK += dS^T Q
+            dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+            qdo.release(it)
+            it += 1
+    rows = start_n + W * WG_KEYS + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
+    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
+    keep_rows = gl.expand_dims(rows < SKV, 1)
+    dk_ptrs = DK + b * dk_sb + hk * dk_sh + gl.expand_dims(rows, 1) * dk_ss + gl.expand_dims(d, 0)
+    dv_ptrs = DV + b * dv_sb + hk * dv_sh + gl.expand_dims(rows, 1) * dv_ss + gl.expand_dims(d, 0)
+    gl.store(dk_ptrs, (dk * scale).to(dtype), mask=keep_rows)
+    gl.store(dv_ptrs, dv.to(dtype), mask=keep_rows)
+
+
+@gluon.jit
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh,
+                          dv_ss, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
+    n_blocks = gl.cdiv(SKV, BLOCK_N)
+    start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
+    bhk = (gl.program_id(0) // n_blocks).to(gl.int64)
+    b = bhk // HKV
+    hk = bhk % HKV
+    lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0  # causal: earlier queries see none of these keys
+    k_buf = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+    v_buf = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+    do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+    stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
+    kv_ready, qdo = attention_bwd_barriers(q_bufs)
+    gl.warp_specialize([
+        (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh,
+                     dv_ss, b, hk, start_n, lo, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL)),
+        (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh,
+                     dv_ss, b, hk, start_n, lo, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL)),
+        (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,
+                     hk, bhk, start_n, lo, HQ, GROUP, SQ, SKV, BLOCK_M)),
+    ], [4, 1], [240, 24])
+
+
+def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
+                cfg: HopperAttentionBwdConfig) -> list:
+    """Host TMA descriptors of Q, K, V and dO viewed as flat (B * H * S, D) matrices (the tensors are contiguous)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    d = q.shape[-1]
+    out = []
+    for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m)):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype(t.dtype))
+        out.append(TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], layout))
+    return out
+
+
+def grid(batch: int, kv_heads: int, skv: int, cfg: HopperAttentionBwdConfig) -> int:
+    return triton.cdiv(skv, cfg.block_n) * batch * kv_heads
