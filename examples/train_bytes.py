@@ -212,8 +212,11 @@ def main(argv: list[str] | None = None) -> dict:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "train.json").write_text(json.dumps(result, indent=1))
-        plot(losses, out / "train.png", f"byte LM {cfg.layers}L {cfg.heads}/{cfg.kv_heads} heads D{cfg.head_dim} "
-             f"seq {cfg.seq} batch {cfg.batch}, {result['device']}")
+        try:
+            plot(losses, out / "train.png", f"byte LM {cfg.layers}L {cfg.heads}/{cfg.kv_heads} heads "
+                 f"D{cfg.head_dim} seq {cfg.seq} batch {cfg.batch}, {result['device']}")
+        except ImportError:
+            print("no plot: matplotlib is not installed (pip install -e '.[bench]')")
     return result
 
 

@@ -32,4 +32,5 @@ def test_tiny_training_runs_and_agrees_with_sdpa(tmp_path):
     assert result["agreement"]["xkernels_vs_sdpa"] < 1e-2  # measured 3e-4
 
     assert losses["xkernels"][-1] < losses["xkernels"][0]
-    assert (tmp_path / "train.json").exists() and (tmp_path / "train.png").exists()
+    assert (tmp_path / "train.json").exists()
+    assert (tmp_path / "train.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
