@@ -82,6 +82,29 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     return ops.attention_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
 
 
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
+                     scale: float | None = None, precision: str = "auto", return_lse: bool = False,
+                     backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention over a packed batch of variable-length sequences, like flash_attn_varlen_func.
+
+    q (total_q, Hq, D), k and v (total_k, Hkv, D) with Hq a multiple of Hkv (GQA), D in {64, 128, 256}, fp16 or
+    bf16; sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and
+    v (int32, (batch + 1,), starting at 0); max_seqlen_q / max_seqlen_k bound the lengths. No padding is computed.
+    **Causal is aligned bottom-right** per sequence, as FlashAttention >= 2.1 and KV caches (query i sees keys
+    j <= i + Sk - Sq), unlike `attention`'s top-left; rows that see no key return 0 (LSE -inf). The cu_seqlens values
+    are checked (one read to the host) except while a CUDA graph is being captured. Returns O (total_q, Hq, D), or
+    (O, LSE) with LSE (Hq, total_q) fp32 natural log. Forward only: inputs that require grad are refused.
+    """
+    tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
+    flag(is_causal, "is_causal"), flag(return_lse, "return_lse")
+    scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
+    no_grad({"q": q, "k": k, "v": v}, "attention_varlen has no backward yet")
+    o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
+                                     scale, precision, return_lse, backend)
+    return (o, lse) if return_lse else o
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str = "auto",
            out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
            backend: str | None = None) -> torch.Tensor:

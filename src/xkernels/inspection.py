@@ -133,6 +133,7 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                     cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
                     cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
                     spill_free=table_for(target).spill_free("attention", d))
+    yield from _attention_varlen_configs(target)
     yield from _attention_bwd_configs(target)
     for dtype, out in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
                        (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
@@ -145,6 +146,28 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                     {"A": POINTER_TYPE[dtype], "B": POINTER_TYPE[dtype], "C": POINTER_TYPE[out]},
                     g.constexprs(lay, walk, interpret=False), g.num_warps, g.num_stages, divisible=_GEMM_DIVISIBLE,
                     spill_free=table_for(target).spill_free("gemm", out.itemsize))
+
+
+def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
+    """The varlen forward per head dim and mask, bf16 (its tile loop is the dense kernel's, compiled for every
+    recipe above)."""
+    from xkernels.portable import attention_varlen as varlen
+    from xkernels.portable.configs import attention_config, table_for
+    from xkernels.recipes import ATTENTION_RECIPES
+    from xkernels.validation import HEAD_DIMS
+
+    recipe = ATTENTION_RECIPES["bf16"]
+    types = _attention_types(recipe.io_dtype) | {"CU_Q": "*i32", "CU_K": "*i32"}
+    divisible = ("Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "o_st",
+                 "o_sh")
+    for d in HEAD_DIMS:
+        cfg = attention_config(d, recipe, target, interpret=False)
+        for causal in (False, True):
+            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''} {cfg}",
+                               varlen.attention_varlen_kernel, types,
+                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
+                               cfg.num_warps, cfg.num_stages, divisible=divisible,
+                               spill_free=table_for(target).spill_free("attention_varlen", d))
 
 
 _BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss",

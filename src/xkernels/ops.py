@@ -10,6 +10,8 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::attention_lse(q, k, v, ...same...) -> (O, LSE)
   xkernels::attention_out(q, k, v, out!, ...same..., return_lse) -> LSE          (writes O into `out`)
   xkernels::attention_backward(grad_out, q, k, v, out, lse, grad_lse?, ...same...) -> (dQ, dK, dV)
+  xkernels::attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+                             precision, return_lse, backend) -> (O, LSE (Hq, total_q) or empty)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
 LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
@@ -26,8 +28,13 @@ from __future__ import annotations
 
 import torch
 
-from xkernels import backward, plans
-from xkernels.select import resolve_attention, resolve_attention_backward, resolve_matmul
+from xkernels import backward, plans, varlen
+from xkernels.select import (
+    resolve_attention,
+    resolve_attention_backward,
+    resolve_attention_varlen,
+    resolve_matmul,
+)
 from xkernels.validation import check_out_memory, check_out_storage
 
 _lib = torch.library.Library("xkernels", "DEF")
@@ -38,6 +45,9 @@ _lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> (Tens
 _lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse) -> Tensor")
 _lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             f"Tensor? grad_lse, {_ATTN_ARGS}) -> (Tensor, Tensor, Tensor)")
+_lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float? scale, str precision, bool return_lse, "
+            "str backend) -> (Tensor, Tensor)")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
 _DEVICES = ("CPU", "CUDA", "XPU")
@@ -70,6 +80,13 @@ def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale,
                                        enable_gqa=enable_gqa, precision=precision, backend=backend)
 
 
+def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision,
+                      return_lse, backend):
+    return varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                   is_causal=is_causal, scale=scale, precision=precision, return_lse=return_lse,
+                                   backend=backend)
+
+
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
     return plans.matmul(a, b, None, b_layout=b_layout, walk=walk, out_dtype=out_dtype, backend=backend)
 
@@ -83,6 +100,7 @@ _register("attention", _attention)
 _register("attention_lse", _attention_lse)
 _register("attention_out", _attention_out)
 _register("attention_backward", _attention_backward)
+_register("attention_varlen", _attention_varlen)
 _register("matmul", _matmul)
 _register("matmul_out", _matmul_out)
 
@@ -115,6 +133,15 @@ def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, preci
     resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa, precision=precision,
                                backend=backend)
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
+
+
+@torch.library.register_fake("xkernels::attention_varlen")
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
+      backend):
+    resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                             precision=precision, backend=backend)
+    lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("xkernels::matmul")
@@ -166,5 +193,6 @@ attention_op = torch.ops.xkernels.attention.default
 attention_lse_op = torch.ops.xkernels.attention_lse.default
 attention_out_op = torch.ops.xkernels.attention_out.default
 attention_backward_op = torch.ops.xkernels.attention_backward.default
+attention_varlen_op = torch.ops.xkernels.attention_varlen.default
 matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default

@@ -27,7 +27,7 @@ from xkernels.hopper.configs import (
 )
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
-from xkernels.validation import check_attention, check_attention_backward, check_matmul
+from xkernels.validation import check_attention, check_attention_backward, check_attention_varlen, check_matmul
 
 LAYERS = ("portable", "hopper")
 DEFAULT_BACKEND: str = os.environ.get("XKERNELS_LAYER") or "auto"
@@ -132,6 +132,21 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     if override.layer != "portable" and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
         return recipe, Choice("hopper", ATTENTION_BWD_CONFIGS[d])
     return recipe, Choice("portable", portable_configs.attention_bwd_config(d, _target(q.device)))
+
+
+def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, precision: str,
+                             backend: str):
+    """The varlen forward's metadata checks and kernel choice (the portable varlen kernel on every device; `backend`
+    is parsed, and forcing "hopper" raises: there is no Hopper varlen kernel yet). Returns (recipe, Choice)."""
+    recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    precision=precision)
+    check_device(q.device, "q")
+    override = parse_backend(backend)
+    if override.layer == "hopper":
+        raise ValueError("backend: 'hopper' was forced, but attention_varlen has only the portable kernel so far")
+    if q.device.type == "meta":
+        return recipe, Choice("meta", None)
+    return recipe, Choice("portable", portable_configs.attention_config(int(q.shape[-1]), recipe, _target(q.device)))
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):

@@ -164,6 +164,57 @@ def check_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.T
     return recipe
 
 
+def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
+                           precision: str) -> AttentionRecipe:
+    """Validate packed varlen tensors (metadata only: fake-safe): q (total_q, Hq, D), k and v (total_k, Hkv, D),
+    cu_seqlens int32 (batch + 1,) on q's device; returns the recipe. `check_cu_seqlens` checks their values."""
+    named = {"q": q, "k": k, "v": v}
+    for name, t in named.items():
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected 3 dims (total tokens, heads, head dim), got shape {tuple(t.shape)}")
+    _same_dtype_and_device(named)
+    _, hq, d = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"v: shape {tuple(v.shape)} does not match k's {tuple(k.shape)}")
+    if k.shape[2] != d:
+        raise ValueError(f"k: head dim {k.shape[2]} does not match q's head dim {d}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {d} is not supported; supported head dims are {HEAD_DIMS}")
+    hkv = k.shape[1]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"k: {hkv} kv heads do not divide q's {hq} heads")
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        tensor(cu, name)
+        if cu.dtype != torch.int32:
+            raise TypeError(f"{name}: dtype {cu.dtype} is not torch.int32")
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name}: expected shape (batch + 1,), got {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name}: on device {cu.device}, but q is on {q.device}")
+    if cu_seqlens_q.shape != cu_seqlens_k.shape:
+        raise ValueError(f"cu_seqlens_k: shape {tuple(cu_seqlens_k.shape)} does not match cu_seqlens_q's "
+                         f"{tuple(cu_seqlens_q.shape)} (one entry per sequence, plus one)")
+    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise TypeError(f"{name}: expected a non-negative int, got {m!r}")
+    return resolve_attention_recipe(precision, q.dtype)
+
+
+def check_cu_seqlens(cu: list[int], total: int, max_seqlen: int, name: str, max_name: str) -> None:
+    """The values of one cu_seqlens (read to the host): 0 first, non-decreasing, `total` last, no sequence longer
+    than `max_seqlen`. A bad one would make the kernels read or write outside the packed tensors."""
+    if cu[0] != 0:
+        raise ValueError(f"{name}: must start at 0, starts at {cu[0]}")
+    lengths = [b - a for a, b in zip(cu, cu[1:], strict=False)]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"{name}: must be non-decreasing, got {cu}")
+    if cu[-1] != total:
+        raise ValueError(f"{name}: ends at {cu[-1]}, but the packed tensor has {total} tokens")
+    if lengths and max(lengths) > max_seqlen:
+        raise ValueError(f"{max_name}: {max_seqlen} is less than the longest sequence in {name}, {max(lengths)}")
+
+
 def check_matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor | None, *, b_layout: str,
                  out_dtype: torch.dtype | None) -> tuple[tuple[int, ...], int, int, int, torch.dtype]:
     """Validate matmul tensors; return (batch shape, M, N, K, output dtype)."""

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", action="append", default=None, metavar="NAME",
                    help="sm_90 (default), sm_80, sm_89, sm_120, gfx942, gfx950, or all; repeatable")
     p.add_argument("-j", "--jobs", type=int, default=os.cpu_count() or 1, help="compiles in parallel")
-    p.add_argument("--kernel", choices=["all", "attention", "attention_bwd", "gemm"], default="all")
+    p.add_argument("--kernel", choices=["all", "attention", "attention_varlen", "attention_bwd", "gemm"], default="all")
     p.add_argument("--json", metavar="PATH", help="also write the report as JSON")
 
     args = parser.parse_args(argv)

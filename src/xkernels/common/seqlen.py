@@ -1,7 +1,8 @@
 """Which keys a block of query rows visits, and which of them need a mask: written once for every attention kernel.
 
-Causal masks are top-left aligned, as in F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i,
-whatever Sq and Skv are.
+Dense causal masks are top-left aligned, as in F.scaled_dot_product_attention(is_causal=True): query i sees keys
+j <= i, whatever Sq and Skv are. Variable-length (and KV-cache) calls align them bottom-right, as FlashAttention
+does: query i sees keys j <= i + Skv - Sq; that is the same rule with the diagonal shifted by `offset`.
 """
 
 import triton
@@ -19,4 +20,17 @@ def kv_bounds(start_m, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL
     if CAUSAL:
         full_hi = min(full_hi, (start_m // BLOCK_N) * BLOCK_N)
         hi = min(SKV, start_m + BLOCK_M)
+    return full_hi, hi
+
+
+@triton.jit
+def kv_bounds_shifted(start_m, offset, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """`kv_bounds` for a causal diagonal shifted by `offset` (query i sees keys j <= i + offset; offset may be
+    negative, and then the first rows see no key)."""
+    full_hi = (SKV // BLOCK_N) * BLOCK_N
+    hi = SKV
+    if CAUSAL:
+        first = max(start_m + offset, 0)  # clamped before rounding: integer division truncates negatives
+        full_hi = min(full_hi, (first // BLOCK_N) * BLOCK_N)
+        hi = max(min(SKV, start_m + BLOCK_M + offset), 0)
     return full_hi, hi

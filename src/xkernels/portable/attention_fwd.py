@@ -23,9 +23,12 @@ from xkernels.recipes import AttentionRecipe
 @triton.jit
 def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk_scale, SKV,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-                  PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
+                  PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr,
+                  EMPTY_ROWS: tl.constexpr):
     """Fold K/V tiles [lo, hi) into the running (acc, row sum l_i, row max m_i), all in base-2 units. K and V come
-    from descriptors (`k_src`, `v_src`), or without them from those base pointers and row strides."""
+    from descriptors (`k_src`, `v_src`), or without them from those base pointers and row strides. Causal keeps key
+    j for row i when j <= offs_m[i] (callers shift offs_m for other alignments). EMPTY_ROWS: some rows may see no
+    key at all (their max stays -inf; the update then uses 0 in its place so nothing turns NaN)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         if DESCRIPTORS:
@@ -39,8 +42,10 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk
             if CAUSAL:
                 keep = keep & (keys[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
-        # every row sees key 0 in the first tile visited, so m_new is finite and alpha never NaN
+        # dense calls: every row sees key 0 in the first tile visited, so m_new is finite and alpha never NaN
         m_new = tl.maximum(m_i, tl.max(s, 1))
+        if EMPTY_ROWS:
+            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m_i - m_new)
         p = tl.math.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
@@ -95,9 +100,9 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
     # [full_hi, hi): the tail tile and the diagonal tiles, masked; keys >= hi are never visited
     full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, 0, full_hi, offs_m, qk_scale, SKV,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET)
+                                  HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET, False)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m, qk_scale, SKV,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET)
+                                  HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET, False)
 
     o = (acc / l_i[:, None]).to(O.dtype.element_ty)
     if DESCRIPTORS:

@@ -121,7 +121,8 @@ AMPERE = ConfigTable(
     converting_v={},
     gemm={2: GemmConfig(128, 128, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
     attention_bwd={64: AttentionBwdConfig(32, 32, 64, 32, 4, 2), 128: AttentionBwdConfig(64, 64, 64, 64, 8, 1),
-                   256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)})
+                   256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)},
+    tolerated_spills=frozenset({"attention_varlen-256"}))  # the causal varlen D256 tile reloads 8 bytes
 # fp32-output GEMMs on sm_89: ptxas keeps 128 registers per thread and reloads one or two values from local memory
 # in some walk orders, for every tile shape tried (128x128, 128x64, 64x128); tolerated rather than shrunk further.
 ADA = ConfigTable(

@@ -12,11 +12,13 @@ from xkernels.testing.metrics import (
 from xkernels.testing.reference import (
     reference_attention,
     reference_attention_grads,
+    reference_attention_varlen,
     reference_lse,
     reference_matmul,
 )
 
 __all__ = [
     "Comparison", "compare", "compare_attention", "compare_gemm", "compare_grad", "compare_lse", "attention_inputs",
-    "gemm_inputs", "reference_attention", "reference_attention_grads", "reference_lse", "reference_matmul",
+    "gemm_inputs", "reference_attention", "reference_attention_grads", "reference_attention_varlen",
+    "reference_lse", "reference_matmul",
 ]

@@ -73,6 +73,33 @@ def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return dq, dk, dv
 
 
+def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                               cu_seqlens_k: torch.Tensor, *, is_causal: bool = False,
+                               scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O (total_q, Hq, D), LSE (Hq, total_q)) in float64 for packed sequences, causal aligned bottom-right (query
+    i sees keys j <= i + Sk - Sq); rows that see no key give O = 0 and LSE = -inf."""
+    hq, d = q.shape[1], q.shape[2]
+    group = hq // k.shape[1]
+    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    lse = torch.full((hq, q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        qs = q[cq[b]:cq[b + 1]].double().transpose(0, 1)
+        ks = k[ck[b]:ck[b + 1]].double().transpose(0, 1).repeat_interleave(group, 0)
+        vs = v[ck[b]:ck[b + 1]].double().transpose(0, 1).repeat_interleave(group, 0)
+        sq, sk = qs.shape[1], ks.shape[1]
+        if sq == 0 or sk == 0:
+            continue
+        s = (qs @ ks.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+        if is_causal:
+            i = torch.arange(sq, device=q.device)[:, None]
+            j = torch.arange(sk, device=q.device)[None, :]
+            s = s.masked_fill(j > i + sk - sq, float("-inf"))
+        out[cq[b]:cq[b + 1]] = (torch.softmax(s, -1).nan_to_num(0.0) @ vs).transpose(0, 1)
+        lse[:, cq[b]:cq[b + 1]] = torch.logsumexp(s, -1)
+    return out, lse
+
+
 def reference_matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "kn") -> torch.Tensor:
     """a @ b (or a @ b^T for the [N, K] layout) in float64, so the reference adds no rounding of its own."""
     bb = b.double()

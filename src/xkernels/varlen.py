@@ -1,0 +1,51 @@
+"""Host path of the packed variable-length attention forward (`xkernels.attention_varlen`): checks of the
+cu_seqlens values, the outputs, and the launch of `portable/attention_varlen.py` (the one varlen kernel so far, on
+every device)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from xkernels import plans, select
+from xkernels.common import launch
+from xkernels.common.runtime import strides_ok
+from xkernels.portable import attention_varlen as kernel
+from xkernels.validation import check_cu_seqlens
+
+
+def _tiled(t: torch.Tensor) -> torch.Tensor:
+    """Token rows with a unit last stride and 16-byte aligned strides and base: what the kernel's descriptors read."""
+    return t if t.data_ptr() % 16 == 0 and strides_ok(t.stride(), t.element_size()) else t.contiguous()
+
+
+def output_like(q: torch.Tensor) -> torch.Tensor:
+    """The uninitialized O of a call (tests fill it with NaN to catch rows the kernel leaves unwritten)."""
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
+                     is_causal: bool, scale: float | None, precision: str, return_lse: bool, backend: str):
+    """(O (total_q, Hq, D), LSE (Hq, total_q) fp32, or an empty tensor unless `return_lse`)."""
+    recipe, choice = select.resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                     max_seqlen_k, precision=precision, backend=backend)
+    total_q, hq, d = q.shape
+    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
+        check_cu_seqlens(cu_seqlens_q.tolist(), total_q, max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
+        check_cu_seqlens(cu_seqlens_k.tolist(), k.shape[0], max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
+    out = output_like(q)
+    lse = torch.empty((hq, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    batch = cu_seqlens_q.shape[0] - 1
+    if total_q == 0 or batch == 0 or max_seqlen_q == 0:
+        plans._record("empty")
+        return out, lse
+    q, k, v = _tiled(q), _tiled(k), _tiled(v)
+    grid, constexprs, options = kernel.launch_spec(batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe,
+                                                   write_lse=return_lse, cfg=choice.config)
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
+    args = (q, k, v, out, lse if return_lse else out, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
+            *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
+    launch.generic_launch(kernel.attention_varlen_kernel, grid, args, constexprs, options)
+    plans._record(f"portable.attention_varlen[{recipe.name} {choice.config}]")
+    return out, lse

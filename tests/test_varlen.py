@@ -1,0 +1,139 @@
+"""`xkernels.attention_varlen`: packed variable-length sequences against float64 references per sequence (causal
+aligned bottom-right), GQA, empty sequences, rows that see no key, LSE, NaN-poisoned outputs, bad inputs, and the
+op's registration (opcheck, torch.compile)."""
+
+import math
+
+import pytest
+import torch
+
+import xkernels
+from xkernels import ops, varlen
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import compare_attention, compare_lse, reference_attention_varlen
+from xkernels.testing.inputs import uniform
+
+
+@pytest.fixture(autouse=True)
+def poisoned_output(monkeypatch):
+    real = varlen.output_like
+    monkeypatch.setattr(varlen, "output_like", lambda q: real(q).fill_(float("nan")))
+
+
+def packed(lens_q, lens_k, hq, hkv, d, dtype, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = uniform((sum(lens_q), hq, d), dtype, device, g)
+    k = uniform((sum(lens_k), hkv, d), dtype, device, g)
+    v = uniform((sum(lens_k), hkv, d), dtype, device, g)
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    return q, k, v, cu(lens_q), cu(lens_k)
+
+
+def _check(device, lens_q, lens_k, *, causal, dtype=torch.float16, hq=4, hkv=2, d=64, scale=None):
+    q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, d, dtype, device, seed=len(lens_q))
+    o, lse = xkernels.attention_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), is_causal=causal, scale=scale,
+                                       return_lse=True)
+    ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal, scale=scale)
+    recipe = ATTENTION_RECIPES["fp16" if dtype == torch.float16 else "bf16"]
+    c = compare_attention(o, ref_o, recipe)
+    assert c.passed, c.reason
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), empty), "rows that see no key have LSE -inf, and only they"
+    assert (o.transpose(0, 1)[empty] == 0).all(), "rows that see no key are 0"
+    c_lse = compare_lse(lse[~empty], ref_lse[~empty])
+    assert c_lse.passed, c_lse.reason
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_matches_float64_per_sequence(device, causal, dtype):
+    _check(device, [5, 17, 33, 40], [9, 17, 20, 64], causal=causal, dtype=dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_empty_sequences_and_rows_without_keys(device, causal):
+    """A sequence with no queries, one with no keys (its rows: 0), and causal Sq > Sk (its first rows: 0)."""
+    _check(device, [0, 7, 40, 3], [5, 0, 12, 3], causal=causal)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_larger_head_dims_mqa_and_scale(device, d):
+    _check(device, [19, 33], [33, 19], causal=True, hq=4, hkv=1, d=d, scale=0.2)
+
+
+def test_one_sequence_equals_the_dense_kernel(device):
+    """With Sq = Sk the bottom-right and top-left diagonals coincide: varlen and dense agree (same tiles, same
+    arithmetic)."""
+    q, k, v, cq, ck = packed([48], [48], 4, 4, 64, torch.float16, device, seed=3)
+    o = xkernels.attention_varlen(q, k, v, cq, ck, 48, 48, is_causal=True)
+    dense = xkernels.attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                               is_causal=True, backend="portable")
+    torch.testing.assert_close(o, dense[0].transpose(0, 1), rtol=0, atol=1e-3)
+
+
+def test_checks_fail_on_a_broken_varlen_kernel(device):
+    """The same checks fail when the causal diagonal is top-left instead of bottom-right (the likeliest bug)."""
+    lens_q, lens_k = [7, 20], [20, 20]
+    q, k, v, cq, ck = packed(lens_q, lens_k, 2, 2, 64, torch.float16, device, seed=9)
+    o = xkernels.attention_varlen(q, k, v, cq, ck, 20, 20, is_causal=True)
+    top_left = torch.cat([xkernels.attention(q[a:b].transpose(0, 1)[None], k[c:e].transpose(0, 1)[None],
+                                             v[c:e].transpose(0, 1)[None], is_causal=True)[0].transpose(0, 1)
+                          for a, b, c, e in ((0, 7, 0, 20), (7, 27, 20, 40))])
+    ref = reference_attention_varlen(q, k, v, cq, ck, is_causal=True)[0]
+    assert compare_attention(o, ref, ATTENTION_RECIPES["fp16"]).passed
+    assert not compare_attention(top_left, ref, ATTENTION_RECIPES["fp16"]).passed
+
+
+@pytest.mark.parametrize("change,exc,match", [
+    (dict(cu_seqlens_q="float"), TypeError, "cu_seqlens_q: dtype"),
+    (dict(cu_seqlens_k="short"), ValueError, "cu_seqlens_k: shape"),
+    (dict(cu_seqlens_q="offset"), ValueError, "cu_seqlens_q: must start at 0"),
+    (dict(cu_seqlens_k="decreasing"), ValueError, "cu_seqlens_k: must be non-decreasing"),
+    (dict(cu_seqlens_q="total"), ValueError, "cu_seqlens_q: ends at"),
+    (dict(max_seqlen_k=3), ValueError, "max_seqlen_k: 3 is less than"),
+    (dict(max_seqlen_q=-1), TypeError, "max_seqlen_q"),
+    (dict(q="4d"), ValueError, "q: expected 3 dims"),
+    (dict(q="heads"), ValueError, "kv heads do not divide"),
+    (dict(backend="hopper"), ValueError, "backend: 'hopper' was forced"),
+])
+def test_bad_input_names_the_argument(device, change, exc, match):
+    q, k, v, cq, ck = packed([4, 6], [5, 7], 4, 2, 64, torch.float16, device)
+    args = dict(q=q, k=k, v=v, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=6, max_seqlen_k=7, backend=None)
+    before = [t.clone() for t in (q, k, v, cq, ck)]
+    edits = {"float": lambda t: t.float(), "short": lambda t: t[:2], "offset": lambda t: t + 1,
+             "decreasing": lambda t: torch.tensor([0, 13, 12], dtype=torch.int32, device=device),
+             "total": lambda t: torch.tensor([0, 4, 9], dtype=torch.int32, device=device),
+             "4d": lambda t: t[None], "heads": lambda t: t[:, :3]}
+    for name, value in change.items():
+        args[name] = edits[value](args[name]) if isinstance(value, str) and value in edits else value
+    with pytest.raises(exc, match=match):
+        xkernels.attention_varlen(**args)
+    for b, t in zip(before, (q, k, v, cq, ck), strict=True):
+        assert torch.equal(b, t)
+
+
+def test_inputs_requiring_grad_are_refused(device):
+    q, k, v, cq, ck = packed([4], [4], 2, 2, 64, torch.float16, device)
+    with pytest.raises(ValueError, match="q: requires grad, but attention_varlen has no backward yet"):
+        xkernels.attention_varlen(q.requires_grad_(), k, v, cq, ck, 4, 4)
+
+
+def test_opcheck_and_compile(device):
+    q, k, v, cq, ck = packed([5, 17], [9, 17], 4, 2, 64, torch.float16, device)
+    for return_lse in (False, True):
+        torch.library.opcheck(ops.attention_varlen_op, (q, k, v, cq, ck, 17, 17, True, None, "auto", return_lse,
+                                                         "auto"))
+    fn = lambda q, k, v: xkernels.attention_varlen(q, k, v, cq, ck, 17, 17, is_causal=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")
+    torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), rtol=0, atol=0)
+
+
+def test_scale_default_is_one_over_sqrt_d(device):
+    q, k, v, cq, ck = packed([9], [9], 2, 2, 64, torch.float16, device)
+    a = xkernels.attention_varlen(q, k, v, cq, ck, 9, 9)
+    b = xkernels.attention_varlen(q, k, v, cq, ck, 9, 9, scale=1 / math.sqrt(64))
+    assert torch.equal(a, b)
