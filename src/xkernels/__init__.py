@@ -9,16 +9,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
-__all__ = ["attention", "attention_varlen", "matmul", "last_backend", "__version__"]
+__all__ = ["attention", "attention_varlen", "attention_with_kvcache", "matmul", "last_backend", "__version__"]
 
 if TYPE_CHECKING:
-    from xkernels.api import attention, attention_varlen, matmul
+    from xkernels.api import attention, attention_varlen, attention_with_kvcache, matmul
     from xkernels.plans import last_backend
 
 
 def __getattr__(name: str):
     """Load the kernel modules on first use, then bind the name here (later lookups skip this function)."""
-    if name in ("attention", "attention_varlen", "matmul"):
+    if name in ("attention", "attention_varlen", "attention_with_kvcache", "matmul"):
         from xkernels import api
 
         value = getattr(api, name)

@@ -105,6 +105,31 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return (o, lse) if return_lse else o
 
 
+def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
+                           cache_seqlens: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                           block_table: torch.Tensor | None = None, is_causal: bool = True, scale: float | None = None,
+                           precision: str = "auto", return_lse: bool = False,
+                           backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention against a KV cache, like flash_attn_with_kvcache (decode, speculative decoding, chunked prefill).
+
+    q (B, Sq, Hq, D); caches (B, S_max, Hkv, D), or paged (num_blocks, page_size, Hkv, D) with `block_table`
+    (B, max_blocks) int32 (page size a power of two, 16 to 256); `cache_seqlens` (B,) int32 filled positions. If
+    `k`, `v` (B, new, Hkv, D) are given they are first written into the caches at positions cache_seqlens[b]... (in
+    place; `cache_seqlens` is not advanced), then attended to. Causal is aligned bottom-right (query i of Sq sees
+    cached keys up to its own position). The cache values are checked (lengths fit, pages in range; one read to the
+    host) before anything is written, except during CUDA-graph capture. Returns O (B, Sq, Hq, D), or (O, LSE) with LSE
+    (B, Hq, Sq) fp32. Forward only; runs the portable varlen kernel (a paged cache is gathered first).
+    """
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
+        tensor(t, name)
+    flag(is_causal, "is_causal"), flag(return_lse, "return_lse")
+    scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
+    no_grad({"q": q, "k": k, "v": v}, "attention_with_kvcache is an inference op (no backward)")
+    o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, scale,
+                                           precision, return_lse, backend)
+    return (o, lse) if return_lse else o
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str = "auto",
            out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
            backend: str | None = None) -> torch.Tensor:

@@ -157,15 +157,16 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
     from xkernels.validation import HEAD_DIMS
 
     recipe = ATTENTION_RECIPES["bf16"]
-    types = _attention_types(recipe.io_dtype) | {"CU_Q": "*i32", "CU_K": "*i32"}
+    types = _attention_types(recipe.io_dtype) | {"CU_Q": "*i32", "CU_K": "*i32", "SEQLENS_K": "*i32"}
     divisible = ("Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "o_st",
                  "o_sh")
     for d in HEAD_DIMS:
         cfg = attention_config(d, recipe, target, interpret=False)
-        for causal in (False, True):
-            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''} {cfg}",
+        for causal in (False, True):  # the causal rows read key counts as a KV cache does (K_LENGTHS)
+            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal kv-lengths' if causal else ''} {cfg}",
                                varlen.attention_varlen_kernel, types,
-                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
+                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False)
+                               | {"K_LENGTHS": causal},
                                cfg.num_warps, cfg.num_stages, divisible=divisible,
                                spill_free=table_for(target).spill_free("attention_varlen", d))
 

@@ -12,6 +12,9 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::attention_backward(grad_out, q, k, v, out, lse, grad_lse?, ...same...) -> (dQ, dK, dV)
   xkernels::attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                              precision, return_lse, backend) -> (O, LSE (Hq, total_q) or empty)
+  xkernels::attention_with_kvcache(q, k_cache!, v_cache!, cache_seqlens, k?, v?, block_table?, is_causal, scale,
+                                   precision, return_lse, backend) -> (O, LSE (B, Hq, Sq) or empty)
+                                   (writes k, v into the caches first)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
 LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
@@ -28,10 +31,11 @@ from __future__ import annotations
 
 import torch
 
-from xkernels import backward, plans, varlen
+from xkernels import backward, kvcache, plans, varlen
 from xkernels.select import (
     resolve_attention,
     resolve_attention_backward,
+    resolve_attention_kvcache,
     resolve_attention_varlen,
     resolve_matmul,
 )
@@ -47,6 +51,9 @@ _lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, T
             f"Tensor? grad_lse, {_ATTN_ARGS}) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float? scale, str precision, bool return_lse, "
+            "str backend) -> (Tensor, Tensor)")
+_lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
+            "Tensor? k, Tensor? v, Tensor? block_table, bool is_causal, float? scale, str precision, bool return_lse, "
             "str backend) -> (Tensor, Tensor)")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
@@ -87,6 +94,13 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                    backend=backend)
 
 
+def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, scale, precision,
+                            return_lse, backend):
+    return kvcache.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
+                                          is_causal=is_causal, scale=scale, precision=precision,
+                                          return_lse=return_lse, backend=backend)
+
+
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
     return plans.matmul(a, b, None, b_layout=b_layout, walk=walk, out_dtype=out_dtype, backend=backend)
 
@@ -101,6 +115,7 @@ _register("attention_lse", _attention_lse)
 _register("attention_out", _attention_out)
 _register("attention_backward", _attention_backward)
 _register("attention_varlen", _attention_varlen)
+_register("attention_with_kvcache", _attention_with_kvcache)
 _register("matmul", _matmul)
 _register("matmul_out", _matmul_out)
 
@@ -141,6 +156,14 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
     resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                              precision=precision, backend=backend)
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
+    return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("xkernels::attention_with_kvcache")
+def _(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, scale, precision, return_lse, backend):
+    resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, precision=precision,
+                              backend=backend)
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
 
@@ -194,5 +217,6 @@ attention_lse_op = torch.ops.xkernels.attention_lse.default
 attention_out_op = torch.ops.xkernels.attention_out.default
 attention_backward_op = torch.ops.xkernels.attention_backward.default
 attention_varlen_op = torch.ops.xkernels.attention_varlen.default
+attention_with_kvcache_op = torch.ops.xkernels.attention_with_kvcache.default
 matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default

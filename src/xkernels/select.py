@@ -27,7 +27,13 @@ from xkernels.hopper.configs import (
 )
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
-from xkernels.validation import check_attention, check_attention_backward, check_attention_varlen, check_matmul
+from xkernels.validation import (
+    check_attention,
+    check_attention_backward,
+    check_attention_kvcache,
+    check_attention_varlen,
+    check_matmul,
+)
 
 LAYERS = ("portable", "hopper")
 DEFAULT_BACKEND: str = os.environ.get("XKERNELS_LAYER") or "auto"
@@ -144,6 +150,18 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     override = parse_backend(backend)
     if override.layer == "hopper":
         raise ValueError("backend: 'hopper' was forced, but attention_varlen has only the portable kernel so far")
+    if q.device.type == "meta":
+        return recipe, Choice("meta", None)
+    return recipe, Choice("portable", portable_configs.attention_config(int(q.shape[-1]), recipe, _target(q.device)))
+
+
+def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *, precision: str, backend: str):
+    """As `resolve_attention_varlen` for KV-cache calls (they run the varlen kernel). Returns (recipe, Choice)."""
+    recipe = check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, precision=precision)
+    check_device(q.device, "q")
+    override = parse_backend(backend)
+    if override.layer == "hopper":
+        raise ValueError("backend: 'hopper' was forced, but attention_with_kvcache has only the portable kernel so far")
     if q.device.type == "meta":
         return recipe, Choice("meta", None)
     return recipe, Choice("portable", portable_configs.attention_config(int(q.shape[-1]), recipe, _target(q.device)))

@@ -201,6 +201,56 @@ def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     return resolve_attention_recipe(precision, q.dtype)
 
 
+def check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *,
+                            precision: str) -> AttentionRecipe:
+    """Validate a KV-cache call (metadata only: fake-safe): q (B, Sq, Hq, D); caches (B, S_max, Hkv, D), or paged
+    (num_blocks, page_size, Hkv, D) with block_table (B, max_blocks) int32 and a power-of-two page size 16..256;
+    cache_seqlens (B,) int32; k, v (B, new, Hkv, D) together or not at all. Returns the recipe."""
+    named = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    for name, t in named.items():
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 dims, got shape {tuple(t.shape)}")
+    _same_dtype_and_device(named)
+    batch, _, hq, d = q.shape
+    if k_cache.shape != v_cache.shape:
+        raise ValueError(f"v_cache: shape {tuple(v_cache.shape)} does not match k_cache's {tuple(k_cache.shape)}")
+    hkv = k_cache.shape[2]
+    if k_cache.shape[3] != d:
+        raise ValueError(f"k_cache: head dim {k_cache.shape[3]} does not match q's head dim {d}")
+    if d not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {d} is not supported; supported head dims are {HEAD_DIMS}")
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"k_cache: {hkv} kv heads do not divide q's {hq} heads")
+    if block_table is None:
+        if k_cache.shape[0] != batch:
+            raise ValueError(f"k_cache: batch {k_cache.shape[0]} does not match q's batch {batch} (a paged cache "
+                             "needs block_table)")
+    else:
+        tensor(block_table, "block_table")
+        if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch:
+            raise ValueError(f"block_table: expected int32 (batch, max_blocks) with batch {batch}, got "
+                             f"{block_table.dtype} {tuple(block_table.shape)}")
+        if block_table.device != q.device:
+            raise ValueError(f"block_table: on device {block_table.device}, but q is on {q.device}")
+        page = k_cache.shape[1]
+        if page < 16 or page > 256 or page & (page - 1):
+            raise ValueError(f"k_cache: page size {page} is not a power of two from 16 to 256")
+    tensor(cache_seqlens, "cache_seqlens")
+    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (batch,):
+        raise ValueError(f"cache_seqlens: expected int32 ({batch},), got {cache_seqlens.dtype} "
+                         f"{tuple(cache_seqlens.shape)}")
+    if cache_seqlens.device != q.device:
+        raise ValueError(f"cache_seqlens: on device {cache_seqlens.device}, but q is on {q.device}")
+    if (k is None) != (v is None):
+        raise ValueError("k, v: pass both new keys and new values, or neither")
+    if k is not None:
+        _same_dtype_and_device({"q": q, "k": k, "v": v})
+        if k.shape != v.shape or k.dim() != 4 or k.shape[0] != batch or tuple(k.shape[2:]) != (hkv, d):
+            raise ValueError(f"k: expected (batch, new, Hkv, D) = ({batch}, new, {hkv}, {d}) like v, got "
+                             f"{tuple(k.shape)} and {tuple(v.shape)}")
+    return resolve_attention_recipe(precision, q.dtype)
+
+
 def check_cu_seqlens(cu: list[int], total: int, max_seqlen: int, name: str, max_name: str) -> None:
     """The values of one cu_seqlens (read to the host): 0 first, non-decreasing, `total` last, no sequence longer
     than `max_seqlen`. A bad one would make the kernels read or write outside the packed tensors."""

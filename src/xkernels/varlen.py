@@ -40,12 +40,23 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     if total_q == 0 or batch == 0 or max_seqlen_q == 0:
         plans._record("empty")
         return out, lse
-    q, k, v = _tiled(q), _tiled(k), _tiled(v)
-    grid, constexprs, options = kernel.launch_spec(batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe,
-                                                   write_lse=return_lse, cfg=choice.config)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
-    args = (q, k, v, out, lse if return_lse else out, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
-            *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
-    launch.generic_launch(kernel.attention_varlen_kernel, grid, args, constexprs, options)
+    run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q,
+        is_causal=is_causal, scale=scale, recipe=recipe, cfg=choice.config)
     plans._record(f"portable.attention_varlen[{recipe.name} {choice.config}]")
     return out, lse
+
+
+def run(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seqlen_q: int, *, is_causal: bool,
+        scale: float | None, recipe, cfg) -> None:
+    """Launch the varlen kernel: keys of sequence b from row starts_k[b], seqlens_k[b] of them (or up to
+    starts_k[b + 1] when `seqlens_k` is None). `lse` (Hq, total_q) or None."""
+    total_q, hq, d = q.shape
+    q, k, v = _tiled(q), _tiled(k), _tiled(v)
+    grid, constexprs, options = kernel.launch_spec(cu_seqlens_q.shape[0] - 1, hq, max_seqlen_q, d,
+                                                   is_causal=is_causal, recipe=recipe, write_lse=lse is not None,
+                                                   k_lengths=seqlens_k is not None, cfg=cfg)
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
+    args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, starts_k,
+            starts_k if seqlens_k is None else seqlens_k, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
+            *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
+    launch.generic_launch(kernel.attention_varlen_kernel, grid, args, constexprs, options)

@@ -1,0 +1,140 @@
+"""`xkernels.attention_with_kvcache`: decode and chunked prefill against a float64 reference over each sequence's
+filled cache rows (causal aligned bottom-right), the in-place append, paged caches equal to dense ones, checks that
+leave the cache untouched on bad input, and the op's registration."""
+
+import pytest
+import torch
+
+import xkernels
+from xkernels import ops, varlen
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import compare_attention, reference_attention_varlen
+from xkernels.testing.inputs import uniform
+
+
+@pytest.fixture(autouse=True)
+def poisoned_output(monkeypatch):
+    real = varlen.output_like
+    monkeypatch.setattr(varlen, "output_like", lambda q: real(q).fill_(float("nan")))
+
+
+def setup(device, *, batch=3, sq=2, new=2, s_max=48, hq=4, hkv=2, d=64, lengths=(5, 0, 30), seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    q = uniform((batch, sq, hq, d), torch.float16, device, g)
+    k_cache = uniform((batch, s_max, hkv, d), torch.float16, device, g)
+    v_cache = uniform((batch, s_max, hkv, d), torch.float16, device, g)
+    k = uniform((batch, new, hkv, d), torch.float16, device, g) if new else None
+    v = uniform((batch, new, hkv, d), torch.float16, device, g) if new else None
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    return q, k_cache, v_cache, k, v, cache_seqlens
+
+
+def reference(q, k_cache, v_cache, lengths, *, causal):
+    """float64 O over rows [0, lengths[b]) of each sequence's (already updated) cache."""
+    batch, sq, hq, d = q.shape
+    keys = torch.cat([k_cache[b, :n] for b, n in enumerate(lengths)])
+    values = torch.cat([v_cache[b, :n] for b, n in enumerate(lengths)])
+    cu_q = torch.arange(batch + 1, dtype=torch.int32) * sq
+    cu_k = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    o, _ = reference_attention_varlen(q.reshape(batch * sq, hq, d).cpu(), keys.cpu(), values.cpu(), cu_q, cu_k,
+                                      is_causal=causal)
+    return o.view(batch, sq, hq, d)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("sq,new", [(1, 1), (1, 0), (4, 4), (3, 0)])
+def test_dense_cache_matches_float64_and_appends_in_place(device, causal, sq, new):
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=sq, new=new)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    o = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v, is_causal=causal)
+    filled = [n + new for n in lengths.tolist()]
+    for b, n in enumerate(lengths.tolist()):  # new rows written, every other row untouched
+        if new:
+            assert torch.equal(k_cache[b, n:n + new], k[b]) and torch.equal(v_cache[b, n:n + new], v[b])
+        keep = torch.ones(k_cache.shape[1], dtype=torch.bool)
+        keep[n:n + new] = False
+        assert torch.equal(k_cache[b, keep], before_k[b, keep]) and torch.equal(v_cache[b, keep], before_v[b, keep])
+    c = compare_attention(o, reference(q, k_cache, v_cache, filled, causal=causal).to(o.device),
+                          ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason
+
+
+@pytest.mark.parametrize("page", [16, 32])
+def test_paged_cache_equals_the_dense_cache(device, page):
+    q, k_cache, v_cache, k, v, lengths = setup(device, s_max=64, new=3, sq=3)
+    batch, s_max, hkv, d = k_cache.shape
+    per_seq = s_max // page
+    perm = torch.randperm(batch * per_seq, generator=torch.Generator().manual_seed(1))
+    block_table = perm.view(batch, per_seq).to(torch.int32).to(device)
+    paged_k = torch.empty((batch * per_seq, page, hkv, d), dtype=k_cache.dtype, device=device)
+    paged_v = torch.empty_like(paged_k)
+    paged_k[block_table.long()] = k_cache.view(batch, per_seq, page, hkv, d)
+    paged_v[block_table.long()] = v_cache.view(batch, per_seq, page, hkv, d)
+    dense = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
+    paged = xkernels.attention_with_kvcache(q, paged_k, paged_v, cache_seqlens=lengths, k=k, v=v,
+                                            block_table=block_table)
+    assert torch.equal(paged, dense)
+    assert torch.equal(paged_k[block_table.long()].view_as(k_cache), k_cache)  # the same rows appended
+
+
+def test_lse_shape_and_values(device):
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=2, new=0, lengths=(6, 9, 40))
+    o, lse = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, return_lse=True)
+    assert lse.shape == (3, 4, 2) and lse.dtype == torch.float32
+    s = torch.einsum("qhd,khd->hqk", q[2].double(), k_cache[2, :40].double().repeat_interleave(2, 1)) / 8
+    i = torch.arange(2)[:, None]
+    s = s.masked_fill(torch.arange(40)[None, :] > i + 38, float("-inf"))
+    torch.testing.assert_close(lse[2].double().cpu(), torch.logsumexp(s, -1).cpu(), rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("case,match", [
+    ("too_short", "cache_seqlens: 47 cached \\+ 2 new tokens exceed"),
+    ("negative", "cache_seqlens: negative"),
+    ("page_table", "block_table: entries outside"),
+    ("page_size", "page size 8 is not a power of two from 16 to 256"),
+    ("k_only", "k, v: pass both"),
+    ("seqlens_dtype", "cache_seqlens: expected int32"),
+    ("hopper", "backend: 'hopper' was forced"),
+])
+def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
+    q, k_cache, v_cache, k, v, lengths = setup(device)
+    kwargs = dict(cache_seqlens=lengths, k=k, v=v)
+    if case == "too_short":
+        kwargs["cache_seqlens"] = torch.tensor([5, 47, 3], dtype=torch.int32, device=device)
+    elif case == "negative":
+        kwargs["cache_seqlens"] = torch.tensor([5, -1, 3], dtype=torch.int32, device=device)
+    elif case in ("page_table", "page_size"):
+        page = 16 if case == "page_table" else 8
+        k_cache = k_cache.reshape(-1, page, *k_cache.shape[2:])
+        v_cache = v_cache.reshape(-1, page, *v_cache.shape[2:])
+        table = torch.zeros((3, 48 // page), dtype=torch.int32, device=device)
+        table[0, 0] = k_cache.shape[0]  # one past the last block
+        kwargs["block_table"] = table
+    elif case == "k_only":
+        kwargs["v"] = None
+    elif case == "seqlens_dtype":
+        kwargs["cache_seqlens"] = lengths.long()
+    else:
+        kwargs["backend"] = "hopper"
+    before = k_cache.clone(), v_cache.clone()
+    with pytest.raises((ValueError, TypeError), match=match):
+        xkernels.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
+    assert torch.equal(before[0], k_cache) and torch.equal(before[1], v_cache)
+
+
+def test_opcheck_and_compile(device):
+    q, k_cache, v_cache, k, v, lengths = setup(device)
+    torch.library.opcheck(ops.attention_with_kvcache_op,
+                          (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, True, None, "auto", True,
+                           "auto"))
+
+    def step(q, k_cache, v_cache, k, v):
+        return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
+
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+    want = step(q, eager_k, eager_v, k, v)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")
+    got = compiled(q, k_cache, v_cache, k, v)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v)  # the append happened under compile too
