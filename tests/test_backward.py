@@ -110,10 +110,32 @@ def test_non_contiguous_inputs_and_grad_out(device):
 
 def test_only_requested_inputs_get_gradients(device):
     q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=5)
-    k = k.clone().requires_grad_()
-    o = xkernels.attention(q, k, v)
-    (dk,) = torch.autograd.grad(o.float().sum(), (k,))
-    assert dk.shape == k.shape and torch.isfinite(dk).all() and q.grad is None
+    kk = k.clone().requires_grad_()
+    o = xkernels.attention(q, kk, v)
+    do = _grad_out(o.shape, torch.float16, device)
+    (dk,) = torch.autograd.grad(o, (kk,), do)
+    ref = reference_attention_grads(q, k, v, do)[1]
+    assert compare_grad(dk, ref, ATTENTION_RECIPES["fp16"]).passed
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        torch.autograd.grad(xkernels.attention(q, kk, v).float().sum(), (q,))
+
+
+def test_only_the_lse_in_the_loss(device):
+    """A loss on the LSE alone (no gradient reaches O) still gets every gradient right."""
+    q, k, v = attention_inputs(1, 2, 20, 24, 64, torch.float16, device, seed=15)
+    dlse = _grad_out(q.shape[:3], torch.float32, device, seed=16)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    _, lse = xkernels.attention(*leaves, return_lse=True)
+    grads = torch.autograd.grad((lse * dlse).sum(), leaves)
+    _assert_passes(_check(grads, q, k, v, torch.zeros_like(q), causal=False, dlse=dlse))
+
+
+def test_double_backward_is_refused(device):
+    q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=5)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    (dq,) = torch.autograd.grad(xkernels.attention(*leaves).float().square().sum(), leaves[:1], create_graph=True)
+    with pytest.raises(RuntimeError, match="double backward"):
+        dq.float().square().sum().backward()
 
 
 def test_backward_is_deterministic(device):

@@ -115,6 +115,15 @@ def test_bad_input_names_the_argument(device, change, exc, match):
         assert torch.equal(b, t)
 
 
+def test_strided_cu_seqlens_are_read_as_their_values(device):
+    """A cu_seqlens view with a stride (every other element) means the values it shows, as in the checks."""
+    q, k, v, cq, ck = packed([5, 17], [9, 17], 2, 2, 64, torch.float16, device)
+    spread = lambda cu: torch.stack([cu, torch.full_like(cu, 999)], 1).flatten()[::2]  # noqa: E731
+    want = xkernels.attention_varlen(q, k, v, cq, ck, 17, 17, is_causal=True)
+    got = xkernels.attention_varlen(q, k, v, spread(cq), spread(ck), 17, 17, is_causal=True)
+    assert spread(cq).stride(0) == 2 and torch.equal(got, want)
+
+
 def test_inputs_requiring_grad_are_refused(device):
     q, k, v, cq, ck = packed([4], [4], 2, 2, 64, torch.float16, device)
     with pytest.raises(ValueError, match="q: requires grad, but attention_varlen has no backward yet"):

@@ -186,10 +186,13 @@ def _save_lse(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
     ctx.save_for_backward(q, k, v, *output)
     ctx.flags = flags  # is_causal, scale, enable_gqa, precision, backend
+    ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensor to build and read
 
 
 def _backward_lse(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
+    if grad_out is None and grad_lse is None:
+        return None, None, None, None, None, None, None, None
     if grad_out is None:  # only the LSE reached the loss
         grad_out = torch.zeros_like(out)
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
@@ -209,7 +212,14 @@ def _backward_recompute(ctx, grad_out):
     return dq, dk, dv, None, None, None, None, None
 
 
+def _no_double_backward(ctx, *grads):
+    raise RuntimeError("xkernels.attention: double backward (a gradient of the gradients, create_graph=True) is "
+                       "not supported")
+
+
 torch.library.register_autograd("xkernels::attention_lse", _backward_lse, setup_context=_save_lse)
+torch.library.register_autograd("xkernels::attention_backward", _no_double_backward,
+                                setup_context=lambda ctx, inputs, output: None)
 torch.library.register_autograd("xkernels::attention", _backward_recompute, setup_context=_save_inputs)
 
 attention_op = torch.ops.xkernels.attention.default

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from xkernels.common.runtime import INTERPRET, check_device, hopper_available
-from xkernels.common.targets import Target, device_target
+from xkernels.common.targets import TARGETS, Target, device_target
 from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
     ATTENTION_CONFIGS,
@@ -85,8 +85,13 @@ def _configured(default, config: tuple[tuple[str, int], ...]):
 
 
 def _target(device: torch.device) -> Target | None:
-    """The compile target of a CUDA or ROCm device (the portable configs follow it); None elsewhere."""
-    if device.type != "cuda" or INTERPRET:
+    """The compile target of a CUDA, ROCm or Intel device (the portable configs follow it); None elsewhere. Every
+    Intel GPU gets the Xe2 tables (sized for its 128 KB of shared local memory, compiled in CI)."""
+    if INTERPRET:
+        return None
+    if device.type == "xpu":
+        return TARGETS["xe2"]
+    if device.type != "cuda":
         return None
     return device_target(device.index if device.index is not None else torch.cuda.current_device())
 

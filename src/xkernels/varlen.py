@@ -28,6 +28,8 @@ def output_like(q: torch.Tensor) -> torch.Tensor:
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      is_causal: bool, scale: float | None, precision: str, return_lse: bool, backend: str):
     """(O (total_q, Hq, D), LSE (Hq, total_q) fp32, or an empty tensor unless `return_lse`)."""
+    # the kernel reads cu_seqlens as contiguous int32 (the checks below read the same values)
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     recipe, choice = select.resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                      max_seqlen_k, precision=precision, backend=backend)
     total_q, hq, d = q.shape

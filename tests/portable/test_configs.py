@@ -41,3 +41,14 @@ def test_bf16io_takes_its_own_tiles_where_the_conversion_needs_registers():
     hopper = TARGETS["sm_90"]
     assert configs.attention_config(256, ATTENTION_RECIPES["bf16io"], hopper, interpret=False).block_n == 32
     assert configs.attention_config(256, ATTENTION_RECIPES["bf16"], hopper, interpret=False).block_n == 64
+
+
+def test_targets_are_hashable_and_intel_devices_get_the_xe2_tables(monkeypatch):
+    from xkernels import select
+
+    for target in TARGETS.values():
+        hash(target)
+    assert isinstance(TARGETS["xe2"].gpu_target[1]["sub_group_sizes"], list)  # the Intel backend's own form
+    monkeypatch.setattr(select, "INTERPRET", False)
+    assert select._target(torch.device("xpu")) is TARGETS["xe2"]
+    assert configs.table_for(TARGETS["xe2"]) is configs.XE2

@@ -20,7 +20,10 @@ class Target:
 
     @property
     def gpu_target(self) -> tuple[str, int | str | dict, int]:
-        return (self.backend, dict(self.arch) if isinstance(self.arch, tuple) else self.arch, self.warp_size)
+        if isinstance(self.arch, tuple):  # the Intel backend reads a dict (and lists where a device gives lists)
+            arch = {k: list(v) if isinstance(v, tuple) else v for k, v in self.arch}
+            return (self.backend, arch, self.warp_size)
+        return (self.backend, self.arch, self.warp_size)
 
 
 # Intel Xe2 (Battlemage B580; Lunar Lake differs only in counts) as the Intel backend reads a device: the flags that
@@ -28,7 +31,7 @@ class Target:
 # Not read from a device (none is reachable here): the values Xe2 reports per Intel's SYCL architecture table.
 XE2_PROPERTIES = (
     ("name", "Intel(R) Arc(TM) B580 Graphics"), ("architecture", 0x0000000500400400), ("version", "20.1.4"),
-    ("sub_group_sizes", [16, 32]), ("has_subgroup_matrix_multiply_accumulate", True),
+    ("sub_group_sizes", (16, 32)), ("has_subgroup_matrix_multiply_accumulate", True),
     ("has_subgroup_matrix_multiply_accumulate_tensor_float32", False), ("has_subgroup_2d_block_io", True),
     ("has_bfloat16_conversions", True), ("has_fp64", True), ("max_work_group_size", 1024),
     ("max_num_sub_groups", 64), ("gpu_eu_count", 160), ("gpu_subslice_count", 20),

@@ -102,7 +102,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, 
             ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
             ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
             dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)  # dK += dS^T Q
-            dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])
+            dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
             qdo.release(it)
             it += 1
     rows = start_n + W * WG_KEYS + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))

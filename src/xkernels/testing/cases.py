@@ -97,7 +97,7 @@ class AttentionGradCase(AttentionCase):
 
     @property
     def nbytes(self) -> int:
-        return 3 * super().nbytes  # q, k, v, O, dO, dQ, dK, dV
+        return 2 * super().nbytes  # q, k, v, O (the forward's) and dO, dQ, dK, dV
 
     def inputs(self, device: str, seed: int = 0):
         q, k, v = super().inputs(device, seed)

@@ -89,7 +89,9 @@ def compare_grad(grad: torch.Tensor, ref: torch.Tensor, recipe: AttentionRecipe)
     """A gradient of the attention backward (dQ, dK or dV) against float64 autograd: rel-RMS and per-row bounds; rows
     under 5 % of the RMS row norm are measured against that 5 % (a dQ row of a query seeing one key is zero), and a
     gradient that is zero in exact arithmetic against an RMS of 1e-4 (with inputs and dO of magnitude ~0.5, real
-    gradients have RMS 1e-2 to 1; a zero gradient computed as rounding noise has 1e-8)."""
+    gradients have RMS 1e-2 to 1 at the test shapes and ~3e-4 for dQ and dK at 8K keys, shrinking as 1/sqrt(S): past
+    ~64K keys the floor would dominate and loosen the check; a zero gradient computed as rounding noise has
+    1e-8)."""
     return compare(grad, ref, rel_rms=recipe.grad_rel_rms, row_rel=recipe.grad_row_rel, row_floor=0.05,
                    abs_floor=1e-4)
 
