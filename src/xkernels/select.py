@@ -145,31 +145,29 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     return recipe, Choice("portable", portable_configs.attention_bwd_config(d, _target(q.device)))
 
 
+def _varlen_choice(op: str, q, recipe: AttentionRecipe, backend: str) -> Choice:
+    """The varlen kernel's choice, shared by the packed and KV-cache ops: portable on every device; `backend` is
+    parsed, and forcing "hopper" raises (no Hopper varlen kernel yet)."""
+    check_device(q.device, "q")
+    if parse_backend(backend).layer == "hopper":
+        raise ValueError(f"backend: 'hopper' was forced, but {op} has only the portable kernel so far")
+    if q.device.type == "meta":
+        return Choice("meta", None)
+    return Choice("portable", portable_configs.attention_config(int(q.shape[-1]), recipe, _target(q.device)))
+
+
 def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, precision: str,
                              backend: str):
-    """The varlen forward's metadata checks and kernel choice (the portable varlen kernel on every device; `backend`
-    is parsed, and forcing "hopper" raises: there is no Hopper varlen kernel yet). Returns (recipe, Choice)."""
+    """The varlen forward's metadata checks and kernel choice. Returns (recipe, Choice)."""
     recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     precision=precision)
-    check_device(q.device, "q")
-    override = parse_backend(backend)
-    if override.layer == "hopper":
-        raise ValueError("backend: 'hopper' was forced, but attention_varlen has only the portable kernel so far")
-    if q.device.type == "meta":
-        return recipe, Choice("meta", None)
-    return recipe, Choice("portable", portable_configs.attention_config(int(q.shape[-1]), recipe, _target(q.device)))
+    return recipe, _varlen_choice("attention_varlen", q, recipe, backend)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *, precision: str, backend: str):
     """As `resolve_attention_varlen` for KV-cache calls (they run the varlen kernel). Returns (recipe, Choice)."""
     recipe = check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, precision=precision)
-    check_device(q.device, "q")
-    override = parse_backend(backend)
-    if override.layer == "hopper":
-        raise ValueError("backend: 'hopper' was forced, but attention_with_kvcache has only the portable kernel so far")
-    if q.device.type == "meta":
-        return recipe, Choice("meta", None)
-    return recipe, Choice("portable", portable_configs.attention_config(int(q.shape[-1]), recipe, _target(q.device)))
+    return recipe, _varlen_choice("attention_with_kvcache", q, recipe, backend)
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):
