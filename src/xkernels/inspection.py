@@ -214,6 +214,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
                     ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True)
 
+    from xkernels.common.runtime import TRITON_TESTED
     from xkernels.hopper import attention_bwd as bwd
     from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS
 
@@ -225,8 +226,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
             types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dt}", "DV": f"*{dt}", "qk_scale": "fp32",
                              "scale": "fp32"}
             for causal in (False, True):
+                # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at D128
+                # causal
                 yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{' causal' if causal else ''} {bc}",
-                                   bwd.attention_dkdv_kernel, types, bc.constexprs(d, causal=causal), 4, gluon=True)
+                                   bwd.attention_dkdv_kernel, types, bc.constexprs(d, causal=causal), 4, gluon=True,
+                                   spill_free=TRITON_TESTED or not (d == 128 and causal))
 
     c = GEMM_CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
