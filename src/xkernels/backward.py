@@ -56,14 +56,15 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
-def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg) -> None:
-    """The Hopper dK/dV kernel, with the portable preprocess and dQ kernels (their tiles for this head dim)."""
+def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,
+            cfg: select.HopperBackward) -> None:
+    """The Hopper dK/dV kernel, with the portable preprocess and dQ kernels."""
     from xkernels.common import launch
     from xkernels.hopper import attention_bwd as hopper_bwd
 
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    portable_cfg = select.portable_configs.attention_bwd_config(d, select._target(q.device))
+    portable_cfg, cfg = cfg.portable, cfg.dkdv
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
                                     num_warps=portable_cfg.num_warps)
     qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)

@@ -22,6 +22,7 @@ from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
     ATTENTION_CONFIGS,
     GEMM_CONFIG,
+    HopperAttentionBwdConfig,
     HopperAttentionConfig,
     HopperGemmConfig,
 )
@@ -102,6 +103,17 @@ class Choice:
     config: object  # the kernel's tile config
 
 
+@dataclass(frozen=True)
+class HopperBackward:
+    """The Hopper backward's configs: its Gluon dK/dV kernel, and the portable preprocess and dQ kernels beside it."""
+
+    dkdv: HopperAttentionBwdConfig
+    portable: portable_configs.AttentionBwdConfig
+
+    def __str__(self) -> str:
+        return f"dKdV {self.dkdv} dQ {self.portable}"
+
+
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:
     """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, GQA and length); else portable."""
     on_hopper = hopper_available(device)
@@ -140,9 +152,10 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     if q.device.type == "meta":
         return recipe, Choice("meta", None)
     d = int(q.shape[-1])
+    portable = portable_configs.attention_bwd_config(d, _target(q.device))
     if override.layer != "portable" and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
-        return recipe, Choice("hopper", ATTENTION_BWD_CONFIGS[d])
-    return recipe, Choice("portable", portable_configs.attention_bwd_config(d, _target(q.device)))
+        return recipe, Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable))
+    return recipe, Choice("portable", portable)
 
 
 def _varlen_choice(op: str, q, recipe: AttentionRecipe, backend: str) -> Choice:
