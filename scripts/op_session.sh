@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory]"   (default: smoke host)
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench]"   (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
 set -uo pipefail
@@ -37,6 +37,10 @@ for part in "${@:-smoke host}"; do
       memory) stage timeout 120 python3 scripts/bwd_memory.py --json "$OUT/bwd_memory.json" ;;
       train) stage timeout 300 python3 examples/train_bytes.py --steps 300 --out "$OUT/train" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
+      decode)  # the inference ops' tests on the GPU, then the split-KV sweep against SDPA
+        stage timeout 150 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kvcache.py tests/test_varlen.py
+        stage timeout 330 python3 scripts/decode_sweep.py ${DECODE_SWEEP_ARGS:-} --json "$OUT/decode_sweep.json" ;;
+      decodebench) stage timeout 240 xkernels bench --suite decode --iters 40 --out "$OUT/bench-decode" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

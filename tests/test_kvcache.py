@@ -81,7 +81,7 @@ def test_lse_shape_and_values(device):
     q, k_cache, v_cache, k, v, lengths = setup(device, sq=2, new=0, lengths=(6, 9, 40))
     o, lse = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, return_lse=True)
     assert lse.shape == (3, 4, 2) and lse.dtype == torch.float32
-    s = torch.einsum("qhd,khd->hqk", q[2].double(), k_cache[2, :40].double().repeat_interleave(2, 1)) / 8
+    s = torch.einsum("qhd,khd->hqk", q[2].double().cpu(), k_cache[2, :40].double().cpu().repeat_interleave(2, 1)) / 8
     i = torch.arange(2)[:, None]
     s = s.masked_fill(torch.arange(40)[None, :] > i + 38, float("-inf"))
     torch.testing.assert_close(lse[2].double().cpu(), torch.logsumexp(s, -1).cpu(), rtol=0, atol=1e-3)
@@ -125,7 +125,7 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
 def test_opcheck_and_compile(device):
     q, k_cache, v_cache, k, v, lengths = setup(device)
     torch.library.opcheck(ops.attention_with_kvcache_op,
-                          (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, True, None, "auto", True,
+                          (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, True, None, "auto", True, 0,
                            "auto"))
 
     def step(q, k_cache, v_cache, k, v):
@@ -138,3 +138,48 @@ def test_opcheck_and_compile(device):
     got = compiled(q, k_cache, v_cache, k, v)
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v)  # the append happened under compile too
+
+
+def paged_copy(cache, page, generator):
+    """A paged cache holding `cache` (B, S_max, Hkv, D) in shuffled blocks, two spare NaN blocks, and a block table
+    whose entries past each sequence's pages point nowhere (-1)."""
+    batch, s_max = cache.shape[:2]
+    per_seq = s_max // page
+    perm = torch.randperm(batch * per_seq + 2, generator=generator)[:batch * per_seq]
+    table = perm.view(batch, per_seq).to(torch.int32).to(cache.device)
+    paged = torch.full((batch * per_seq + 2, page, *cache.shape[2:]), float("nan"), dtype=cache.dtype,
+                       device=cache.device)
+    paged[table.long()] = cache.view(batch, per_seq, page, *cache.shape[2:])
+    return paged, table
+
+
+@pytest.mark.parametrize("page", [None, 16, 64])
+@pytest.mark.parametrize("splits", [1, 4, 0])
+@pytest.mark.parametrize("causal,sq", [(True, 1), (True, 5), (False, 3)])
+def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq):
+    """Key splits merged through their LSEs, pages smaller and larger than a key tile, rows past each sequence's
+    length holding NaN (never read), GQA heads packed into one tile (Hq 8 / Hkv 2), an empty sequence."""
+    g = torch.Generator().manual_seed(3)
+    s_max = 128 if device == "cpu" else 512  # four key tiles of the interpreter's and the H200's configs
+    q, k_cache, v_cache, _, _, lengths = setup(device, batch=4, sq=sq, new=0, s_max=s_max, hq=8, hkv=2,
+                                               lengths=(0, s_max, s_max * 3 // 5, 3))
+    for b, n in enumerate(lengths.tolist()):  # unfilled rows: NaN, so a read of one shows in O
+        k_cache[b, n:] = float("nan")
+        v_cache[b, n:] = float("nan")
+    table = None
+    kc, vc = k_cache, v_cache
+    if page is not None:
+        kc, table = paged_copy(k_cache, page, g)
+        vc = paged_copy(v_cache, page, g)[0]
+        vc[table.long()] = v_cache.view(4, -1, page, *v_cache.shape[2:])
+        for b, n in enumerate(lengths.tolist()):
+            table[b, -(-n // page):] = -1  # pages a sequence does not reach point nowhere
+    o, lse = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table, is_causal=causal,
+                                             num_splits=splits, return_lse=True)
+    want = reference(q, k_cache, v_cache, lengths.tolist(), causal=causal).to(o.device)
+    assert torch.equal(o[0], torch.zeros_like(o[0])) and torch.isinf(lse[0]).all()  # no key: O = 0, LSE = -inf
+    c = compare_attention(o[1:], want[1:], ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason
+    assert xkernels.last_backend().startswith("portable.decode")
+    if splits:
+        assert f"splits={splits}" in xkernels.last_backend()

@@ -114,7 +114,7 @@ def test_xkernels_layer_is_the_default_backend(device):
     import sys
 
     code = ("import torch, xkernels; from xkernels.testing import attention_inputs; "
-            f"q, k, v = attention_inputs(1, 1, 8, 8, 64, torch.float16, {device!r}, seed=0); "
+            f"q, k, v = attention_inputs(1, 1, 40, 40, 64, torch.float16, {device!r}, seed=0); "
             "xkernels.attention(q, k, v); print(xkernels.last_backend())")
     env = dict(os.environ, XKERNELS_LAYER="portable", **({"TRITON_INTERPRET": "1"} if device == "cpu" else {}))
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
@@ -226,7 +226,7 @@ def test_bad_python_arguments_name_the_argument(device, kwargs, exc, match):
 @pytest.mark.parametrize("scale", [1e-36, 1e4, -1e4])
 def test_extreme_finite_scales_are_correct(device, scale):
     """A tiny scale gives a uniform softmax, a huge one (scores x scale still inside fp32) a one-hot one."""
-    q, k, v = attention_inputs(1, 1, 8, 8, 64, torch.float16, device, seed=11)
+    q, k, v = attention_inputs(1, 1, 40, 40, 64, torch.float16, device, seed=11)
     o = xkernels.attention(q, k, v, scale=scale)
     assert torch.isfinite(o).all()
     assert (o.double() - reference_attention(q, k, v, scale=scale)).abs().max() < 1e-2

@@ -108,7 +108,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                            cache_seqlens: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
                            block_table: torch.Tensor | None = None, is_causal: bool = True, scale: float | None = None,
-                           precision: str = "auto", return_lse: bool = False,
+                           precision: str = "auto", return_lse: bool = False, num_splits: int = 0,
                            backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention against a KV cache, like flash_attn_with_kvcache (decode, speculative decoding, chunked prefill).
 
@@ -118,15 +118,19 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     place; `cache_seqlens` is not advanced), then attended to. Causal is aligned bottom-right (query i of Sq sees
     cached keys up to its own position). The cache values are checked (lengths fit, pages in range; one read to the
     host) before anything is written, except during CUDA-graph capture. Returns O (B, Sq, Hq, D), or (O, LSE) with LSE
-    (B, Hq, Sq) fp32. Forward only; runs the portable varlen kernel (a paged cache is gathered first).
+    (B, Hq, Sq) fp32. Forward only. The split-KV kernel reads the cache in place (dense or paged); `num_splits`
+    sets how many key splits each (sequence, kv head) is cut into (0: a heuristic from the batch, heads, cache
+    length and SM count).
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         tensor(t, name)
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
+    if type(num_splits) is not int or num_splits < 0:
+        raise ValueError(f"num_splits: expected an int >= 0 (0: heuristic), got {num_splits!r}")
     no_grad({"q": q, "k": k, "v": v}, "attention_with_kvcache is an inference op (no backward)")
     o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, scale,
-                                           precision, return_lse, backend)
+                                           precision, return_lse, num_splits, backend)
     return (o, lse) if return_lse else o
 
 

@@ -28,8 +28,8 @@ from xkernels.common.targets import TARGETS, Target
 _MATRIX = {"HGMMA": r"\bHGMMA\.", "HMMA": r"\bHMMA\.", "v_mfma": r"\bv_mfma"}
 _SASS_COMMON = {"LDG.128": r"\bLDG\.[\w.]*128\b", "LDG.U16": r"\bLDG\.[\w.]*U16\b", "BAR": r"\bBAR\.",
                 "LDL": r"\bLDL\b", "STL": r"\bSTL\b"}
-SASS_OPS = {"sm_90": {"HGMMA": _MATRIX["HGMMA"], "UTMALDG": r"\bUTMALDG\b", "UTMASTG": r"\bUTMASTG\b",
-                      **_SASS_COMMON},
+SASS_OPS = {"sm_90": {"HGMMA": _MATRIX["HGMMA"], "HMMA": _MATRIX["HMMA"], "UTMALDG": r"\bUTMALDG\b",
+                      "UTMASTG": r"\bUTMASTG\b", **_SASS_COMMON},
             "cuda": {"HMMA": _MATRIX["HMMA"], "UTMALDG": r"\bUTMALDG\b", "LDGSTS": r"\bLDGSTS\b",
                      "LDGSTS.128": r"\bLDGSTS\.[\w.]*128\b", **_SASS_COMMON}}
 AMDGCN_OPS = {"v_mfma": _MATRIX["v_mfma"], "load_dwordx4": r"_load_dwordx4\b", "load_ushort": r"_load_ushort\b",
@@ -70,6 +70,9 @@ class KernelConfig:
     # runtime arguments compiled as multiples of 16 (the common launch: aligned pointers, sizes and strides), as
     # Triton's launcher specializes them; the report is of that variant
     divisible: tuple[str, ...] = ()
+    # the matrix instruction the compiled code must contain: "target" (the target's own), another name from
+    # `ops_for(target)`, or None where the kernel has none (a merge step)
+    matrix_op: str | None = "target"
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class Report:
     shared: int
     smem_limit: int
     sass: dict[str, int]  # instruction counts (`ops_for(target)`); named for the SASS it was first read from
-    matrix_op: str
+    matrix_op: str | None
     spill_free_required: bool
     allocated: bool = True  # registers allocated at compile time (False for Intel: IGC does it at load time)
 
@@ -104,7 +107,7 @@ class Report:
     @property
     def ok(self) -> bool:
         return (not (self.spill_free_required and self.spills) and self.fits
-                and self.sass.get(self.matrix_op, 0) > 0)
+                and (self.matrix_op is None or self.sass.get(self.matrix_op, 0) > 0))
 
     def verdict(self) -> str:
         if self.ok:
@@ -134,6 +137,7 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                     cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
                     spill_free=table_for(target).spill_free("attention", d))
     yield from _attention_varlen_configs(target)
+    yield from _attention_decode_configs(target)
     yield from _attention_bwd_configs(target)
     for dtype, out in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
                        (torch.float16, torch.float32), (torch.bfloat16, torch.float32)):
@@ -169,6 +173,36 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
                                | {"K_LENGTHS": causal},
                                cfg.num_warps, cfg.num_stages, divisible=divisible,
                                spill_free=table_for(target).spill_free("attention_varlen", d))
+
+
+def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
+    """The split-KV kernel per head dim, bf16, one decode row per query head of a GQA group of 4 (16-row tiles): the
+    dense API's variant (one page per sequence, no split) and the cache's (per-sequence lengths, causal, split) on
+    pages of 16 and 64 keys; and the merge of the splits. On sm_90 a 16-row tile takes mma.sync (wgmma needs 64)."""
+    from xkernels.portable import attention_decode as dec
+    from xkernels.portable.configs import decode_config
+    from xkernels.recipes import ATTENTION_RECIPES
+    from xkernels.validation import HEAD_DIMS
+
+    recipe = ATTENTION_RECIPES["bf16"]
+    p = POINTER_TYPE[recipe.io_dtype]
+    types = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32",
+             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "qk_scale": "fp32"}
+    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "q_sb", "q_ss", "q_sh",
+                 "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh", "bt_sb")
+    matrix = "HMMA" if target.name == "sm_90" else "target"
+    for d in HEAD_DIMS:
+        cfg = decode_config(d, target, interpret=False)
+        for page, causal, split in ((0, False, False), (16, True, True), (64, False, True)):
+            cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0, causal=causal,
+                                bottom_right=True, write_lse=True, split=split, interpret=False)
+            yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
+                               f"{' split' if split else ''} {cfg}", dec.attention_decode_kernel, types, cx,
+                               cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix)
+        yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,
+                           {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
+                           dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True), 1, 1,
+                           divisible=("O_PART", "LSE_PART", "O", "LSE"), matrix_op=None)
 
 
 _BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss",
@@ -267,6 +301,10 @@ def compile_config(cfg: KernelConfig, target: Target = TARGETS["sm_90"]):
                           options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
 
 
+def _matrix_op(cfg: KernelConfig, target: Target) -> str | None:
+    return target.matrix_op if cfg.matrix_op == "target" else cfg.matrix_op
+
+
 def _tool(name: str) -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
 
@@ -279,7 +317,7 @@ def analyse(cfg: KernelConfig, target: Target = TARGETS["sm_90"]) -> Report:
         llir = compiled.asm["llir"]
         counts = {op: len(re.findall(rx, llir)) for op, rx in XPU_OPS.items()}
         return Report(cfg.name, target.name, 0, 0, 0, int(compiled.metadata.shared), target.smem, counts,
-                      target.matrix_op, cfg.spill_free, allocated=False)
+                      _matrix_op(cfg, target), cfg.spill_free, allocated=False)
     if target.backend == "hip":
         asm = compiled.asm["amdgcn"]
         meta = dict(re.findall(r"^\s*\.(vgpr_count|vgpr_spill_count|private_segment_fixed_size):"
@@ -288,7 +326,7 @@ def analyse(cfg: KernelConfig, target: Target = TARGETS["sm_90"]) -> Report:
         spills = int(meta.get("vgpr_spill_count", 0))
         return Report(cfg.name, target.name, int(meta.get("vgpr_count", 0)),
                       int(meta.get("private_segment_fixed_size", 0)), spills, int(compiled.metadata.shared),
-                      target.smem, counts, target.matrix_op, cfg.spill_free)
+                      target.smem, counts, _matrix_op(cfg, target), cfg.spill_free)
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "k.cubin"
         cubin.write_bytes(compiled.asm["cubin"])
@@ -298,5 +336,5 @@ def analyse(cfg: KernelConfig, target: Target = TARGETS["sm_90"]) -> Report:
     usage = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", res))
     counts = {op: len(re.findall(rx, sass)) for op, rx in ops_for(target).items()}
     return Report(cfg.name, target.name, int(usage.get("REG", 0)), int(usage.get("STACK", 0)),
-                  int(usage.get("LOCAL", 0)), int(compiled.metadata.shared), target.smem, counts, target.matrix_op,
-                  cfg.spill_free)
+                  int(usage.get("LOCAL", 0)), int(compiled.metadata.shared), target.smem, counts,
+                  _matrix_op(cfg, target), cfg.spill_free)

@@ -1,18 +1,13 @@
 """Host path of `xkernels.attention_with_kvcache` (flash_attn_with_kvcache's contract): checks, the in-place append
-of new keys and values, and attention over each sequence's filled cache rows through the varlen kernel.
-
-A dense cache (B, S_max, Hkv, D) is read in place: sequence b's keys are rows b * S_max .. + cache_seqlens[b] + new
-of the flattened cache (the kernel takes per-sequence starts and counts; nothing is copied, no host sync is needed
-for the launch). A paged cache (num_blocks, page_size, Hkv, D) is first gathered through `block_table` into a dense
-(B, max_blocks * page_size, Hkv, D) copy: correct, but it reads every addressed page once more than a paged kernel
-would (the split-KV decode kernel is the next step).
+of new keys and values, and attention over each sequence's filled cache rows through the split-KV kernel
+(`decode.py`), which reads a dense (B, S_max, Hkv, D) or paged (num_blocks, page_size, Hkv, D) cache in place.
 """
 
 from __future__ import annotations
 
 import torch
 
-from xkernels import plans, select, varlen
+from xkernels import decode, plans, select, varlen
 
 
 def _positions(cache_seqlens: torch.Tensor, new: int) -> torch.Tensor:
@@ -53,8 +48,13 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
     v_cache[blocks, pos % page] = v
 
 
+def _unit_rows(t: torch.Tensor) -> torch.Tensor:
+    """The kernel reads head-dim rows with unit stride; another layout is read from a copy (correct, slower)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *, is_causal: bool,
-                           scale: float | None, precision: str, return_lse: bool, backend: str):
+                           scale: float | None, precision: str, return_lse: bool, num_splits: int, backend: str):
     """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`)."""
     recipe, choice = select.resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                                       precision=precision, backend=backend)
@@ -65,24 +65,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     if new:
         append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     out = varlen.output_like(q)
-    lse = torch.empty((hq, batch * sq) if return_lse else (0,), dtype=torch.float32, device=q.device)
-    if batch * sq == 0:
+    lse = torch.empty((batch, hq, sq) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if batch * sq * hq == 0:
         plans._record("empty")
-        return out, lse.view(batch, hq, sq) if return_lse else lse
-    if block_table is None:
-        keys, values = k_cache, v_cache
-    else:  # gather each sequence's pages into a dense (B, max_blocks * page_size, Hkv, D) view
-        keys = k_cache[block_table.long()].flatten(1, 2)
-        values = v_cache[block_table.long()].flatten(1, 2)
-    s_max = keys.shape[1]
-    hkv = keys.shape[2]
-    index = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
-    varlen.run(q.reshape(batch * sq, hq, d), keys.reshape(batch * s_max, hkv, d),
-               values.reshape(batch * s_max, hkv, d), out.view(batch * sq, hq, d), lse if return_lse else None,
-               index * sq, index * s_max, (cache_seqlens + new).to(torch.int32), sq, is_causal=is_causal,
-               scale=scale, recipe=recipe, cfg=choice.config)
-    paged = " paged" if block_table is not None else ""
-    plans._record(f"portable.attention_kvcache[{recipe.name} {choice.config}{paged}]")
-    if return_lse:
-        return out, lse.view(hq, batch, sq).transpose(0, 1).contiguous()
+        return out, lse
+    q, keys, values = _unit_rows(q), _unit_rows(k_cache), _unit_rows(v_cache)
+    seqlens = (cache_seqlens + new if new else cache_seqlens).to(torch.int32).contiguous()
+    plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
+                               cfg=choice.config, write_lse=return_lse, splits=num_splits)
+    plan.run(q, keys, values, out, lse if return_lse else None, seqlens, block_table, scale)
+    plans._record(plan.name + (" paged" if block_table is not None else ""))
     return out, lse

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from xkernels import select
+from xkernels import decode, select
 from xkernels.common import launch
 from xkernels.common.runtime import strides_ok, strides_ready, tma_copy, tma_empty, tma_ready
 from xkernels.portable import attention_fwd as portable_attention
@@ -46,14 +46,6 @@ def _remember(key: tuple, plan):
     return plan
 
 
-def _constexpr_tail(fn, constexprs: dict[str, object]) -> tuple:
-    """Constexpr values in parameter order; they come after every runtime parameter in our kernels."""
-    names = fn.arg_names
-    first = min(names.index(n) for n in constexprs)
-    assert set(names[first:]) == set(constexprs), f"{fn}: constexprs must be its last parameters"
-    return tuple(constexprs[n] for n in names[first:])
-
-
 def _ready(t: torch.Tensor, name: str, copies: list[str]) -> torch.Tensor:
     if tma_ready(t):
         return t
@@ -74,12 +66,47 @@ def attention_args(q, k, v, out, lse, hq: int, group: int, sq: int, skv: int, qk
             hq, group, sq, skv, qk_scale)
 
 
+def _unit_rows(t: torch.Tensor, name: str, copies: list[str]) -> torch.Tensor:
+    if t.stride(-1) == 1:
+        return t
+    copies.append(name)
+    return t.contiguous()
+
+
+class DecodeAttentionPlan:
+    """A dense call with few query rows, run by the split-KV kernel (K/V read as a one-page-per-sequence cache)."""
+
+    def __init__(self, q, recipe, choice, *, is_causal: bool, return_lse: bool):
+        b, hq, sq, d = q.shape
+        self.recipe, self.cfg, self.is_causal = recipe, choice.config, is_causal
+        self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
+        self.lse_shape = (b, hq, sq) if return_lse else None
+        self.empty = q.numel() == 0
+
+    def run(self, q, k, v, out, scale: float | None):
+        given = out
+        copies: list[str] = []
+        if out is None or out.stride(-1) != 1:
+            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
+        if self.empty:
+            _record("empty")
+            return out, lse
+        q, k, v = _unit_rows(q, "q", copies), _unit_rows(k, "k", copies), _unit_rows(v, "v", copies)
+        plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
+                                 write_lse=lse is not None)
+        plan.run(q, k, v, out, lse, None, None, scale)
+        if given is not None and given is not out:
+            given.copy_(out)
+            copies.append("out")
+            out = given
+        _record(plan.name + _suffix(copies))
+        return out, lse
+
+
 class AttentionPlan:
-    def __init__(self, q, k, v, out, *, is_causal: bool, enable_gqa: bool, precision: str, return_lse: bool,
-                 positive_scale: bool, backend: str):
-        self.recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
-                                                       backend=backend)
-        recipe = self.recipe
+    def __init__(self, q, k, v, out, recipe, choice, *, is_causal: bool, return_lse: bool, positive_scale: bool):
+        self.recipe = recipe
         b, hq, sq, d = q.shape
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
         self.lse_shape = (b, hq, sq) if return_lse else None
@@ -99,7 +126,7 @@ class AttentionPlan:
             self.grid, self.constexprs, self.options = portable_attention.launch_spec(
                 b, hq, sq, d, is_causal=is_causal, recipe=recipe, write_lse=return_lse, cfg=choice.config)
         self.name = f"{choice.layer}.attention[{recipe.name} {choice.config}]"
-        self.tail = _constexpr_tail(self.fn, self.constexprs)
+        self.tail = launch.constexpr_tail(self.fn, self.constexprs)
         # the fast path: every layout descriptor-ready as it is; its integer arguments follow from the key
         tensors = (q, k, v) if out is None else (q, k, v, out)
         self.direct = launch.direct_launch_available(q.device) and all(strides_ready(t) for t in tensors)
@@ -152,9 +179,14 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
            is_causal, enable_gqa, precision, return_lse, positive, backend)
     plan = _PLANS.get(key)
     if plan is None:
-        plan = _remember(key, AttentionPlan(q, k, v, out, is_causal=is_causal, enable_gqa=enable_gqa,
-                                            precision=precision, return_lse=return_lse, positive_scale=positive,
-                                            backend=backend))
+        recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
+                                                  backend=backend)
+        if choice.kernel == "decode":
+            plan = DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal, return_lse=return_lse)
+        else:
+            plan = AttentionPlan(q, k, v, out, recipe, choice, is_causal=is_causal, return_lse=return_lse,
+                                 positive_scale=positive)
+        plan = _remember(key, plan)
     return plan.run(q, k, v, out, scale)
 
 
@@ -223,7 +255,7 @@ class MatmulPlan:
             self.fn = portable_gemm.gemm_kernel
             self.ints = (self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1), c_strides[0],
                          c_strides[1], *self.walk_args)
-        self.tail = _constexpr_tail(self.fn, self.constexprs)
+        self.tail = launch.constexpr_tail(self.fn, self.constexprs)
 
     def run(self, a, b, out):
         if out is None:

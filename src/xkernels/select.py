@@ -101,6 +101,13 @@ def _target(device: torch.device) -> Target | None:
 class Choice:
     layer: str  # "portable" or "hopper"
     config: object  # the kernel's tile config
+    kernel: str = ""  # which of the op's kernels, where it has several ("decode": the split-KV kernel)
+
+
+# Dense attention calls with at most this many query rows per (batch, head) run the split-KV kernel (`decode.py`),
+# which packs a GQA group's rows into one tile and splits the keys over the SMs; the forward kernels put 64-192 rows
+# in a tile and one program per row block.
+DECODE_MAX_SQ = 16
 
 
 @dataclass(frozen=True)
@@ -128,14 +135,18 @@ def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecip
 
 def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str):
     """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
-    alike, so a traced call raises what the eager call raises. Returns (recipe, Choice)."""
+    alike, so a traced call raises what the eager call raises. Calls with few query rows take the split-KV kernel
+    unless "hopper" is forced. Returns (recipe, Choice)."""
     recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
     check_device(q.device, "q")
     override = parse_backend(backend)
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
-    return recipe, select_attention(q.device, int(q.shape[-1]), recipe, override)
+    d = int(q.shape[-1])
+    if override.layer != "hopper" and int(q.shape[2]) <= DECODE_MAX_SQ:
+        return recipe, Choice("portable", portable_configs.decode_config(d, _target(q.device)), "decode")
+    return recipe, select_attention(q.device, d, recipe, override)
 
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
@@ -159,8 +170,8 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
 
 
 def _varlen_choice(op: str, q, recipe: AttentionRecipe, backend: str) -> Choice:
-    """The varlen kernel's choice, shared by the packed and KV-cache ops: portable on every device; `backend` is
-    parsed, and forcing "hopper" raises (no Hopper varlen kernel yet)."""
+    """The varlen kernel's choice: portable on every device; `backend` is parsed, and forcing "hopper" raises (no
+    Hopper varlen kernel yet)."""
     check_device(q.device, "q")
     if parse_backend(backend).layer == "hopper":
         raise ValueError(f"backend: 'hopper' was forced, but {op} has only the portable kernel so far")
@@ -178,9 +189,16 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *, precision: str, backend: str):
-    """As `resolve_attention_varlen` for KV-cache calls (they run the varlen kernel). Returns (recipe, Choice)."""
+    """KV-cache calls run the portable split-KV kernel on every device (`decode.py`); forcing "hopper" raises.
+    Returns (recipe, Choice)."""
     recipe = check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, precision=precision)
-    return recipe, _varlen_choice("attention_with_kvcache", q, recipe, backend)
+    check_device(q.device, "q")
+    if parse_backend(backend).layer == "hopper":
+        raise ValueError("backend: 'hopper' was forced, but attention_with_kvcache has only the portable split-KV "
+                         "kernel so far")
+    if q.device.type == "meta":
+        return recipe, Choice("meta", None)
+    return recipe, Choice("portable", portable_configs.decode_config(int(q.shape[-1]), _target(q.device)))
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):

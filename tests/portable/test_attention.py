@@ -20,7 +20,7 @@ def run_case(device, recipe, d, causal, hq, hkv, sq, skv, b=1, seed=0):
     o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
                                 return_lse=True, out=out)
     assert o is out
-    assert f"attention[{recipe} " in xkernels.last_backend()  # portable, or the Hopper layer on an H100/H200
+    assert f"[{recipe} " in xkernels.last_backend()  # portable, decode (Sq = 1), or the Hopper layer on an H100/H200
     assert_unchanged(before, q, k, v)
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
     assert c.passed, c

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, GemmCase
+from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, DecodeCase, GemmCase
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,25 @@ def _flash_attn_peer(case: AttentionCase) -> Peer | None:
                 lambda qkv: flash_attn_func(*qkv, causal=case.causal))
 
 
+def _sdpa_decode_peer(name: str, backend_name: str | None, case: DecodeCase) -> Peer:
+    """SDPA on the same problem as contiguous (B, H, S, D) tensors (it has no cache layout): its default choice
+    (backend_name None) or a forced backend."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    context = contextlib.nullcontext if backend_name is None else (
+        lambda: sdpa_kernel([getattr(SDPBackend, backend_name)]))
+
+    def fn(qkv):
+        q, k, v = qkv
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=case.hq != case.hkv)
+
+    return Peer(name, context, case.dense, fn)
+
+
 def peers_for(case: Case) -> list[Peer]:
+    if isinstance(case, DecodeCase):
+        return [_sdpa_decode_peer(n, b, case) for n, b in (("SDPA", None), ("SDPA-flash", "FLASH_ATTENTION"),
+                                                           ("SDPA-cuDNN", "CUDNN_ATTENTION"))]
     if isinstance(case, GemmCase):
         if case.b_layout == "nk":
             return [Peer("cuBLAS", contextlib.nullcontext, lambda x: x, lambda ab: ab[0] @ ab[1].t())]

@@ -27,13 +27,20 @@ def _cells(r: Row, ceilings: Ceilings, peers: list[str]) -> list[str]:
     check = "PASS" if r.passed else "FAIL " + str(r.check["reason"])
     if r.ours is None:
         return [r.kernel, r.recipe, r.shape, check, f"{r.check['rel_rms']:.1e}"] + ["—"] * (5 + 2 * len(peers) + 1)
-    ours = r.tflops(r.ours)
-    pct = 100 * ours / ceilings.datasheet_tflops if ceilings.datasheet_tflops else None
-    cells = [r.kernel, r.recipe, r.shape, check, f"{r.check['rel_rms']:.1e}",
-             f"{r.ours.median_ms:.3f} [{r.ours.min_ms:.3f}-{r.ours.max_ms:.3f}]", _f(r.ours.host_us), _f(ours), _f(pct),
-             _f(100 * ours / ceilings.matmul_tflops)]
-    for p in peers:
-        cells += [_f(r.tflops(r.peers.get(p))), _f(r.speedup(p), ".2f")]
+    times = f"{r.ours.median_ms:.3f} [{r.ours.min_ms:.3f}-{r.ours.max_ms:.3f}]"
+    if r.bytes_read:  # memory-bound: TB/s, and % of the copy ceiling in the "% peak" column
+        tb = r.tbps(r.ours)
+        cells = [r.kernel, r.recipe, r.shape, check, f"{r.check['rel_rms']:.1e}", times, _f(r.ours.host_us),
+                 f"{tb:.2f} TB/s", _f(100 * tb / ceilings.copy_tbps) + " copy", "—"]
+        for p in peers:
+            cells += [_f(r.tbps(r.peers.get(p)), ".2f"), _f(r.speedup(p), ".2f")]
+    else:
+        ours = r.tflops(r.ours)
+        pct = 100 * ours / ceilings.datasheet_tflops if ceilings.datasheet_tflops else None
+        cells = [r.kernel, r.recipe, r.shape, check, f"{r.check['rel_rms']:.1e}", times, _f(r.ours.host_us),
+                 _f(ours), _f(pct), _f(100 * ours / ceilings.matmul_tflops)]
+        for p in peers:
+            cells += [_f(r.tflops(r.peers.get(p))), _f(r.speedup(p), ".2f")]
     best = r.best_peer()
     cells.append(_f(r.speedup(best), ".2f") if best else "—")
     return cells
@@ -43,7 +50,7 @@ def headers(peers: list[str]) -> list[str]:
     cols = ["kernel", "recipe", "shape", "check", "rel-RMS", "ms median [min-max]", "host us", "TFLOP/s", "% peak",
             "% mm ceil"]
     for p in peers:
-        cols += [f"{p} TFLOP/s", f"x{p}"]
+        cols += [f"{p} TFLOP/s (TB/s)", f"x{p}"]
     return cols + ["x best"]
 
 
@@ -110,12 +117,13 @@ def plot(rows: list[dict], path: Path) -> bool:
         peers = list(dict.fromkeys(n for r in prow for n, p in r["peers"].items() if "tflops" in p))
         series = ["xkernels", *peers]
         width = 0.8 / len(series)
+        unit = "tbps" if prow[0].get("bytes_read") else "tflops"  # memory-bound rows plot bandwidth
         for i, s in enumerate(series):
-            vals = [r["ours_tflops"] if s == "xkernels" else r["peers"].get(s, {}).get("tflops") or 0 for r in prow]
+            vals = [r[f"ours_{unit}"] if s == "xkernels" else r["peers"].get(s, {}).get(unit) or 0 for r in prow]
             ax.bar([j + i * width for j in range(len(prow))], vals, width, label=s)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(prow))])
         ax.set_xticklabels([f"{r['recipe']} {r['shape']}" for r in prow], rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel("TFLOP/s")
+        ax.set_ylabel("TB/s (K and V bytes read once)" if unit == "tbps" else "TFLOP/s")
         ax.set_title(kernel)
         ax.legend(fontsize=7, ncol=len(series))
     fig.tight_layout()
@@ -132,13 +140,16 @@ def summary_markdown(rows: list[dict]) -> str:
         if not krows:
             continue
         peers = list(dict.fromkeys(n for r in krows for n, p in r["peers"].items() if "tflops" in p))
-        out += ["| recipe | shape | rel-RMS | xkernels TFLOP/s | % peak | "
-                + " | ".join(f"{p} | x{p}" for p in peers) + " |", "|---" * (5 + 2 * len(peers)) + "|"]
+        tb = bool(krows[0].get("bytes_read"))  # memory-bound rows: TB/s and % of the copy ceiling
+        unit, pct, fmt = ("tbps", "pct_copy_ceiling", ".2f") if tb else ("tflops", "pct_datasheet", ".0f")
+        out += [f"| recipe | shape | rel-RMS | xkernels {'TB/s' if tb else 'TFLOP/s'} | "
+                f"{'% copy' if tb else '% peak'} | " + " | ".join(f"{p} | x{p}" for p in peers) + " |",
+                "|---" * (5 + 2 * len(peers)) + "|"]
         for r in krows:
-            cells = [r["recipe"], r["shape"], f"{r['check']['rel_rms']:.1e}", _f(r["ours_tflops"]),
-                     _f(r["pct_datasheet"])]
+            cells = [r["recipe"], r["shape"], f"{r['check']['rel_rms']:.1e}", _f(r[f"ours_{unit}"], fmt),
+                     _f(r[pct])]
             for p in peers:
-                cells += [_f(r["peers"].get(p, {}).get("tflops")), _f(r["speedup"].get(p), ".2f")]
+                cells += [_f(r["peers"].get(p, {}).get(unit), fmt), _f(r["speedup"].get(p), ".2f")]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)

@@ -23,6 +23,7 @@ class Row:
     check: dict
     backend: str | None = None
     ours: Timing | None = None
+    bytes_read: int = 0  # memory-bound rows (decode): their figure of merit is bytes_read / time
     peers: dict[str, Timing | str] = field(default_factory=dict)  # a peer that cannot run gets its error text
 
     @property
@@ -31,6 +32,9 @@ class Row:
 
     def tflops(self, t: Timing | str | None) -> float | None:
         return t.tflops(self.flops) if isinstance(t, Timing) else None
+
+    def tbps(self, t: Timing | str | None) -> float | None:
+        return self.bytes_read / t.median_ms / 1e9 if isinstance(t, Timing) and self.bytes_read else None
 
     def speedup(self, peer: str) -> float | None:
         """ours / peer in throughput (peer time / our time): > 1 means ours is faster."""
@@ -47,10 +51,13 @@ class Row:
         return {
             "kernel": self.kernel, "recipe": self.recipe, "shape": self.shape, "flops": self.flops,
             "backend": self.backend, "check": self.check,
-            "ours": self.ours.__dict__ if self.ours else None, "ours_tflops": ours,
+            "ours": self.ours.__dict__ if self.ours else None, "ours_tflops": ours, "bytes_read": self.bytes_read,
+            "ours_tbps": self.tbps(self.ours),
+            "pct_copy_ceiling": 100 * self.tbps(self.ours) / ceilings.copy_tbps if self.tbps(self.ours) else None,
             "pct_datasheet": 100 * ours / ceilings.datasheet_tflops if ours and ceilings.datasheet_tflops else None,
             "pct_matmul_ceiling": 100 * ours / ceilings.matmul_tflops if ours else None,
-            "peers": {n: (t.__dict__ | {"tflops": self.tflops(t)} if isinstance(t, Timing) else {"error": t})
+            "peers": {n: (t.__dict__ | {"tflops": self.tflops(t), "tbps": self.tbps(t)} if isinstance(t, Timing)
+                          else {"error": t})
                       for n, t in self.peers.items()},
             "speedup": {n: self.speedup(n) for n in self.peers},
             "best_peer": best, "speedup_vs_best": self.speedup(best) if best else None,
@@ -66,7 +73,8 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
     except Exception as e:  # e.g. a forced config that cannot compile or launch here: a failed row, not a lost bench
         reason = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
         check = {"passed": False, "reason": reason, "rel_rms": float("nan")}
-    row = Row(kernel_name(case), case.recipe, case.shape, case.flops, check, xkernels.last_backend())
+    row = Row(kernel_name(case), case.recipe, case.shape, case.flops, check, xkernels.last_backend(),
+              bytes_read=getattr(case, "bytes_read", 0))
     if not (timed and row.passed):
         return row
     sets = [first] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, GemmCase
+from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, DecodeCase, GemmCase
 
 WALKS = ("row", "grouped", "zorder")
 LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
@@ -83,4 +83,19 @@ def attention_bwd_suite(quick: bool) -> list[Case]:
     if not quick:
         cases += [AttentionGradCase(1, 32, 32, 8192, 8192, 128, False, "fp16", step="bwd"),
                   AttentionGradCase(1, 32, 8, 8192, 8192, 128, True, "bf16", step="bwd")]
+    return cases
+
+
+# The decode anchors (bf16, D128, one query row per sequence): (B, Hq, Hkv, cache length)
+DECODE_ROWS = ((8, 32, 8, 8192), (64, 32, 8, 4096), (1, 32, 8, 131072), (16, 64, 8, 32768))
+
+
+def decode_suite(quick: bool) -> list[Case]:
+    """Each anchor through the dense API and a dense cache; paged caches (16 and 64 keys a page) in the full suite,
+    and speculative decoding (4 query rows)."""
+    caches = ("dense-api", "dense") if quick else ("dense-api", "dense", "paged16", "paged64")
+    cases: list[Case] = [DecodeCase(b, hq, hkv, s, 128, cache=c) for b, hq, hkv, s in DECODE_ROWS for c in caches]
+    if not quick:
+        cases += [DecodeCase(8, 32, 8, 8192, 128, cache="paged64", sq=4), DecodeCase(8, 32, 8, 8192, 64),
+                  DecodeCase(8, 32, 8, 8192, 256)]
     return cases

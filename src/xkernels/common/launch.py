@@ -113,6 +113,14 @@ def compile_kernel(fn, grid: int, args: Sequence[object], constexprs: dict[str, 
     return Kernel(compiled, device)
 
 
+def constexpr_tail(fn, constexprs: dict[str, object]) -> tuple:
+    """Constexpr values in parameter order; they come after every runtime parameter in our kernels."""
+    names = fn.arg_names
+    first = min(names.index(n) for n in constexprs)
+    assert set(names[first:]) == set(constexprs), f"{fn}: constexprs must be its last parameters"
+    return tuple(constexprs[n] for n in names[first:])
+
+
 def generic_launch(fn, grid: int, args: Sequence[object], constexprs: dict[str, object],
                    options: dict[str, int]) -> None:
     """Triton's own launch path: the interpreter, non-CUDA backends and untested triton releases."""

@@ -16,6 +16,7 @@ from xkernels.common.seqlen import kv_bounds
 from xkernels.portable import tiles
 from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.dot import mma
+from xkernels.portable.softmax import finish, online_step
 from xkernels.portable.tiles import load_tile, store_tile
 from xkernels.recipes import AttentionRecipe
 
@@ -28,7 +29,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk
     """Fold K/V tiles [lo, hi) into the running (acc, row sum l_i, row max m_i), all in base-2 units. K and V come
     from descriptors (`k_src`, `v_src`), or without them from those base pointers and row strides. Causal keeps key
     j for row i when j <= offs_m[i] (callers shift offs_m for other alignments). EMPTY_ROWS: some rows may see no
-    key at all (their max stays -inf; the update then uses 0 in its place so nothing turns NaN)."""
+    key at all (`softmax.online_step`)."""
     offs_n = tl.arange(0, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         if DESCRIPTORS:
@@ -42,21 +43,13 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk
             if CAUSAL:
                 keep = keep & (keys[None, :] <= offs_m[:, None])
             s = tl.where(keep, s, float("-inf"))
-        # dense calls: every row sees key 0 in the first tile visited, so m_new is finite and alpha never NaN
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        if EMPTY_ROWS:
-            m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.math.exp2(m_i - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+        p, m_i, l_i, acc = online_step(s, m_i, l_i, acc, EMPTY_ROWS)
         # recipe: P rounded to PV_DTYPE; V converted in-kernel when its storage dtype differs (bf16io)
         if DESCRIPTORS:
             v = v_src.load([start_n, 0]).to(PV_DTYPE)
         else:
             v = load_tile(v_src, start_n, 0, SKV, HEAD_DIM, v_ss, BLOCK_N, HEAD_DIM).to(PV_DTYPE)
         acc = mma(p.to(PV_DTYPE), v, acc, INTERPRET)
-        m_i = m_new
     return acc, l_i, m_i
 
 
@@ -104,14 +97,14 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m, qk_scale, SKV,
                                   HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET, False)
 
-    o = (acc / l_i[:, None]).to(O.dtype.element_ty)
+    o, lse = finish(acc, l_i, m_i, False)
+    o = o.to(O.dtype.element_ty)
     if DESCRIPTORS:
         o_desc.store([start_m, 0], o)
     else:
         store_tile(o_base, start_m, 0, SQ, HEAD_DIM, o_ss, o, BLOCK_M, HEAD_DIM)
     if WRITE_LSE:
-        # natural-log LSE of the scaled scores: (m + log2 l) in base-2 units, times ln 2
-        tl.store(LSE + bh * SQ + offs_m, (m_i + tl.math.log2(l_i)) * 0.6931471805599453, mask=offs_m < SQ)
+        tl.store(LSE + bh * SQ + offs_m, lse, mask=offs_m < SQ)
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,

@@ -17,6 +17,7 @@ from xkernels.common.seqlen import kv_bounds_shifted
 from xkernels.portable import tiles
 from xkernels.portable.attention_fwd import _attend_tiles
 from xkernels.portable.configs import AttentionConfig
+from xkernels.portable.softmax import finish
 from xkernels.portable.tiles import load_tile, store_tile
 from xkernels.recipes import AttentionRecipe
 
@@ -71,15 +72,13 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, 
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, full_hi, hi, offs_m + offset,
                                       qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
                                       INTERPRET, True)
-        seen = l_i > 0  # rows that saw no key: O = 0, LSE = -inf
-        o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0).to(O.dtype.element_ty)
+        o, lse = finish(acc, l_i, m_i, True)  # rows that saw no key: O = 0, LSE = -inf
+        o = o.to(O.dtype.element_ty)
         if DESCRIPTORS:
             o_desc.store([start_m, 0], o)
         else:
             store_tile(o_base, start_m, 0, SQ, HEAD_DIM, o_st, o, BLOCK_M, HEAD_DIM)
         if WRITE_LSE:  # (Hq, total_q), natural log, as flash_attn's varlen softmax_lse
-            lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453,
-                           float("-inf"))
             tl.store(LSE + h * lse_sh + q0 + offs_m, lse, mask=offs_m < SQ)
 
 

@@ -60,6 +60,35 @@ class AttentionBwdConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    """Tiles of the split-KV kernel (`attention_decode.py`): keys per tile, warps, pipeline stages. Its row block
+    follows the call (`block_m`), its key splits the grid (`decode.num_splits`)."""
+
+    block_n: int
+    num_warps: int
+    num_stages: int
+    max_block_m: int = 64
+
+    def block_m(self, rows: int) -> int:
+        """Packed query rows per program: the smallest power of two >= rows, from 16 (the dot's minimum) up to
+        `max_block_m`."""
+        return min(max(16, 1 << max(rows - 1, 0).bit_length()), self.max_block_m)
+
+    def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
+                   causal: bool, bottom_right: bool, write_lse: bool, split: bool,
+                   interpret: bool = INTERPRET) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
+                    SEQ_LENGTHS=seq_lengths, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
+                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split, INTERPRET=interpret)
+
+    def options(self) -> dict[str, int]:
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
+
+    def __str__(self) -> str:
+        return f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}"
+
+
+@dataclass(frozen=True)
 class GemmConfig:
     block_m: int
     block_n: int
@@ -89,6 +118,7 @@ class ConfigTable:
     converting_v: dict[int, AttentionConfig]  # by head dim, where bf16io's in-kernel V conversion needs its own
     gemm: dict[int, GemmConfig]  # by output element size
     attention_bwd: dict[int, AttentionBwdConfig] = dataclasses.field(default_factory=dict)  # by head dim
+    decode: dict[int, DecodeConfig] = dataclasses.field(default_factory=dict)  # by head dim
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "attention-<head
     # dim>" or "gemm-<output element size>"
     tolerated_spills: frozenset[str] = frozenset()
@@ -111,7 +141,11 @@ HOPPER = ConfigTable(
     gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(64, 128, 128, 64, 8, 2),
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
+    decode={64: DecodeConfig(128, 4, 3), 128: DecodeConfig(128, 4, 3), 256: DecodeConfig(64, 4, 3)},
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256"}))
+# The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
+# stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
+# 64-key tiles and more programs per SM lost 1-15 %.
 # sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
 # register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
 # 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.
@@ -122,6 +156,7 @@ AMPERE = ConfigTable(
     gemm={2: GemmConfig(128, 128, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
     attention_bwd={64: AttentionBwdConfig(32, 32, 64, 32, 4, 2), 128: AttentionBwdConfig(64, 64, 64, 64, 8, 1),
                    256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)},
+    decode={64: DecodeConfig(64, 4, 2), 128: DecodeConfig(64, 4, 2), 256: DecodeConfig(32, 4, 2)},
     tolerated_spills=frozenset({"attention_varlen-256"}))  # the causal varlen D256 tile reloads 8 bytes
 # fp32-output GEMMs on sm_89: ptxas keeps 128 registers per thread and reloads one or two values from local memory
 # in some walk orders, for every tile shape tried (128x128, 128x64, 64x128); tolerated rather than shrunk further.
@@ -131,6 +166,7 @@ ADA = ConfigTable(
     converting_v={},
     gemm={2: GemmConfig(128, 128, 32, 8, 3), 4: GemmConfig(128, 128, 32, 8, 2)},
     attention_bwd=AMPERE.attention_bwd,
+    decode=AMPERE.decode,
     tolerated_spills=frozenset({"gemm-4"}))
 # sm_120 (99 KB): as sm_89, but triton 3.6 spills hundreds of bytes at D256 with 64-row blocks (and 32-row blocks
 # with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants (and in the
@@ -147,7 +183,8 @@ CDNA = ConfigTable(
     converting_v={},
     gemm={2: GemmConfig(128, 128, 64, 4, 2), 4: GemmConfig(128, 128, 32, 4, 2)},
     attention_bwd={64: AttentionBwdConfig(32, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(32, 64, 64, 32, 4, 1),
-                   256: AttentionBwdConfig(32, 32, 32, 32, 4, 1)})
+                   256: AttentionBwdConfig(32, 32, 32, 32, 4, 1)},
+    decode={64: DecodeConfig(64, 4, 2), 128: DecodeConfig(64, 4, 2), 256: DecodeConfig(32, 4, 2)})
 # Intel Xe2 (SIMD16 sub-groups, DPAS 8x16x16, 128 KB SLM): the masked-pointer path of triton-xpu 3.3 has no 2D
 # block loads, so operands go through registers (256 GRF in large-GRF mode); moderate tiles. Compiled offline only:
 # no Xe2 device is reachable to time them.
@@ -157,12 +194,14 @@ XE2 = ConfigTable(
     converting_v={},
     gemm={2: GemmConfig(128, 128, 32, 8, 1), 4: GemmConfig(128, 128, 32, 8, 1)},
     attention_bwd={64: AttentionBwdConfig(32, 64, 64, 32, 4, 1), 128: AttentionBwdConfig(32, 32, 32, 32, 4, 1),
-                   256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)})
+                   256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)},
+    decode={64: DecodeConfig(32, 4, 1), 128: DecodeConfig(32, 4, 1), 256: DecodeConfig(16, 4, 1)})
 # Interpreted: small tiles so the CPU run is quick and tests at S = 17, 129 cross several tiles, the diagonal and
 # the tails.
 ATTENTION_INTERPRETED = AttentionConfig(32, 16, 4, 1)
 ATTENTION_BWD_INTERPRETED = AttentionBwdConfig(16, 32, 32, 16, 4, 1)
 GEMM_INTERPRETED = GemmConfig(32, 32, 32, 4, 1, group_m=2)
+DECODE_INTERPRETED = DecodeConfig(32, 4, 1, max_block_m=32)
 
 
 def table_for(target: Target | None) -> ConfigTable:
@@ -193,6 +232,10 @@ def attention_config(head_dim: int, recipe: AttentionRecipe, target: Target | No
 def attention_bwd_config(head_dim: int, target: Target | None = None,
                          interpret: bool = INTERPRET) -> AttentionBwdConfig:
     return ATTENTION_BWD_INTERPRETED if interpret else table_for(target).attention_bwd[head_dim]
+
+
+def decode_config(head_dim: int, target: Target | None = None, interpret: bool = INTERPRET) -> DecodeConfig:
+    return DECODE_INTERPRETED if interpret else table_for(target).decode[head_dim]
 
 
 def gemm_config(out_dtype: torch.dtype, target: Target | None = None, interpret: bool = INTERPRET) -> GemmConfig:

@@ -140,6 +140,93 @@ class AttentionGradCase(AttentionCase):
 
 
 @dataclass(frozen=True)
+class DecodeCase:
+    """Decode against a KV cache of `s` keys per sequence: `sq` query rows (1: one decode step) per (sequence, head),
+    every key visible. `cache`: "dense-api" (`xkernels.attention` on (B, H, S, D) tensors), "dense"
+    (`attention_with_kvcache` on a (B, S, Hkv, D) cache) or "paged<N>" (pages of N keys in shuffled blocks). The
+    figure of merit is bandwidth: K and V bytes read once per call."""
+
+    b: int
+    hq: int
+    hkv: int
+    s: int
+    d: int
+    recipe: str = "bf16"
+    cache: str = "dense-api"
+    sq: int = 1
+    backend: str | None = None
+
+    @property
+    def shape(self) -> str:
+        return f"B{self.b} H{self.hq}/{self.hkv} {self.sq}x{_k(self.s)} D{self.d} {self.cache}{_forced(self.backend)}"
+
+    @property
+    def flops(self) -> int:
+        return 4 * self.d * self.sq * self.s * self.b * self.hq
+
+    @property
+    def bytes_read(self) -> int:
+        """K and V, each byte once: the decode floor."""
+        return 2 * 2 * self.b * self.hkv * self.s * self.d
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_read + 2 * 2 * self.b * self.hq * self.sq * self.d
+
+    @property
+    def page(self) -> int:
+        return int(self.cache[5:]) if self.cache.startswith("paged") else 0
+
+    def inputs(self, device: str, seed: int = 0):
+        """(q, k, v, block_table or None): q, k, v as `run` passes them."""
+        dtype = ATTENTION_RECIPES[self.recipe].io_dtype
+        q, k, v = attention_inputs(self.b, self.hq, self.sq, self.s, self.d, dtype, device, hkv=self.hkv, seed=seed)
+        if self.cache == "dense-api":
+            return q, k, v, None
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))  # (B, S, H, D)
+        if not self.page:
+            return q, k, v, None
+        per_seq = -(-self.s // self.page)
+        pad = per_seq * self.page - self.s
+        g = torch.Generator().manual_seed(seed)
+        table = torch.randperm(self.b * per_seq, generator=g).view(self.b, per_seq).to(torch.int32).to(device)
+        paged = []
+        for t in (k, v):
+            t = torch.nn.functional.pad(t, (0, 0, 0, 0, 0, pad)).view(self.b, per_seq, self.page, self.hkv, self.d)
+            blocks = torch.empty((self.b * per_seq, self.page, self.hkv, self.d), dtype=t.dtype, device=device)
+            blocks[table.long()] = t
+            paged.append(blocks)
+        return q, paged[0], paged[1], table
+
+    def dense(self, inputs):
+        """The same problem as (B, H, S, D) q, k, v for SDPA and the reference."""
+        q, k, v, table = inputs
+        if self.cache == "dense-api":
+            return q, k, v
+        if table is not None:
+            k, v = (t[table.long()].flatten(1, 2)[:, :self.s] for t in (k, v))
+        return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
+        q, k, v, table = inputs
+        if self.cache == "dense-api":
+            return xkernels.attention(q, k, v, enable_gqa=self.hq != self.hkv, precision=self.recipe,
+                                      return_lse=return_lse, backend=self.backend)
+        lengths = torch.full((self.b,), self.s, dtype=torch.int32, device=q.device)
+        return xkernels.attention_with_kvcache(q, k, v, cache_seqlens=lengths, block_table=table, is_causal=False,
+                                               precision=self.recipe, return_lse=return_lse, backend=self.backend)
+
+    def check(self, inputs) -> Comparison:
+        q, k, v = self.dense(inputs)
+        out, lse = self.run(inputs, return_lse=True)
+        if self.cache != "dense-api":
+            out = out.transpose(1, 2)
+        c = compare_attention(out, reference_attention(q, k, v), ATTENTION_RECIPES[self.recipe])
+        c_lse = compare_lse(lse, reference_lse(q, k))
+        return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
+
+
+@dataclass(frozen=True)
 class GemmCase:
     m: int
     n: int
@@ -178,17 +265,19 @@ class GemmCase:
         return compare_gemm(out, reference_matmul(a, b, self.b_layout), self.k)
 
 
-Case = AttentionCase | AttentionGradCase | GemmCase
+Case = AttentionCase | AttentionGradCase | DecodeCase | GemmCase
 
 
 def kernel_name(case: Case) -> str:
+    if isinstance(case, DecodeCase):
+        return "decode"
     if isinstance(case, AttentionGradCase):
         return "attention-" + case.step
     return "attention" if isinstance(case, AttentionCase) else "gemm"
 
 
 def threshold(case: Case) -> str:
-    if isinstance(case, AttentionCase):
+    if isinstance(case, AttentionCase | DecodeCase):
         r = ATTENTION_RECIPES[case.recipe]
         return f"rms<{r.rel_rms:g} max<{r.max_abs_diff:g}"
     return "rms<5e-3 elem<5%"

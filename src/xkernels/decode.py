@@ -1,0 +1,182 @@
+"""Host path of the split-KV kernel (`portable/attention_decode.py`), shared by `attention_with_kvcache` and by the
+dense `attention` when it has few query rows: how many key splits, the partial-result workspace, and the launches.
+
+A plan is resolved once per (shapes, strides, dtypes, device, flags) key, as in `plans`: the grid, the split count
+and every integer argument follow from the key, so a repeated call allocates its outputs (and, when split, the fp32
+partials) and calls the compiled launchers directly. A plan holds numbers and compiled kernels, never a tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from xkernels.common import launch
+from xkernels.common.runtime import INTERPRET, sm_count
+from xkernels.portable import attention_decode as kernel
+from xkernels.portable.configs import DecodeConfig
+from xkernels.recipes import AttentionRecipe
+
+LOG2E = math.log2(math.e)
+MAX_SPLITS = 128
+COMBINE_CHUNK = 16
+INTERPRETED_SMS = 4  # a small "GPU" under the interpreter, so CPU tests split the keys too
+
+
+def num_splits(programs: int, keys: int, block_n: int, sms: int) -> int:
+    """Key splits per (sequence, kv head, row block): as many as fill one wave of the GPU, one program per SM (a
+    program holds ~140 KB of K/V stages, so one fits an SM), never more than the key tiles. Measured on the H200
+    (benchmarks/results/h200/2026-11-30/15): 2 splits for 64 programs, 16 for 8, 1 for 128 and 512, each within
+    1 % of the best of 1-64 splits, where four programs per SM lost 5-12 %."""
+    tiles = triton.cdiv(max(keys, 1), block_n)
+    return max(1, min(sms // max(programs, 1), tiles, MAX_SPLITS))
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A call's shapes as the kernel sees them. q, O: (B, SQ, HQ, D) by (batch, token, head) strides; K, V: key n
+    of sequence b at block b (dense, page = 0) or at block table[b, n // page], row n % page, by (block, row, head)
+    strides; `capacity`: the most keys a sequence can have (the split count follows it, never the lengths on the
+    device, so nothing is read back)."""
+
+    batch: int
+    sq: int
+    hq: int
+    hkv: int
+    head_dim: int
+    capacity: int
+    page: int
+    q_strides: tuple[int, int, int]
+    k_strides: tuple[int, int, int]
+    v_strides: tuple[int, int, int]
+    o_strides: tuple[int, int, int]
+    table_stride: int
+
+
+class DecodePlan:
+    def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
+                 recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
+                 splits: int = 0):
+        self.g, self.device, self.write_lse = g, device, write_lse
+        group = g.hq // g.hkv
+        rows = g.sq * group
+        block_m = cfg.block_m(rows)
+        programs = g.batch * g.hkv * triton.cdiv(rows, block_m)
+        sms = INTERPRETED_SMS if INTERPRET or device.type != "cuda" else sm_count(device.index or 0)
+        if splits <= 0:
+            splits = num_splits(programs, g.capacity, cfg.block_n, sms)
+        tiles = triton.cdiv(max(g.capacity, 1), cfg.block_n)
+        split_keys = triton.cdiv(tiles, min(splits, tiles)) * cfg.block_n
+        self.splits = triton.cdiv(max(g.capacity, 1), split_keys)
+        self.rows = g.batch * g.sq * g.hq
+        self.grid = programs * self.splits
+        split = self.splits > 1
+        self.constexprs = cfg.constexprs(g.head_dim, recipe, rows=rows, page=g.page, seq_lengths=seq_lengths,
+                                         causal=is_causal, bottom_right=bottom_right, write_lse=write_lse,
+                                         split=split)
+        self.options = cfg.options()
+        self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
+        self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,
+                     g.capacity, split_keys, self.rows, self.splits)
+        self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
+        self.combine_ints = (*g.o_strides, self.rows, g.sq, g.hq, self.splits)
+        self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
+        self.name = f"portable.decode[{recipe.name} {cfg} BM{block_m} splits={self.splits}]"
+        self.direct = launch.direct_launch_available(device)
+        self.kernel: launch.Kernel | None = None
+        self.combine: launch.Kernel | None = None
+
+    def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None) -> None:
+        """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`."""
+        g = self.g
+        qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
+        if self.splits > 1:
+            o_part = torch.empty((self.splits, self.rows, g.head_dim), dtype=torch.float32, device=self.device)
+            lse_part = torch.empty((self.splits, self.rows), dtype=torch.float32, device=self.device)
+        else:
+            o_part = lse_part = out  # never touched
+        tensors = (q, k, v, out, out if lse is None else lse, o_part, lse_part, out if seqlens is None else seqlens,
+                   out if block_table is None else block_table)
+        if self.direct and all(t.data_ptr() % 16 == 0 for t in tensors):
+            self._direct(tensors, o_part, lse_part, out, lse, qk_scale)
+            return
+        launch.generic_launch(kernel.attention_decode_kernel, self.grid, (*tensors, *self.ints, qk_scale),
+                              self.constexprs, self.options)
+        if self.splits > 1:
+            launch.generic_launch(kernel.combine_kernel, self.rows, (o_part, lse_part, out,
+                                                                     out if lse is None else lse,
+                                                                     *self.combine_ints),
+                                  self.combine_constexprs, dict(num_warps=1, num_stages=1))
+
+    def _direct(self, tensors, o_part, lse_part, out, lse, qk_scale: float) -> None:
+        if self.kernel is None:
+            self.kernel = launch.compile_kernel(kernel.attention_decode_kernel, self.grid,
+                                                (*tensors, *self.ints, qk_scale), self.constexprs, self.options,
+                                                self.device)
+        self.kernel.launch(self.grid, (*(t.data_ptr() for t in tensors), *self.ints, qk_scale, *self.tail))
+        if self.splits > 1:
+            lse_arg = out if lse is None else lse
+            if self.combine is None:
+                self.combine = launch.compile_kernel(kernel.combine_kernel, self.rows,
+                                                     (o_part, lse_part, out, lse_arg, *self.combine_ints),
+                                                     self.combine_constexprs, dict(num_warps=1, num_stages=1),
+                                                     self.device)
+            self.combine.launch(self.rows, (o_part.data_ptr(), lse_part.data_ptr(), out.data_ptr(),
+                                            lse_arg.data_ptr(), *self.combine_ints, *self.combine_tail))
+
+
+_PLANS: dict = {}
+_PLANS_MAX = 1024
+
+
+def _plan(key: tuple, make) -> DecodePlan:
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= _PLANS_MAX:
+            _PLANS.clear()
+        plan = _PLANS[key] = make()
+    return plan
+
+
+def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, recipe: AttentionRecipe,
+                 cfg: DecodeConfig, write_lse: bool, splits: int) -> DecodePlan:
+    """The plan of an `attention_with_kvcache` call: q, O (B, Sq, Hq, D); a dense (B, S_max, Hkv, D) or paged
+    (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths read on the device."""
+    paged = block_table is not None
+    key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), out.stride(),
+           None if not paged else (block_table.shape, block_table.stride()), q.dtype, q.device, is_causal,
+           recipe.name, cfg, write_lse, splits)
+
+    def make() -> DecodePlan:
+        batch, sq, hq, d = q.shape
+        page = k_cache.shape[1] if paged else 0
+        g = Geometry(batch, sq, hq, k_cache.shape[2], d, page * block_table.shape[1] if paged else k_cache.shape[1],
+                     page, q.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3], out.stride()[:3],
+                     block_table.stride(0) if paged else 0)
+        return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
+                          write_lse=write_lse, device=q.device, splits=splits)
+
+    return _plan(key, make)
+
+
+def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: DecodeConfig,
+               write_lse: bool) -> DecodePlan:
+    """The plan of a dense `attention` call with few query rows: q, O (B, Hq, Sq, D), K, V (B, Hkv, Skv, D) read
+    as a one-page-per-sequence cache of Skv keys each; top-left causal, as the dense API."""
+    key = ("dense", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, q.device,
+           is_causal, recipe.name, cfg, write_lse)
+
+    def make() -> DecodePlan:
+        batch, hq, sq, d = q.shape
+
+        def bsh(t):  # (batch, token, head) strides of a (B, H, S, D) tensor
+            return t.stride(0), t.stride(2), t.stride(1)
+
+        g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0)
+        return DecodePlan(g, seq_lengths=False, is_causal=is_causal, bottom_right=False, recipe=recipe, cfg=cfg,
+                          write_lse=write_lse, device=q.device)
+
+    return _plan(key, make)

@@ -1,0 +1,173 @@
+"""Split-KV attention over a KV cache ("flash-decoding"): decode, speculative decoding and chunked prefill against a
+dense or paged cache, and the dense API's calls with few query rows.
+
+A decode step has one query row per (sequence, head) and thousands of keys: one program per row block would leave
+most SMs idle and put one row in a 64-128-row tile. So a program owns one (sequence, kv head, row block, key split):
+  * rows: the query heads of a GQA group share their K/V, so they are packed into one tile, token-major (row
+    r = token * GROUP + head in group); each K/V byte is read once per group, not once per query head;
+  * key split: the program reads keys [split * SPLIT_KEYS, (split + 1) * SPLIT_KEYS) of its sequence and writes an
+    fp32 partial O and its LSE; `combine_kernel` merges the splits through their LSEs. With one split the program
+    writes O and the LSE directly.
+Keys are addressed through a page table: key n of sequence b sits in row n % PAGE of cache block
+BLOCK_TABLE[b, n // PAGE]. A dense cache is the same with one page per sequence (block b, PAGE = 0 here), so the
+dense API's (B, H, S, D) and the cache's (B, S, H, D) differ only in strides. K/V are read with masked pointer loads
+(a page may be smaller than a key tile, so rows of one tile may come from several blocks); rows past a sequence's
+length are never read, so uninitialized cache rows (NaN bit patterns included) cannot leak into P.V.
+Causal is aligned bottom-right (query t sees keys j <= t + L - Sq, the KV-cache convention) or top-left (the dense
+API's); rows that see no key return O = 0 and LSE = -inf.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from xkernels.portable.dot import mma
+from xkernels.portable.softmax import LN2, finish, online_step
+
+
+@triton.jit
+def _key_rows(start_n, b, hi, BLOCK_TABLE, bt_sb, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+              MASKED: tl.constexpr):
+    """Element offsets of keys start_n .. start_n + BLOCK_N of sequence b in a cache (its kv head offset aside)."""
+    keys = start_n + tl.arange(0, BLOCK_N)
+    if PAGE == 0:  # dense: sequence b's rows from b * page_st
+        return b.to(tl.int64) * page_st + keys.to(tl.int64) * row_st
+    if MASKED:  # table entries past the sequence's last page may be anything
+        block = tl.load(BLOCK_TABLE + b * bt_sb + keys // PAGE, mask=keys < hi, other=0)
+    else:
+        block = tl.load(BLOCK_TABLE + b * bt_sb + keys // PAGE)
+    return block.to(tl.int64) * page_st + (keys % PAGE).to(tl.int64) * row_st
+
+
+@triton.jit
+def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss, qk_scale,
+            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
+            MASKED: tl.constexpr, PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+    """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED: keys >= hi and (causal) keys past each row's `limit`
+    are dropped, and their K/V rows are not read."""
+    cols = tl.arange(0, HEAD_DIM)
+    for start_n in tl.range(lo, hi, BLOCK_N):
+        keys = start_n + tl.arange(0, BLOCK_N)
+        k_rows = _key_rows(start_n, b, hi, BLOCK_TABLE, bt_sb, k_sp, k_ss, BLOCK_N, PAGE, MASKED)
+        v_rows = _key_rows(start_n, b, hi, BLOCK_TABLE, bt_sb, v_sp, v_ss, BLOCK_N, PAGE, MASKED)
+        if MASKED:
+            k = tl.load(K + k_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
+        else:
+            k = tl.load(K + k_rows[:, None] + cols[None, :])
+        s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET) * qk_scale
+        if MASKED:
+            keep = keys[None, :] < hi
+            if CAUSAL:
+                keep = keep & (keys[None, :] <= limit[:, None])
+            s = tl.where(keep, s, float("-inf"))
+        p, m_i, l_i, acc = online_step(s, m_i, l_i, acc, True)
+        if MASKED:
+            v = tl.load(V + v_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
+        else:
+            v = tl.load(V + v_rows[:, None] + cols[None, :])
+        acc = mma(p.to(PV_DTYPE), v.to(PV_DTYPE), acc, INTERPRET)
+    return acc, l_i, m_i
+
+
+@triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS"])
+def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE,
+                            q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
+                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, qk_scale,
+                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr,
+                            BOTTOM_RIGHT: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
+                            SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+    """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
+    SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
+    SEQLENS[b] keys (SEQ_LENGTHS) or SKV; ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to
+    O_PART (splits, B, SQ, HQ, D) and LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE
+    (B, HQ, SQ) contiguous."""
+    m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
+    pid = tl.program_id(0)
+    per_split = tl.num_programs(0) // SPLITS
+    split = pid // per_split
+    start_r = (pid % m_blocks) * BLOCK_M
+    bh = (pid % per_split) // m_blocks
+    b = bh // HKV
+    hk = bh % HKV
+    if SEQ_LENGTHS:
+        L = tl.load(SEQLENS + b)
+    else:
+        L = SKV
+    rows = start_r + tl.arange(0, BLOCK_M)
+    t = rows // GROUP  # token of each packed row
+    h = (hk * GROUP + rows % GROUP).to(tl.int64)  # its query head
+    cols = tl.arange(0, HEAD_DIM)
+    in_q = t < SQ
+    q = tl.load(Q + b.to(tl.int64) * q_sb + t.to(tl.int64)[:, None] * q_ss + h[:, None] * q_sh + cols[None, :],
+                mask=in_q[:, None], other=0.0)
+
+    # keys this program visits: its split, cut at the sequence end and (causal) at the block's last row's limit
+    offset = L - SQ if BOTTOM_RIGHT else 0
+    limit = t + offset  # row t sees keys j <= limit[t]
+    lo = split * SPLIT_KEYS
+    hi = max(min(lo + SPLIT_KEYS, L), lo)
+    full_hi = hi
+    if CAUSAL:
+        t_last = min(start_r + BLOCK_M - 1, SQ * GROUP - 1) // GROUP
+        hi = max(min(hi, t_last + offset + 1), lo)
+        full_hi = max(min(hi, start_r // GROUP + offset + 1), lo)  # every row of the block sees keys below this
+    full_hi = lo + ((full_hi - lo) // BLOCK_N) * BLOCK_N  # whole mask-free tiles; the rest is masked
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    k_base = K + hk.to(tl.int64) * k_sh
+    v_base = V + hk.to(tl.int64) * v_sh
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, lo, full_hi, limit, BLOCK_TABLE, bt_sb, k_sp,
+                            k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, full_hi, hi, limit, BLOCK_TABLE, bt_sb, k_sp,
+                            k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, PV_DTYPE, INTERPRET)
+    o, lse = finish(acc, l_i, m_i, True)
+
+    hq = HKV * GROUP
+    if SPLIT:
+        row = split.to(tl.int64) * ROWS + (b.to(tl.int64) * SQ + t) * hq + h  # (splits, B, SQ, HQ)
+        tl.store(O_PART + row[:, None] * HEAD_DIM + cols[None, :], o, mask=in_q[:, None])
+        tl.store(LSE_PART + row, lse, mask=in_q)
+    else:
+        tl.store(O + b.to(tl.int64) * o_sb + t.to(tl.int64)[:, None] * o_ss + h[:, None] * o_sh + cols[None, :],
+                 o.to(O.dtype.element_ty), mask=in_q[:, None])
+        if WRITE_LSE:
+            tl.store(LSE + (b.to(tl.int64) * hq + h) * SQ + t, lse, mask=in_q)
+
+
+@triton.jit(do_not_specialize=["ROWS", "SQ", "HQ", "SPLITS"])
+def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPLITS,
+                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """One program per row r = (b, t, h) of O_PART (SPLITS, ROWS = B * SQ * HQ, D): merge its splits through their
+    LSEs, O = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), CHUNK splits per load. Splits that saw no
+    key (lse_s = -inf) weigh 0; a row no split saw gets O = 0 and LSE = -inf."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, HEAD_DIM)
+    chunk = tl.arange(0, CHUNK)
+    m = float("-inf")
+    for s0 in range(0, SPLITS, CHUNK):
+        lse_s = tl.load(LSE_PART + (s0 + chunk) * ROWS + row, mask=s0 + chunk < SPLITS, other=float("-inf"))
+        m = tl.maximum(m, tl.max(lse_s, 0))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = 0.0
+    acc = tl.zeros([HEAD_DIM], tl.float32)
+    for s0 in range(0, SPLITS, CHUNK):
+        inside = s0 + chunk < SPLITS
+        w = tl.math.exp2((tl.load(LSE_PART + (s0 + chunk) * ROWS + row, mask=inside, other=float("-inf")) - m_safe)
+                         * (1.0 / LN2))
+        o_s = tl.load(O_PART + ((s0 + chunk) * ROWS + row)[:, None] * HEAD_DIM + cols[None, :], mask=inside[:, None],
+                      other=0.0)
+        acc += tl.sum(w[:, None] * o_s, 0)
+        total += tl.sum(w, 0)
+    seen = total > 0
+    o = tl.where(seen, acc / tl.where(seen, total, 1.0), 0.0)
+    h = row % HQ
+    t = (row // HQ) % SQ
+    b = row // (HQ * SQ)
+    tl.store(O + b * o_sb + t * o_ss + h * o_sh + cols, o.to(O.dtype.element_ty))
+    if WRITE_LSE:  # (B, HQ, SQ)
+        tl.store(LSE + (b * HQ + h) * SQ + t, tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)),
+                                                       float("-inf")))

@@ -1,0 +1,32 @@
+"""The online softmax of the portable kernels, in base-2 units with the scale folded into the scores: one update
+step per key tile and the final normalization, written once for the dense, varlen and decode kernels."""
+
+import triton
+import triton.language as tl
+
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def online_step(s, m_i, l_i, acc, EMPTY_ROWS: tl.constexpr):
+    """Fold one tile of scaled scores `s` [M, N] (masked keys at -inf) into the running row max `m_i`, row sum `l_i`
+    and accumulator `acc`. Returns (p, m_new, l_i, acc): p = exp2(s - m_new) for the P.V product the caller adds to
+    the rescaled `acc`. EMPTY_ROWS: a row may have seen no key yet (its max is -inf); 0 stands in for that max so
+    nothing turns NaN (dense calls see key 0 in their first tile, so their max is always finite)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if EMPTY_ROWS:
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_new)
+    p = tl.math.exp2(s - m_new[:, None])
+    return p, m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None]
+
+
+@triton.jit
+def finish(acc, l_i, m_i, EMPTY_ROWS: tl.constexpr):
+    """(O in fp32, natural-log LSE of the scaled scores). EMPTY_ROWS: rows that saw no key get O = 0, LSE = -inf."""
+    if EMPTY_ROWS:
+        seen = l_i > 0
+        o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+        return o, lse
+    return acc / l_i[:, None], (m_i + tl.math.log2(l_i)) * LN2
