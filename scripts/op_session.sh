@@ -3,7 +3,8 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench]"   (default: smoke host)
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf]"
+#                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
 set -uo pipefail
@@ -38,9 +39,13 @@ for part in "${@:-smoke host}"; do
       train) stage timeout 300 python3 examples/train_bytes.py --steps 300 --out "$OUT/train" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
       decode)  # the inference ops' tests on the GPU, then the split-KV sweep against SDPA
-        stage timeout 150 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kvcache.py tests/test_varlen.py
+        stage timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kvcache.py tests/test_varlen.py \
+          tests/integrations tests/test_ops.py
         stage timeout 330 python3 scripts/decode_sweep.py ${DECODE_SWEEP_ARGS:-} --json "$OUT/decode_sweep.json" ;;
       decodebench) stage timeout 240 xkernels bench --suite decode --iters 40 --out "$OUT/bench-decode" ;;
+      hf) stage python3 -c "import transformers; print('transformers', transformers.__version__)" && \
+            stage timeout 300 python3 scripts/transformers_1b.py --json "$OUT/transformers_1b.json" ;;
+      varlenbench) stage timeout 240 xkernels bench --suite varlen --iters 20 --out "$OUT/bench-varlen" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

@@ -183,3 +183,18 @@ def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq
     assert xkernels.last_backend().startswith("portable.decode")
     if splits:
         assert f"splits={splits}" in xkernels.last_backend()
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_append_writes_exactly_the_new_rows(device, strided):
+    """The append kernel (unit-stride rows) and the indexing fallback (strided new keys) write the same rows."""
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=3, new=3)
+    if strided:
+        k = torch.stack([k, torch.zeros_like(k)], -1)[..., 0]  # last stride 2
+        v = torch.stack([v, torch.zeros_like(v)], -1)[..., 0]
+        assert k.stride(-1) == 2
+    want_k, want_v = k_cache.clone(), v_cache.clone()
+    for b, n in enumerate(lengths.tolist()):
+        want_k[b, n:n + 3], want_v[b, n:n + 3] = k[b], v[b]
+    xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)

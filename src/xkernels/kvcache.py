@@ -6,46 +6,68 @@ of new keys and values, and attention over each sequence's filled cache rows thr
 from __future__ import annotations
 
 import torch
+import triton
 
 from xkernels import decode, plans, select, varlen
-
-
-def _positions(cache_seqlens: torch.Tensor, new: int) -> torch.Tensor:
-    """(B, new) cache positions the new tokens go to."""
-    return cache_seqlens.long()[:, None] + torch.arange(new, device=cache_seqlens.device)[None, :]
+from xkernels.common import launch
+from xkernels.portable.cache_append import cache_append_kernel
 
 
 def check_values(k_cache, cache_seqlens, block_table, new: int) -> None:
-    """The values the kernels trust, read to the host: lengths in range, pages in range. Raised before anything is
-    written, so a bad call leaves the cache as it was."""
-    lengths = cache_seqlens.tolist()
-    if any(n < 0 for n in lengths):
-        raise ValueError(f"cache_seqlens: negative lengths {lengths}")
+    """The values the kernels trust, checked on the device and read to the host once: lengths in range, pages in
+    range. Raised before anything is written, so a bad call leaves the cache as it was."""
+    lengths = cache_seqlens.long()
     page = k_cache.shape[1]
     capacity = page if block_table is None else page * block_table.shape[1]
-    if lengths and max(lengths) + new > capacity:
-        raise ValueError(f"cache_seqlens: {max(lengths)} cached + {new} new tokens exceed the cache's {capacity} "
-                         "positions per sequence")
-    if block_table is not None and lengths:
-        pages = -(-(cache_seqlens.long() + new) // page)  # pages each sequence reads
-        used = block_table[torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages[:, None]]
-        if used.numel() and (used.min().item() < 0 or used.max().item() >= k_cache.shape[0]):
-            raise ValueError(f"block_table: entries outside the {k_cache.shape[0]} cache blocks")
+    flags = [(lengths < 0).any(), (lengths + new > capacity).any()]
+    if block_table is not None:
+        pages = -(-(lengths + new) // page)  # pages each sequence reads
+        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages[:, None]
+        flags.append((used & ((block_table < 0) | (block_table >= k_cache.shape[0]))).any())
+    negative, too_long, *outside = torch.stack(flags).tolist()  # the one read to the host
+    if negative:
+        raise ValueError(f"cache_seqlens: negative lengths {cache_seqlens.tolist()}")
+    if too_long:
+        raise ValueError(f"cache_seqlens: {lengths.max().item()} cached + {new} new tokens exceed the cache's "
+                         f"{capacity} positions per sequence")
+    if outside and outside[0]:
+        raise ValueError(f"block_table: entries outside the {k_cache.shape[0]} cache blocks")
+
+
+_APPEND: dict = {}
 
 
 def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
-    """Write k, v (B, new, Hkv, D) at positions cache_seqlens[b]... of each sequence (in place)."""
-    batch, new = k.shape[:2]
-    pos = _positions(cache_seqlens, new)
-    rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
-    if block_table is None:
+    """Write k, v (B, new, Hkv, D) at positions cache_seqlens[b]... of each sequence (in place), one launch
+    (`portable/cache_append.py`); caches or inputs whose head-dim rows are strided go through torch indexing."""
+    batch, new, hkv, d = k.shape
+    if any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
+        pos = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)[None, :]
+        rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
+        if block_table is not None:
+            page = k_cache.shape[1]
+            rows, pos = block_table.long().gather(1, pos // page), pos % page
         k_cache[rows, pos] = k
         v_cache[rows, pos] = v
         return
-    page = k_cache.shape[1]
-    blocks = block_table.long().gather(1, pos // page)
-    k_cache[blocks, pos % page] = k
-    v_cache[blocks, pos % page] = v
+    page = 0 if block_table is None else k_cache.shape[1]
+    table = cache_seqlens if block_table is None else block_table  # never read for a dense cache
+    args = (k, v, k_cache, v_cache, cache_seqlens, table, *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3],
+            *v_cache.stride()[:3], table.stride(0), new, hkv)
+    constexprs = dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=page)
+    grid = batch * new
+    tensors = args[:6]
+    if not (launch.direct_launch_available(k.device) and all(t.data_ptr() % 16 == 0 for t in tensors)):
+        launch.generic_launch(cache_append_kernel, grid, args, constexprs, dict(num_warps=4, num_stages=1))
+        return
+    key = (tuple(t.stride() for t in tensors), k.shape, k_cache.shape, k.dtype, k.device, page)
+    kernel = _APPEND.get(key)
+    if kernel is None:
+        if len(_APPEND) >= 256:
+            _APPEND.clear()
+        kernel = _APPEND[key] = launch.compile_kernel(cache_append_kernel, grid, args, constexprs,
+                                                      dict(num_warps=4, num_stages=1), k.device)
+    kernel.launch(grid, (*(t.data_ptr() for t in tensors), *args[6:], *constexprs.values()))
 
 
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
@@ -62,6 +84,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     new = 0 if k is None else k.shape[1]
     if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
         check_values(k_cache, cache_seqlens, block_table, new)
+    cache_seqlens = cache_seqlens.contiguous()
     if new:
         append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     out = varlen.output_like(q)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, DecodeCase, GemmCase
+from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, DecodeCase, GemmCase, VarlenCase
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,22 @@ def _sdpa_decode_peer(name: str, backend_name: str | None, case: DecodeCase) -> 
     return Peer(name, context, case.dense, fn)
 
 
+def _padded_peer(name: str, backend_name: str, case: VarlenCase) -> Peer:
+    """SDPA on the batch padded to its longest sequence (the padding done once, outside the timing, and no mask for
+    it: the padded rows' outputs are not used, so this is the least a padded call costs)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def fn(qkv):
+        q, k, v = qkv
+        return F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, enable_gqa=case.hq != case.hkv)
+
+    return Peer(name, lambda: sdpa_kernel([getattr(SDPBackend, backend_name)]), case.padded, fn)
+
+
 def peers_for(case: Case) -> list[Peer]:
+    if isinstance(case, VarlenCase):
+        return [_padded_peer("SDPA-cuDNN padded", "CUDNN_ATTENTION", case),
+                _padded_peer("SDPA-flash padded", "FLASH_ATTENTION", case)]
     if isinstance(case, DecodeCase):
         return [_sdpa_decode_peer(n, b, case) for n, b in (("SDPA", None), ("SDPA-flash", "FLASH_ATTENTION"),
                                                            ("SDPA-cuDNN", "CUDNN_ATTENTION"))]

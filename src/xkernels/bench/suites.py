@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, DecodeCase, GemmCase
+from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, DecodeCase, GemmCase, VarlenCase
 
 WALKS = ("row", "grouped", "zorder")
 LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
@@ -98,4 +98,18 @@ def decode_suite(quick: bool) -> list[Case]:
     if not quick:
         cases += [DecodeCase(8, 32, 8, 8192, 128, cache="paged64", sq=4), DecodeCase(8, 32, 8, 8192, 64),
                   DecodeCase(8, 32, 8, 8192, 256)]
+    return cases
+
+
+def varlen_suite(quick: bool) -> list[Case]:
+    """The packed-batch anchor (32 sequences of 256-4096 tokens, H32 D128, bf16), full and causal, each followed by
+    the dense kernel on one sequence of the batch's mean length (the TFLOP/s the packed call should keep); GQA and
+    D64 in the full suite."""
+    packed = [VarlenCase(32, 256, 4096, 32, 32, 128, c) for c in (False, True)]
+    if not quick:
+        packed += [VarlenCase(32, 256, 4096, 32, 8, 128, True), VarlenCase(32, 256, 4096, 32, 32, 64, False)]
+    cases: list[Case] = []
+    for v in packed:
+        mean = sum(v.lengths) // v.n
+        cases += [v, AttentionCase(1, v.hq, v.hkv, mean, mean, v.d, v.causal, v.recipe)]
     return cases

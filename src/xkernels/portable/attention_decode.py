@@ -27,17 +27,22 @@ from xkernels.portable.softmax import LN2, finish, online_step
 
 
 @triton.jit
-def _key_rows(start_n, b, hi, BLOCK_TABLE, bt_sb, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-              MASKED: tl.constexpr):
-    """Element offsets of keys start_n .. start_n + BLOCK_N of sequence b in a cache (its kv head offset aside)."""
+def _blocks(start_n, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Cache blocks of keys start_n .. start_n + BLOCK_N of sequence b (0 past `hi`: table entries past a sequence's
+    last page may be anything). Dense caches: block b."""
     keys = start_n + tl.arange(0, BLOCK_N)
-    if PAGE == 0:  # dense: sequence b's rows from b * page_st
-        return b.to(tl.int64) * page_st + keys.to(tl.int64) * row_st
-    if MASKED:  # table entries past the sequence's last page may be anything
-        block = tl.load(BLOCK_TABLE + b * bt_sb + keys // PAGE, mask=keys < hi, other=0)
-    else:
-        block = tl.load(BLOCK_TABLE + b * bt_sb + keys // PAGE)
-    return block.to(tl.int64) * page_st + (keys % PAGE).to(tl.int64) * row_st
+    if PAGE == 0:
+        return tl.zeros([BLOCK_N], tl.int64) + b
+    return tl.load(BLOCK_TABLE + b * bt_sb + keys // PAGE, mask=keys < hi, other=0).to(tl.int64)
+
+
+@triton.jit
+def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Element offsets of keys start_n .. start_n + BLOCK_N (held in `blocks`) in a cache, kv head aside."""
+    keys = start_n + tl.arange(0, BLOCK_N)
+    if PAGE == 0:
+        return blocks * page_st + keys.to(tl.int64) * row_st
+    return blocks * page_st + (keys % PAGE).to(tl.int64) * row_st
 
 
 @triton.jit
@@ -45,12 +50,15 @@ def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, BLOCK_TABLE, bt_sb, k_sp, 
             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
             MASKED: tl.constexpr, PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED: keys >= hi and (causal) keys past each row's `limit`
-    are dropped, and their K/V rows are not read."""
+    are dropped, and their K/V rows are not read. A paged cache's block ids are read one tile ahead (a loop-carried
+    value), so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early."""
     cols = tl.arange(0, HEAD_DIM)
+    blocks = _blocks(lo, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)
-        k_rows = _key_rows(start_n, b, hi, BLOCK_TABLE, bt_sb, k_sp, k_ss, BLOCK_N, PAGE, MASKED)
-        v_rows = _key_rows(start_n, b, hi, BLOCK_TABLE, bt_sb, v_sp, v_ss, BLOCK_N, PAGE, MASKED)
+        k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE)
+        v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE)
+        blocks = _blocks(start_n + BLOCK_N, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
         if MASKED:
             k = tl.load(K + k_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
         else:

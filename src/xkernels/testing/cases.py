@@ -14,6 +14,7 @@ from xkernels.testing.metrics import Comparison, compare_attention, compare_gemm
 from xkernels.testing.reference import (
     reference_attention,
     reference_attention_grads,
+    reference_attention_varlen,
     reference_lse,
     reference_matmul,
 )
@@ -227,6 +228,77 @@ class DecodeCase:
 
 
 @dataclass(frozen=True)
+class VarlenCase:
+    """A packed batch (`xkernels.attention_varlen`): `n` sequences of lengths drawn uniformly from [lo, hi] (seeded,
+    so every run packs the same batch), Hq / Hkv heads, self-attention. FLOPs count useful work only: 4 * D * (pairs
+    attended) summed over the sequences."""
+
+    n: int
+    lo: int
+    hi: int
+    hq: int
+    hkv: int
+    d: int
+    causal: bool
+    recipe: str = "bf16"
+    backend: str | None = None
+    seed: int = 0
+
+    @property
+    def lengths(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed)
+        return torch.randint(self.lo, self.hi + 1, (self.n,), generator=g).tolist()
+
+    @property
+    def shape(self) -> str:
+        heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
+        return (f"{self.n} seqs {self.lo}-{self.hi} (total {sum(self.lengths)}) {heads} D{self.d}"
+                f"{' causal' if self.causal else ''}{_forced(self.backend)}")
+
+    @property
+    def flops(self) -> int:
+        pairs = sum(n * (n + 1) // 2 if self.causal else n * n for n in self.lengths)
+        return 4 * self.d * self.hq * pairs
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * self.d * sum(self.lengths) * (2 * self.hq + 2 * self.hkv)
+
+    def inputs(self, device: str, seed: int = 0):
+        """(q, k, v, cu_seqlens, max_seqlen): q (total, Hq, D), k and v (total, Hkv, D)."""
+        total = sum(self.lengths)
+        dtype = ATTENTION_RECIPES[self.recipe].io_dtype
+        q, k, v = attention_inputs(1, self.hq, total, total, self.d, dtype, device, hkv=self.hkv, seed=seed)
+        q, k, v = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
+        cu = torch.tensor([0, *torch.tensor(self.lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+        return q, k, v, cu, max(self.lengths)
+
+    def padded(self, inputs):
+        """The batch padded to its longest sequence, (n, H, max, D) each: what a caller without varlen runs."""
+        q, k, v, cu, longest = inputs
+        out = []
+        for t in (q, k, v):
+            x = torch.zeros((self.n, longest, *t.shape[1:]), dtype=t.dtype, device=t.device)
+            for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+                x[i, :b - a] = t[a:b]
+            out.append(x.transpose(1, 2).contiguous())
+        return tuple(out)
+
+    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
+        q, k, v, cu, longest = inputs
+        return xkernels.attention_varlen(q, k, v, cu, cu, longest, longest, is_causal=self.causal,
+                                         precision=self.recipe, return_lse=return_lse, backend=self.backend)
+
+    def check(self, inputs) -> Comparison:
+        q, k, v, cu, _ = inputs
+        out, lse = self.run(inputs, return_lse=True)
+        ref_o, ref_lse = reference_attention_varlen(q, k, v, cu, cu, is_causal=self.causal)
+        c = compare_attention(out, ref_o, ATTENTION_RECIPES[self.recipe])
+        c_lse = compare_lse(lse, ref_lse)
+        return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
+
+
+@dataclass(frozen=True)
 class GemmCase:
     m: int
     n: int
@@ -265,19 +337,21 @@ class GemmCase:
         return compare_gemm(out, reference_matmul(a, b, self.b_layout), self.k)
 
 
-Case = AttentionCase | AttentionGradCase | DecodeCase | GemmCase
+Case = AttentionCase | AttentionGradCase | DecodeCase | VarlenCase | GemmCase
 
 
 def kernel_name(case: Case) -> str:
     if isinstance(case, DecodeCase):
         return "decode"
+    if isinstance(case, VarlenCase):
+        return "varlen"
     if isinstance(case, AttentionGradCase):
         return "attention-" + case.step
     return "attention" if isinstance(case, AttentionCase) else "gemm"
 
 
 def threshold(case: Case) -> str:
-    if isinstance(case, AttentionCase | DecodeCase):
+    if isinstance(case, AttentionCase | DecodeCase | VarlenCase):
         r = ATTENTION_RECIPES[case.recipe]
         return f"rms<{r.rel_rms:g} max<{r.max_abs_diff:g}"
     return "rms<5e-3 elem<5%"
