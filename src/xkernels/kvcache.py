@@ -10,31 +10,48 @@ import triton
 
 from xkernels import decode, plans, select, varlen
 from xkernels.common import launch
-from xkernels.portable.cache_append import cache_append_kernel
+from xkernels.portable.kv_cache import cache_append_kernel, cache_check_kernel
 
 
 def check_values(k_cache, cache_seqlens, block_table, new: int) -> None:
-    """The values the kernels trust, checked on the device and read to the host once: lengths in range, pages in
+    """The values the kernels trust, checked by one kernel and read to the host once: lengths in range, pages in
     range. Raised before anything is written, so a bad call leaves the cache as it was."""
-    lengths = cache_seqlens.long()
     page = k_cache.shape[1]
-    capacity = page if block_table is None else page * block_table.shape[1]
-    flags = [(lengths < 0).any(), (lengths + new > capacity).any()]
-    if block_table is not None:
-        pages = -(-(lengths + new) // page)  # pages each sequence reads
-        used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages[:, None]
-        flags.append((used & ((block_table < 0) | (block_table >= k_cache.shape[0]))).any())
-    negative, too_long, *outside = torch.stack(flags).tolist()  # the one read to the host
+    paged = block_table is not None
+    capacity = page * block_table.shape[1] if paged else page
+    flags = torch.zeros(3, dtype=torch.int32, device=cache_seqlens.device)
+    table = block_table if paged else cache_seqlens  # never read for a dense cache
+    args = (cache_seqlens, table, flags, table.stride(0), new, capacity, k_cache.shape[0],
+            block_table.shape[1] if paged else 0)
+    _launch(cache_check_kernel, cache_seqlens.shape[0], args, 3, dict(PAGE=page if paged else 0, CHUNK=64), 1)
+    negative, too_long, outside = flags.tolist()  # the one read to the host
     if negative:
         raise ValueError(f"cache_seqlens: negative lengths {cache_seqlens.tolist()}")
     if too_long:
-        raise ValueError(f"cache_seqlens: {lengths.max().item()} cached + {new} new tokens exceed the cache's "
+        raise ValueError(f"cache_seqlens: {cache_seqlens.max().item()} cached + {new} new tokens exceed the cache's "
                          f"{capacity} positions per sequence")
-    if outside and outside[0]:
+    if outside:
         raise ValueError(f"block_table: entries outside the {k_cache.shape[0]} cache blocks")
 
 
-_APPEND: dict = {}
+_KERNELS: dict = {}
+
+
+def _launch(fn, grid: int, args: tuple, tensors: int, constexprs: dict, num_warps: int) -> None:
+    """Launch one of the cache kernels: directly, through a compiled kernel cached per argument layout, where the
+    direct path runs; else through Triton's launcher. The first `tensors` arguments are tensors."""
+    options = dict(num_warps=num_warps, num_stages=1)
+    if not (launch.direct_launch_available(args[0].device) and all(t.data_ptr() % 16 == 0 for t in args[:tensors])):
+        launch.generic_launch(fn, grid, args, constexprs, options)
+        return
+    key = (fn, tuple((t.shape, t.stride(), t.dtype) for t in args[:tensors]), args[tensors:], args[0].device,
+           tuple(constexprs.items()))
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        if len(_KERNELS) >= 256:
+            _KERNELS.clear()
+        kernel = _KERNELS[key] = launch.compile_kernel(fn, grid, args, constexprs, options, args[0].device)
+    kernel.launch(grid, (*(t.data_ptr() for t in args[:tensors]), *args[tensors:], *constexprs.values()))
 
 
 def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
@@ -54,20 +71,8 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
     table = cache_seqlens if block_table is None else block_table  # never read for a dense cache
     args = (k, v, k_cache, v_cache, cache_seqlens, table, *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3],
             *v_cache.stride()[:3], table.stride(0), new, hkv)
-    constexprs = dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=page)
-    grid = batch * new
-    tensors = args[:6]
-    if not (launch.direct_launch_available(k.device) and all(t.data_ptr() % 16 == 0 for t in tensors)):
-        launch.generic_launch(cache_append_kernel, grid, args, constexprs, dict(num_warps=4, num_stages=1))
-        return
-    key = (tuple(t.stride() for t in tensors), k.shape, k_cache.shape, k.dtype, k.device, page)
-    kernel = _APPEND.get(key)
-    if kernel is None:
-        if len(_APPEND) >= 256:
-            _APPEND.clear()
-        kernel = _APPEND[key] = launch.compile_kernel(cache_append_kernel, grid, args, constexprs,
-                                                      dict(num_warps=4, num_stages=1), k.device)
-    kernel.launch(grid, (*(t.data_ptr() for t in tensors), *args[6:], *constexprs.values()))
+    _launch(cache_append_kernel, batch * new, args, 6, dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=page),
+            4)
 
 
 def _unit_rows(t: torch.Tensor) -> torch.Tensor:
@@ -82,9 +87,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
                                                       precision=precision, backend=backend)
     batch, sq, hq, d = q.shape
     new = 0 if k is None else k.shape[1]
+    cache_seqlens = cache_seqlens.contiguous()  # the kernels read it (and the block table's rows) with unit stride
+    if block_table is not None and block_table.stride(-1) != 1:
+        block_table = block_table.contiguous()
     if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
         check_values(k_cache, cache_seqlens, block_table, new)
-    cache_seqlens = cache_seqlens.contiguous()
     if new:
         append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     out = varlen.output_like(q)

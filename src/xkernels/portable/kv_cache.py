@@ -1,0 +1,51 @@
+"""The KV-cache kernels besides attention (`attention_with_kvcache`): the check of the values the other kernels trust
+(one launch, read back once), and the in-place append of new keys and values (k=, v=)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit(do_not_specialize=["NEW", "HKV"])
+def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE,
+                        kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh, kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh, bt_sb,
+                        NEW, HKV, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr, PAGE: tl.constexpr):
+    """HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache."""
+    pid = tl.program_id(0)
+    b = (pid // NEW).to(tl.int64)
+    t = pid % NEW
+    pos = tl.load(SEQLENS + b) + t
+    if PAGE == 0:
+        block = b
+        row = pos.to(tl.int64)
+    else:
+        block = tl.load(BLOCK_TABLE + b * bt_sb + pos // PAGE).to(tl.int64)
+        row = (pos % PAGE).to(tl.int64)
+    heads = tl.arange(0, HEADS).to(tl.int64)
+    cols = tl.arange(0, HEAD_DIM)
+    keep = (heads < HKV)[:, None]
+    k = tl.load(K_NEW + b * kn_sb + t * kn_ss + heads[:, None] * kn_sh + cols[None, :], mask=keep)
+    v = tl.load(V_NEW + b * vn_sb + t * vn_ss + heads[:, None] * vn_sh + cols[None, :], mask=keep)
+    tl.store(K_CACHE + block * kc_sp + row * kc_ss + heads[:, None] * kc_sh + cols[None, :], k, mask=keep)
+    tl.store(V_CACHE + block * vc_sp + row * vc_ss + heads[:, None] * vc_sh + cols[None, :], v, mask=keep)
+
+
+@triton.jit(do_not_specialize=["NEW", "CAPACITY", "NUM_BLOCKS", "MAX_PAGES"])
+def cache_check_kernel(SEQLENS, BLOCK_TABLE, FLAGS, bt_sb, NEW, CAPACITY, NUM_BLOCKS, MAX_PAGES,
+                       PAGE: tl.constexpr, CHUNK: tl.constexpr):
+    """One program per sequence b, raising FLAGS (3 int32, zeroed by the caller) where a value would send a kernel
+    out of bounds: [0] cache_seqlens[b] < 0, [1] cache_seqlens[b] + NEW > CAPACITY, [2] (paged) an entry of the
+    pages sequence b reads outside [0, NUM_BLOCKS)."""
+    b = tl.program_id(0).to(tl.int64)
+    n = tl.load(SEQLENS + b)
+    tl.atomic_max(FLAGS + 0, (n < 0).to(tl.int32))
+    tl.atomic_max(FLAGS + 1, (n + NEW > CAPACITY).to(tl.int32))
+    if PAGE > 0:
+        pages = tl.minimum(tl.cdiv(tl.maximum(n, 0) + NEW, PAGE), MAX_PAGES)
+        bad = tl.zeros([CHUNK], tl.int32)
+        for p0 in range(0, pages, CHUNK):
+            idx = p0 + tl.arange(0, CHUNK)
+            entry = tl.load(BLOCK_TABLE + b * bt_sb + idx, mask=idx < pages, other=0)
+            bad = tl.maximum(bad, ((entry < 0) | (entry >= NUM_BLOCKS)).to(tl.int32))
+        tl.atomic_max(FLAGS + 2, tl.max(bad, 0))
