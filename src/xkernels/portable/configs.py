@@ -141,7 +141,7 @@ HOPPER = ConfigTable(
     gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(64, 128, 128, 64, 8, 2),
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
-    decode={64: DecodeConfig(128, 4, 3), 128: DecodeConfig(128, 4, 3), 256: DecodeConfig(64, 4, 3)},
+    decode={64: DecodeConfig(128, 8, 3), 128: DecodeConfig(128, 8, 3), 256: DecodeConfig(64, 8, 3)},
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
