@@ -169,15 +169,21 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     return recipe, Choice("portable", portable)
 
 
-def _varlen_choice(op: str, q, recipe: AttentionRecipe, backend: str) -> Choice:
-    """The varlen kernel's choice: portable on every device; `backend` is parsed, and forcing "hopper" raises (no
-    Hopper varlen kernel yet)."""
+def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:
+    """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
+    overrides) on sm_90 with a tested triton, else the portable one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
-    if parse_backend(backend).layer == "hopper":
-        raise ValueError(f"backend: 'hopper' was forced, but {op} has only the portable kernel so far")
+    override = parse_backend(backend)
     if q.device.type == "meta":
         return Choice("meta", None)
-    return Choice("portable", portable_configs.attention_config(int(q.shape[-1]), recipe, _target(q.device)))
+    d = int(q.shape[-1])
+    if override.layer == "hopper" and not hopper_available(q.device):
+        raise ValueError("backend: 'hopper' was forced, but attention_varlen there needs sm_90 and a tested triton")
+    if override.layer != "portable" and hopper_available(q.device):
+        cfg = _configured(ATTENTION_CONFIGS[d], override.config)
+        cfg.check(d, recipe)
+        return Choice("hopper", cfg)
+    return Choice("portable", portable_configs.attention_config(d, recipe, _target(q.device)))
 
 
 def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, precision: str,
@@ -185,7 +191,7 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     """The varlen forward's metadata checks and kernel choice. Returns (recipe, Choice)."""
     recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     precision=precision)
-    return recipe, _varlen_choice("attention_varlen", q, recipe, backend)
+    return recipe, _varlen_choice(q, recipe, backend)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *, precision: str, backend: str):

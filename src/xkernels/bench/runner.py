@@ -23,8 +23,8 @@ class Row:
     check: dict
     backend: str | None = None
     ours: Timing | None = None
-    bytes_read: int = 0  # memory-bound rows (decode): their figure of merit is bytes_read / time
     peers: dict[str, Timing | str] = field(default_factory=dict)  # a peer that cannot run gets its error text
+    bytes_read: int = 0  # memory-bound rows (decode): their figure of merit is bytes_read / time
 
     @property
     def passed(self) -> bool:

@@ -97,10 +97,13 @@ def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, P
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale,
-              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
-              OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """One warpgroup's 64 query rows against every key tile: the pipelined loop of the module docstring."""
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
+              qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
+              EMPTY_ROWS: gl.constexpr):
+    """One warpgroup's 64 query rows against every key tile: the pipelined loop of the module docstring. Causal keeps
+    key j for row i when j <= i + diag (diag = 0: top-left; Skv - Sq: bottom-right). EMPTY_ROWS: rows may see no key
+    (they store O = 0 and LSE = -inf)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -125,8 +128,8 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, st
     s = k.wait(0)
     qk = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
     k.release(0)
-    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-    p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale)
+    qk = _scores(qk, 0, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+    p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
     p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
     it = 1
     for start_n in range(BLOCK_N, hi, BLOCK_N):
@@ -138,8 +141,8 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, st
         # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
         qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
         k.release(it)
-        qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-        p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale)
+        qk = _scores(qk, start_n, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+        p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
         v.release(it - 1)
         # deferred rescale: P.V(it-1) has landed
@@ -151,12 +154,18 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, st
     acc = warpgroup_mma(p_op, v_tile, acc)
     v.release(it - 1)
 
-    out = acc.to(gl.float32) / gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
+    l_o = gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
+    if EMPTY_ROWS:  # rows that saw no key: O = 0, LSE = -inf
+        out = gl.where(l_o > 0, acc.to(gl.float32) / gl.where(l_o > 0, l_o, 1.0), 0.0)
+        lse = gl.where(l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    else:
+        out = acc.to(gl.float32) / l_o
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
     q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
     tma.async_store(o_desc, [row0, 0], q)
     if WRITE_LSE:
-        gl.store(LSE + lse_row0 + offs_m, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_m < SQ)
+        gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < SQ)
     tma.store_wait(0)
 
 
@@ -188,12 +197,24 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     o_desc = tma.make_tensor_descriptor(O + b * o_sb + h * o_sh, [SQ, HEAD_DIM], [o_ss, 1], [WG_ROWS, HEAD_DIM],
                                         q_layout)
 
-    q_bufs = gl.allocate_shared_memory(Q.dtype.element_ty, [NUM_WG, WG_ROWS, HEAD_DIM], q_layout)
-    k_bufs = gl.allocate_shared_memory(K.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    v_bufs = gl.allocate_shared_memory(V.dtype.element_ty, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
-    q_ready, k, v, v_landed = attention_barriers(k_bufs, v_bufs, CONVERT_V, NUM_WG)
     full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-    lse_row0 = bh * SQ
+    _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, 0, qk_scale, HEAD_DIM,
+             BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS, WRITE_LSE,
+             False)
+
+
+@gluon.jit
+def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag, qk_scale,
+             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+             CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
+             ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, EMPTY_ROWS: gl.constexpr):
+    """One program's rings, barriers and partitions, given its descriptors (per (batch, head) in the dense kernel,
+    per (sequence, head) in the varlen one) and the key tiles it visits: [0, full_hi) unmasked, [full_hi, hi)
+    masked (hi > 0: the consumers wait for tile 0)."""
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready, k, v, v_landed = attention_barriers(k_bufs, v_bufs, CONVERT_V, NUM_WG)
     # registers per thread of the worker consumers and of the producer (1 warp, or a warpgroup converting V); the
     # default partition (consumer 0) gets what is left of the register file
     regs: gl.constexpr = 160 if NUM_WG == 3 else (232 if CONVERT_V else 240)
@@ -204,21 +225,21 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     producer_regs: gl.constexpr = (32 if NUM_WG == 3 else convert_regs) if CONVERT_V else 24
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE)),
-            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE)),
+            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
+                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
+            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
+                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N, CONVERT_V,
                          NUM_WG, CONVERT_STEPS))], [4, producer_warps], [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
-            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE)),
-            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE)),
-            (_consumer, (2, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE)),
+            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
+                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
+            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
+                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
+            (_consumer, (2, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
+                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N, CONVERT_V,
                          NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps], [regs, regs, producer_regs])
 

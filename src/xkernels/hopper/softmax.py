@@ -12,7 +12,8 @@ from triton.experimental.gluon import language as gl
 
 @gluon.jit
 def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.constexpr):
-    """-inf for keys past the sequence end and, when causal, keys after the query (top-left aligned)."""
+    """-inf for keys past the sequence end and, when causal, keys after the query: key j is kept for row i when
+    j <= offs_m[i] (top-left aligned; callers shift offs_m for bottom-right)."""
     keys = gl.expand_dims(start_n + gl.arange(0, qk.shape[1], cols_layout), 0)
     keep = keys < SKV
     if CAUSAL:
@@ -21,14 +22,19 @@ def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.
 
 
 @gluon.jit
-def softmax_step(qk, m_i, l_i, qk_scale):
+def softmax_step(qk, m_i, l_i, qk_scale, EMPTY_ROWS: gl.constexpr):
     """P = exp2(qk * qk_scale - new row max), the new max, the new row sum and alpha = exp2(old max - new max);
     qk_scale must be > 0.
 
-    Every row has a finite score in the first tile it sees (key 0 is never masked), so after that m is finite and
-    alpha is never NaN; a fully masked row of a later tile gives p = 0 and alpha = 1.
+    Dense calls: every row has a finite score in the first tile it sees (key 0 is never masked), so after that m is
+    finite and alpha is never NaN; a fully masked row of a later tile gives p = 0 and alpha = 1. EMPTY_ROWS (varlen
+    causal with more queries than keys): a row may see no key at all; its exponents use 0 for the -inf max (p = 0,
+    alpha = 0), and the max carried on stays the true one, as in the portable `softmax.online_step`.
     """
     m_new = gl.maximum(m_i, gl.max(qk, 1) * qk_scale)
-    p = gl.exp2(qk * qk_scale - gl.expand_dims(m_new, 1))
-    alpha = gl.exp2(m_i - m_new)
+    m_use = m_new
+    if EMPTY_ROWS:
+        m_use = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(qk * qk_scale - gl.expand_dims(m_use, 1))
+    alpha = gl.exp2(m_i - m_use)
     return p, m_new, l_i * alpha + gl.sum(p, 1), alpha

@@ -11,13 +11,16 @@ LN2 = tl.constexpr(0.6931471805599453)
 def online_step(s, m_i, l_i, acc, EMPTY_ROWS: tl.constexpr):
     """Fold one tile of scaled scores `s` [M, N] (masked keys at -inf) into the running row max `m_i`, row sum `l_i`
     and accumulator `acc`. Returns (p, m_new, l_i, acc): p = exp2(s - m_new) for the P.V product the caller adds to
-    the rescaled `acc`. EMPTY_ROWS: a row may have seen no key yet (its max is -inf); 0 stands in for that max so
-    nothing turns NaN (dense calls see key 0 in their first tile, so their max is always finite)."""
+    the rescaled `acc`. EMPTY_ROWS: a row may have seen no key yet (its max is -inf); the exponents then use 0 in
+    its place so nothing turns NaN, while the max carried on stays the true one (a stand-in would underflow every
+    later exponent of a row whose scores all sit far below 0). Dense calls see key 0 in their first tile, so their
+    max is always finite."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_use = m_new
     if EMPTY_ROWS:
-        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.math.exp2(m_i - m_new)
-    p = tl.math.exp2(s - m_new[:, None])
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.math.exp2(m_i - m_use)
+    p = tl.math.exp2(s - m_use[:, None])
     return p, m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None]
 
 

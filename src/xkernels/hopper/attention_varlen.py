@@ -1,0 +1,101 @@
+"""Hopper flash-attention forward over packed variable-length batches, in Gluon: the dense kernel's program
+(`attention_fwd._program`: TMA producer, 2-3 consumer warpgroups, split-barrier K/V rings) run on one sequence.
+
+A program owns BLOCK_M query rows of one (sequence, head). It reads its sequence's bounds from cu_seqlens, makes its
+TMA descriptors over that sequence only (so tiles stop at the sequence end: zero fill on loads, clipped stores, no
+padding computed and no neighbour's rows touched), and returns at once past the sequence end (the grid covers
+max_seqlen_q). Causal is aligned bottom-right per sequence, as the portable varlen kernel: query i sees keys
+j <= i + Sk - Sq. Rows that see no key store O = 0 and LSE = -inf; a block none of whose rows sees a key (Sk = 0,
+or causal with Sq > Sk) stores them directly, without starting the pipeline.
+"""
+
+from __future__ import annotations
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from xkernels.common.seqlen import kv_bounds_shifted
+from xkernels.hopper import configs, tma
+from xkernels.hopper.attention_fwd import _program
+from xkernels.hopper.configs import HopperAttentionConfig
+from xkernels.recipes import AttentionRecipe
+
+WG_ROWS = gl.constexpr(configs.WG_ROWS)
+
+
+@gluon.jit
+def _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                 WRITE_LSE: gl.constexpr):
+    """O = 0 and LSE = -inf for the block's rows inside the sequence (rows that see no key)."""
+    td: gl.constexpr = HEAD_DIM // 8 if HEAD_DIM // 8 <= 32 else 32  # threads along a row, 16 bytes each
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // td, td], [4, 1], [1, 0])
+    rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, layout))
+    cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
+    ptrs = O + o_base + gl.expand_dims(rows.to(gl.int64) * o_st, 1) + gl.expand_dims(cols, 0)
+    gl.store(ptrs, gl.zeros([BLOCK_M, HEAD_DIM], O.dtype.element_ty, layout), mask=gl.expand_dims(rows < SQ, 1))
+    if WRITE_LSE:
+        lse_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        r = start_m + gl.arange(0, BLOCK_M, lse_layout)
+        gl.store(LSE + lse_base + r, gl.full([BLOCK_M], float("-inf"), gl.float32, lse_layout), mask=r < SQ)
+
+
+@gluon.jit(do_not_specialize=["HQ", "GROUP", "MAX_SQ"])
+def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
+                            lse_sh, HQ, GROUP, MAX_SQ, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
+                            POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
+                            ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
+                            K_LENGTHS: gl.constexpr):
+    """The portable varlen kernel's arguments (`varlen.run`): q (total_q, Hq, D), k and v (total_k, Hkv, D) by their
+    (token, head) strides, LSE (Hq, total_q). K_LENGTHS: sequence b's keys start at CU_K[b] and number SEQLENS_K[b];
+    else they span CU_K[b]..CU_K[b+1]."""
+    BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
+    m_blocks = gl.cdiv(MAX_SQ, BLOCK_M)
+    m_block = gl.program_id(0) % m_blocks
+    if CAUSAL:
+        m_block = m_blocks - 1 - m_block  # longest rows first, as the dense kernel
+    start_m = m_block * BLOCK_M
+    bh = gl.program_id(0) // m_blocks
+    b = bh // HQ
+    h = (bh % HQ).to(gl.int64)
+    hk = h // GROUP
+    q0 = gl.load(CU_Q + b).to(gl.int64)
+    SQ = gl.load(CU_Q + b + 1) - q0.to(gl.int32)
+    k0 = gl.load(CU_K + b).to(gl.int64)
+    if K_LENGTHS:
+        SKV = gl.load(SEQLENS_K + b)
+    else:
+        SKV = gl.load(CU_K + b + 1) - k0.to(gl.int32)
+    if start_m < SQ:
+        diag = SKV - SQ  # bottom-right: row i's last key is i + diag
+        full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        o_base = q0 * o_st + h * o_sh
+        lse_base = h * lse_sh + q0
+        if hi > 0:
+            q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_ROWS, HEAD_DIM], Q.dtype.element_ty)
+            kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], K.dtype.element_ty)
+            q_desc = tma.make_tensor_descriptor(Q + q0 * q_st + h * q_sh, [SQ, HEAD_DIM], [q_st, 1],
+                                                [WG_ROWS, HEAD_DIM], q_layout)
+            k_desc = tma.make_tensor_descriptor(K + k0 * k_st + hk * k_sh, [SKV, HEAD_DIM], [k_st, 1],
+                                                [BLOCK_N, HEAD_DIM], kv_layout)
+            v_desc = tma.make_tensor_descriptor(V + k0 * v_st + hk * v_sh, [SKV, HEAD_DIM], [v_st, 1],
+                                                [BLOCK_N, HEAD_DIM], kv_layout)
+            o_desc = tma.make_tensor_descriptor(O + o_base, [SQ, HEAD_DIM], [o_st, 1], [WG_ROWS, HEAD_DIM], q_layout)
+            _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_base, start_m, full_hi, hi, SQ, SKV, diag, qk_scale,
+                     HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16,
+                     CONVERT_STEPS, WRITE_LSE, CAUSAL)
+        else:
+            _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM, BLOCK_M, WRITE_LSE)
+
+
+def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
+                recipe: AttentionRecipe, positive_scale: bool, write_lse: bool, k_lengths: bool,
+                cfg: HopperAttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
+    """(grid, constexprs, launch options) for `attention_varlen_kernel` (V viewed as fp16 for bf16io, as the
+    dense kernel)."""
+    cfg.check(head_dim, recipe)
+    grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
+    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
+                                write_lse=write_lse)
+    return grid, constexprs | {"K_LENGTHS": k_lengths}, dict(num_warps=4)
