@@ -25,19 +25,20 @@ WG_ROWS = gl.constexpr(configs.WG_ROWS)
 
 
 @gluon.jit
-def _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+def _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM: gl.constexpr, NUM_WG: gl.constexpr,
                  WRITE_LSE: gl.constexpr):
-    """O = 0 and LSE = -inf for the block's rows inside the sequence (rows that see no key)."""
+    """O = 0 and LSE = -inf for the block's rows inside the sequence (rows that see no key), 64 rows at a time."""
     td: gl.constexpr = HEAD_DIM // 8 if HEAD_DIM // 8 <= 32 else 32  # threads along a row, 16 bytes each
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // td, td], [4, 1], [1, 0])
-    rows = start_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, layout))
+    lse_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     cols = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, layout))
-    ptrs = O + o_base + gl.expand_dims(rows.to(gl.int64) * o_st, 1) + gl.expand_dims(cols, 0)
-    gl.store(ptrs, gl.zeros([BLOCK_M, HEAD_DIM], O.dtype.element_ty, layout), mask=gl.expand_dims(rows < SQ, 1))
-    if WRITE_LSE:
-        lse_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-        r = start_m + gl.arange(0, BLOCK_M, lse_layout)
-        gl.store(LSE + lse_base + r, gl.full([BLOCK_M], float("-inf"), gl.float32, lse_layout), mask=r < SQ)
+    for w in gl.static_range(NUM_WG):
+        rows = start_m + w * WG_ROWS + gl.arange(0, WG_ROWS, gl.SliceLayout(1, layout))
+        ptrs = O + o_base + gl.expand_dims(rows.to(gl.int64) * o_st, 1) + gl.expand_dims(cols, 0)
+        gl.store(ptrs, gl.zeros([WG_ROWS, HEAD_DIM], O.dtype.element_ty, layout), mask=gl.expand_dims(rows < SQ, 1))
+        if WRITE_LSE:
+            r = start_m + w * WG_ROWS + gl.arange(0, WG_ROWS, lse_layout)
+            gl.store(LSE + lse_base + r, gl.full([WG_ROWS], float("-inf"), gl.float32, lse_layout), mask=r < SQ)
 
 
 @gluon.jit(do_not_specialize=["HQ", "GROUP", "MAX_SQ"])
@@ -86,7 +87,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, 
                      HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16,
                      CONVERT_STEPS, WRITE_LSE, CAUSAL)
         else:
-            _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM, BLOCK_M, WRITE_LSE)
+            _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM, NUM_WG, WRITE_LSE)
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
