@@ -169,17 +169,25 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     return recipe, Choice("portable", portable)
 
 
+# Head dims the Hopper varlen kernel has run at on a GPU (its D64 config, three consumer warpgroups, compiles
+# spill-free and awaits a device run; until then D64 varlen calls take the portable kernel).
+HOPPER_VARLEN_HEAD_DIMS = (128, 256)
+
+
 def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
-    overrides) on sm_90 with a tested triton, else the portable one; a forced layer that cannot run raises."""
+    overrides) on sm_90 with a tested triton at the head dims it ran at, else the portable one; a forced layer that
+    cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])
-    if override.layer == "hopper" and not hopper_available(q.device):
-        raise ValueError("backend: 'hopper' was forced, but attention_varlen there needs sm_90 and a tested triton")
-    if override.layer != "portable" and hopper_available(q.device):
+    hopper = hopper_available(q.device) and d in HOPPER_VARLEN_HEAD_DIMS
+    if override.layer == "hopper" and not hopper:
+        raise ValueError(f"backend: 'hopper' was forced, but attention_varlen there needs sm_90, a tested triton and "
+                         f"a head dim in {HOPPER_VARLEN_HEAD_DIMS}")
+    if override.layer != "portable" and hopper:
         cfg = _configured(ATTENTION_CONFIGS[d], override.config)
         cfg.check(d, recipe)
         return Choice("hopper", cfg)
