@@ -1,4 +1,5 @@
-"""Which keys a block of query rows visits, and which of them need a mask: written once for every attention kernel.
+"""Which keys a block of query rows visits, and which of them need a mask, and where a packed sequence starts: written
+once for every attention kernel.
 
 Dense causal masks are top-left aligned, as in F.scaled_dot_product_attention(is_causal=True): query i sees keys
 j <= i, whatever Sq and Skv are. Variable-length (and KV-cache) calls align them bottom-right, as FlashAttention
@@ -34,3 +35,18 @@ def kv_bounds_shifted(start_m, offset, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
         full_hi = min(full_hi, (first // BLOCK_N) * BLOCK_N)
         hi = max(min(SKV, start_m + BLOCK_M + offset), 0)
     return full_hi, hi
+
+
+@triton.jit
+def sequence_bounds(CU_Q, CU_K, SEQLENS_K, b, K_LENGTHS: tl.constexpr):
+    """(q0, SQ, k0, SKV) of sequence b of a packed batch: its first query row (int64) and query count, its first key
+    row (int64) and key count. K_LENGTHS: the keys number SEQLENS_K[b] (a KV cache's filled rows); else they span
+    CU_K[b]..CU_K[b + 1]."""
+    q0 = tl.load(CU_Q + b).to(tl.int64)
+    sq = tl.load(CU_Q + b + 1) - q0.to(tl.int32)
+    k0 = tl.load(CU_K + b).to(tl.int64)
+    if K_LENGTHS:
+        skv = tl.load(SEQLENS_K + b)
+    else:
+        skv = tl.load(CU_K + b + 1) - k0.to(tl.int32)
+    return q0, sq, k0, skv

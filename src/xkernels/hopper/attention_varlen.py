@@ -15,7 +15,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from xkernels.common.seqlen import kv_bounds_shifted
+from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
 from xkernels.hopper import configs, tma
 from xkernels.hopper.attention_fwd import _program
 from xkernels.hopper.configs import HopperAttentionConfig
@@ -61,13 +61,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, 
     b = bh // HQ
     h = (bh % HQ).to(gl.int64)
     hk = h // GROUP
-    q0 = gl.load(CU_Q + b).to(gl.int64)
-    SQ = gl.load(CU_Q + b + 1) - q0.to(gl.int32)
-    k0 = gl.load(CU_K + b).to(gl.int64)
-    if K_LENGTHS:
-        SKV = gl.load(SEQLENS_K + b)
-    else:
-        SKV = gl.load(CU_K + b + 1) - k0.to(gl.int32)
+    q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, SEQLENS_K, b, K_LENGTHS)
     if start_m < SQ:
         diag = SKV - SQ  # bottom-right: row i's last key is i + diag
         full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xkernels.common.seqlen import kv_bounds_shifted
+from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
 from xkernels.portable import tiles
 from xkernels.portable.attention_fwd import _attend_tiles
 from xkernels.portable.configs import AttentionConfig
@@ -36,13 +36,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, 
     b = bh // HQ
     h = (bh % HQ).to(tl.int64)
     hk = h // GROUP
-    q0 = tl.load(CU_Q + b).to(tl.int64)
-    SQ = tl.load(CU_Q + b + 1) - q0.to(tl.int32)
-    k0 = tl.load(CU_K + b).to(tl.int64)
-    if K_LENGTHS:
-        SKV = tl.load(SEQLENS_K + b)
-    else:
-        SKV = tl.load(CU_K + b + 1) - k0.to(tl.int32)
+    q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, SEQLENS_K, b, K_LENGTHS)
     if start_m < SQ:
         q_base, o_base = Q + q0 * q_st + h * q_sh, O + q0 * o_st + h * o_sh
         k_base, v_base = K + k0 * k_st + hk * k_sh, V + k0 * v_st + hk * v_sh
