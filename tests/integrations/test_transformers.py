@@ -44,10 +44,33 @@ def test_forward_and_generate_match_sdpa(device):
             break  # a near-tie flipped by bf16 noise: later steps continue different texts
 
 
-def test_padding_mask_is_refused(device):
+def test_left_padded_batches_match_sdpa(device):
+    """generate()'s left-padded prompts: prefill and decoding under a padding mask run through varlen and match
+    sdpa on every valid position (the padded rows are not compared: sdpa gives them 0 or whatever its kernel makes)."""
+    ours, sdpa = tiny_llama("xkernels", device), tiny_llama("sdpa", device)
+    ids = torch.randint(0, 256, (3, 11), generator=torch.Generator().manual_seed(2)).to(device)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding of 4 and of 1; the last prompt is full
+    mask[1, :1] = 0
+    with torch.no_grad():
+        logits = ours(ids, attention_mask=mask).logits
+        ran = xkernels.last_backend()
+        ref = sdpa(ids, attention_mask=mask).logits
+    assert "attention_varlen" in ran, ran
+    keep = mask.bool()
+    assert torch.isfinite(logits).all() and _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
+    with torch.no_grad():
+        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=0)
+        out = ours.generate(ids, attention_mask=mask, **kw)
+        want = sdpa.generate(ids, attention_mask=mask, **kw)
+    assert _rel(out.logits[0], want.logits[0]) < 2e-2  # the first decoding step saw the same tokens
+
+
+def test_masks_it_cannot_serve_are_refused(device):
     ours = tiny_llama("xkernels", device)
     ids = torch.randint(0, 256, (2, 8)).to(device)
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0  # left padding
-    with pytest.raises(ValueError, match="attention_mask: attn_implementation='xkernels' serves unpadded"):
+    mask[0, -3:] = 0  # right padding: causal rows past the end still see keys, which varlen cannot express
+    with pytest.raises(ValueError, match="attention_mask: attn_implementation='xkernels' serves masks where"):
         ours(ids, attention_mask=mask)

@@ -4,11 +4,14 @@
     import xkernels.integrations.transformers  # noqa: F401
     model = AutoModelForCausalLM.from_config(config, attn_implementation="xkernels")
 
-What it serves, with SDPA's semantics: prefill with a causal mask transformers can drop (no padding), and decoding
-one token against the cache (full attention over it), GQA without repeated K/V, any `scaling`. A padding mask, or a
-causal mask with more keys than queries that transformers could not drop, raises a ValueError saying so (pad-free
-batches, or `attn_implementation="sdpa"`); so do dropout, softcapping and attention sinks. Inputs must be fp16 or
-bf16 (the model's dtype) with head dims 64, 128 or 256.
+What it serves, with SDPA's semantics: prefill with a causal mask transformers can drop (no padding), decoding
+one token against the cache (full attention over it), GQA without repeated K/V, any `scaling`; and batches padded on
+the left (what `generate()` makes of prompts of different lengths): each row's mask must be "keys from its first
+valid position to the end, causal or not", which is checked on the device (a few reads to the host), and the valid
+rows and keys are packed and run through `xkernels.attention_varlen` (rows that see no key return 0, as SDPA).
+Another mask (right padding with causal attention, sliding windows, arbitrary patterns) raises a ValueError saying
+so; so do dropout, softcapping and attention sinks. Inputs must be fp16 or bf16 (the model's dtype) with head dims
+64, 128 or 256; padded batches are served for inference (varlen has no backward yet).
 """
 
 from __future__ import annotations
@@ -35,10 +38,7 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
                          "inference, or attn_implementation='sdpa')")
     q_length, kv_length = query.shape[2], key.shape[2]
     if attention_mask is not None:
-        raise ValueError("attention_mask: attn_implementation='xkernels' serves unpadded batches (causal masks that "
-                         "transformers drops, and decoding); this call has an explicit mask (padding, or a cache "
-                         "longer than the filled positions): pass pad-free batches or use "
-                         "attn_implementation='sdpa'")
+        return _left_padded(query, key, value, attention_mask, scaling), None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(q_length > 1 and is_causal)  # one query token attends to the whole cache
     if is_causal and kv_length > q_length:  # SDPA's top-left causal: keys past the queries are never attended
@@ -46,6 +46,41 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     out = xkernels.attention(query, key, value, is_causal=is_causal, scale=scaling,
                              enable_gqa=query.shape[1] != key.shape[1])
     return out.transpose(1, 2).contiguous(), None
+
+
+def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
+                 scaling: float | None) -> torch.Tensor:
+    """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, Skv), causally (key j for query i
+    when j <= i + Skv - Sq) or all of them: the valid rows and keys packed, one varlen call, unpacked with the rows
+    that see no key at 0. Any other mask raises."""
+    batch, _, sq, _ = query.shape
+    skv = key.shape[2]
+    if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (batch, 1, sq, skv):
+        raise ValueError(f"attention_mask: attn_implementation='xkernels' reads boolean (batch, 1, Sq, Skv) masks, "
+                         f"got {mask.dtype} {tuple(mask.shape)}; use attn_implementation='sdpa'")
+    mask = mask[:, 0]
+    keys = torch.arange(skv, device=mask.device)
+    valid = mask.any(1)  # (B, Skv): keys some query sees
+    start = torch.where(valid.any(1), valid.to(torch.int8).argmax(1), skv)  # first valid key of each sequence
+    key_ok = keys[None, :] >= start[:, None]
+    causal = keys[None, None, :] <= torch.arange(sq, device=mask.device)[None, :, None] + (skv - sq)
+    is_causal = torch.equal(mask, key_ok[:, None, :] & causal)  # each equal() is one read to the host
+    if not (is_causal or torch.equal(mask, key_ok[:, None, :].expand_as(mask))):
+        raise ValueError("attention_mask: attn_implementation='xkernels' serves masks where each sequence sees the "
+                         "keys from its first valid position to the end (left padding, causal or not); this one "
+                         "differs (right padding, a window, or another pattern): use attn_implementation='sdpa'")
+    rows = mask.any(2)  # (B, Sq): queries that see a key
+    q_counts, k_counts = rows.sum(1), key_ok.sum(1)
+    zero = torch.zeros(1, dtype=torch.int32, device=mask.device)
+    cu_q = torch.cat([zero, q_counts.cumsum(0).to(torch.int32)])
+    cu_k = torch.cat([zero, k_counts.cumsum(0).to(torch.int32)])
+    max_q, max_k = torch.stack([q_counts.max(), k_counts.max()]).tolist()
+    q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D)
+    packed = xkernels.attention_varlen(q_t[rows], k_t[key_ok], v_t[key_ok], cu_q, cu_k, max_q, max_k,
+                                       is_causal=is_causal, scale=scaling)
+    out = q_t.new_zeros(q_t.shape)
+    out[rows] = packed
+    return out
 
 
 def register() -> None:
