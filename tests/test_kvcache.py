@@ -95,6 +95,8 @@ def test_lse_shape_and_values(device):
     ("k_only", "k, v: pass both"),
     ("seqlens_dtype", "cache_seqlens: expected int32"),
     ("hopper", "backend: 'hopper' was forced"),
+    ("leftpad_past_end", "cache_leftpad: values"),
+    ("leftpad_paged", "cache_leftpad: a left-padded cache must be dense"),
 ])
 def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
     q, k_cache, v_cache, k, v, lengths = setup(device)
@@ -114,6 +116,13 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
         kwargs["v"] = None
     elif case == "seqlens_dtype":
         kwargs["cache_seqlens"] = lengths.long()
+    elif case == "leftpad_past_end":
+        kwargs["cache_leftpad"] = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)  # sequence 1 has 0
+    elif case == "leftpad_paged":
+        k_cache = k_cache.reshape(-1, 16, *k_cache.shape[2:])
+        v_cache = v_cache.reshape(-1, 16, *v_cache.shape[2:])
+        kwargs["block_table"] = torch.arange(9, dtype=torch.int32, device=device).view(3, 3)
+        kwargs["cache_leftpad"] = torch.zeros(3, dtype=torch.int32, device=device)
     else:
         kwargs["backend"] = "hopper"
     before = k_cache.clone(), v_cache.clone()
@@ -125,8 +134,8 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
 def test_opcheck_and_compile(device):
     q, k_cache, v_cache, k, v, lengths = setup(device)
     torch.library.opcheck(ops.attention_with_kvcache_op,
-                          (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, True, None, "auto", True, 0,
-                           "auto"))
+                          (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, None, True, None, "auto", True,
+                           0, "auto"))
 
     def step(q, k_cache, v_cache, k, v):
         return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
@@ -198,3 +207,23 @@ def test_append_writes_exactly_the_new_rows(device, strided):
         want_k[b, n:n + 3], want_v[b, n:n + 3] = k[b], v[b]
     xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
     assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v)
+
+
+@pytest.mark.parametrize("sq,new", [(1, 1), (3, 0)])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_left_padded_cache_attends_from_each_first_key(device, sq, new, splits):
+    """cache_leftpad (flash_attn's): sequence b attends cache rows leftpad[b] .. cache_seqlens[b] + new, causal
+    aligned to the end; the rows before its first key hold NaN and are never read."""
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=sq, new=new, s_max=96, lengths=(40, 7, 90 - new))
+    pad = torch.tensor([13, 0, 61], dtype=torch.int32, device=device)
+    for b, p in enumerate(pad.tolist()):
+        k_cache[b, :p] = float("nan")
+        v_cache[b, :p] = float("nan")
+    o = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v, cache_leftpad=pad,
+                                        num_splits=splits)
+    shifted_k = torch.stack([k_cache[b].roll(-p, 0) for b, p in enumerate(pad.tolist())])
+    shifted_v = torch.stack([v_cache[b].roll(-p, 0) for b, p in enumerate(pad.tolist())])
+    filled = [n + new - p for n, p in zip(lengths.tolist(), pad.tolist(), strict=True)]
+    want = reference(q, shifted_k, shifted_v, filled, causal=True).to(o.device)
+    c = compare_attention(o, want, ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason

@@ -107,7 +107,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
 
 def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, *,
                            cache_seqlens: torch.Tensor, k: torch.Tensor | None = None, v: torch.Tensor | None = None,
-                           block_table: torch.Tensor | None = None, is_causal: bool = True, scale: float | None = None,
+                           block_table: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                           is_causal: bool = True, scale: float | None = None,
                            precision: str = "auto", return_lse: bool = False, num_splits: int = 0,
                            backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention against a KV cache, like flash_attn_with_kvcache (decode, speculative decoding, chunked prefill).
@@ -120,7 +121,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     host) before anything is written, except during CUDA-graph capture. Returns O (B, Sq, Hq, D), or (O, LSE) with LSE
     (B, Hq, Sq) fp32. Forward only. The split-KV kernel reads the cache in place (dense or paged); `num_splits`
     sets how many key splits each (sequence, kv head) is cut into (0: a heuristic from the batch, heads, cache
-    length and SM count).
+    length and SM count). `cache_leftpad` (B,) int32, dense caches only: sequence b's keys start at that row (a
+    left-padded batch), so it attends rows cache_leftpad[b] .. cache_seqlens[b] + new.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         tensor(t, name)
@@ -129,8 +131,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if type(num_splits) is not int or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0: heuristic), got {num_splits!r}")
     no_grad({"q": q, "k": k, "v": v}, "attention_with_kvcache is an inference op (no backward)")
-    o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, is_causal, scale,
-                                           precision, return_lse, num_splits, backend)
+    o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
+                                           is_causal, scale, precision, return_lse, num_splits, backend)
     return (o, lse) if return_lse else o
 
 

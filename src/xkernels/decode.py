@@ -59,7 +59,7 @@ class Geometry:
 class DecodePlan:
     def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
-                 splits: int = 0):
+                 splits: int = 0, key_starts: bool = False):
         self.g, self.device, self.write_lse = g, device, write_lse
         group = g.hq // g.hkv
         rows = g.sq * group
@@ -76,7 +76,7 @@ class DecodePlan:
         split = self.splits > 1
         self.constexprs = cfg.constexprs(g.head_dim, recipe, rows=rows, page=g.page, seq_lengths=seq_lengths,
                                          causal=is_causal, bottom_right=bottom_right, write_lse=write_lse,
-                                         split=split)
+                                         split=split, key_starts=key_starts)
         self.options = cfg.options()
         self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
         self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,
@@ -89,8 +89,9 @@ class DecodePlan:
         self.kernel: launch.Kernel | None = None
         self.combine: launch.Kernel | None = None
 
-    def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None) -> None:
-        """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`."""
+    def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None) -> None:
+        """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`. `key_start`
+        (B,) int32: each sequence's first key row, for a plan made with `key_starts`."""
         g = self.g
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
         if self.splits > 1:
@@ -99,7 +100,7 @@ class DecodePlan:
         else:
             o_part = lse_part = out  # never touched
         tensors = (q, k, v, out, out if lse is None else lse, o_part, lse_part, out if seqlens is None else seqlens,
-                   out if block_table is None else block_table)
+                   out if block_table is None else block_table, out if key_start is None else key_start)
         if self.direct and all(t.data_ptr() % 16 == 0 for t in tensors):
             self._direct(tensors, o_part, lse_part, out, lse, qk_scale)
             return
@@ -142,13 +143,14 @@ def _plan(key: tuple, make) -> DecodePlan:
 
 
 def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, recipe: AttentionRecipe,
-                 cfg: DecodeConfig, write_lse: bool, splits: int) -> DecodePlan:
+                 cfg: DecodeConfig, write_lse: bool, splits: int, key_starts: bool = False) -> DecodePlan:
     """The plan of an `attention_with_kvcache` call: q, O (B, Sq, Hq, D); a dense (B, S_max, Hkv, D) or paged
-    (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths read on the device."""
+    (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths (and, for a left-padded dense
+    cache, first keys) read on the device."""
     paged = block_table is not None
     key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), out.stride(),
            None if not paged else (block_table.shape, block_table.stride()), q.dtype, q.device, is_causal,
-           recipe.name, cfg, write_lse, splits)
+           recipe.name, cfg, write_lse, splits, key_starts)
 
     def make() -> DecodePlan:
         batch, sq, hq, d = q.shape
@@ -157,7 +159,7 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
                      page, q.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3], out.stride()[:3],
                      block_table.stride(0) if paged else 0)
         return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
-                          write_lse=write_lse, device=q.device, splits=splits)
+                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts)
 
     return _plan(key, make)
 

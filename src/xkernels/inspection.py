@@ -177,8 +177,9 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
 
 def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     """The split-KV kernel per head dim, bf16, one decode row per query head of a GQA group of 4 (16-row tiles): the
-    dense API's variant (one page per sequence, no split) and the cache's (per-sequence lengths, causal, split) on
-    pages of 16 and 64 keys; and the merge of the splits. On sm_90 a 16-row tile takes mma.sync (wgmma needs 64)."""
+    dense API's variant (one page per sequence, no split), the cache's (per-sequence lengths, causal, split) on
+    pages of 16 and 64 keys and on a left-padded dense cache; and the merge of the splits. On sm_90 a 16-row tile
+    takes mma.sync (wgmma needs 64)."""
     from xkernels.portable import attention_decode as dec
     from xkernels.portable.configs import decode_config
     from xkernels.recipes import ATTENTION_RECIPES
@@ -187,17 +188,19 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     recipe = ATTENTION_RECIPES["bf16"]
     p = POINTER_TYPE[recipe.io_dtype]
     types = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32",
-             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "qk_scale": "fp32"}
-    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "q_sb", "q_ss", "q_sh",
-                 "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh", "bt_sb")
+             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "qk_scale": "fp32"}
+    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "q_sb",
+                 "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh", "bt_sb")
     matrix = "HMMA" if target.name == "sm_90" else "target"
     for d in HEAD_DIMS:
         cfg = decode_config(d, target, interpret=False)
-        for page, causal, split in ((0, False, False), (16, True, True), (64, False, True)):
-            cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0, causal=causal,
-                                bottom_right=True, write_lse=True, split=split, interpret=False)
+        for page, causal, split, left in ((0, False, False, False), (16, True, True, False), (64, False, True, False),
+                                          (0, True, True, True)):
+            cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
+                                bottom_right=True, write_lse=True, split=split, key_starts=left, interpret=False)
             yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
-                               f"{' split' if split else ''} {cfg}", dec.attention_decode_kernel, types, cx,
+                               f"{' split' if split else ''}{' leftpad' if left else ''} {cfg}",
+                               dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix)
         yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,
                            {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},

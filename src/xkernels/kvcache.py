@@ -13,18 +13,21 @@ from xkernels.common import launch
 from xkernels.portable.kv_cache import cache_append_kernel, cache_check_kernel
 
 
-def check_values(k_cache, cache_seqlens, block_table, new: int) -> None:
+def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=None) -> None:
     """The values the kernels trust, checked by one kernel and read to the host once: lengths in range, pages in
-    range. Raised before anything is written, so a bad call leaves the cache as it was."""
+    range, left pads within the lengths. Raised before anything is written, so a bad call leaves the cache as it
+    was."""
     page = k_cache.shape[1]
     paged = block_table is not None
     capacity = page * block_table.shape[1] if paged else page
-    flags = torch.zeros(3, dtype=torch.int32, device=cache_seqlens.device)
+    flags = torch.zeros(4, dtype=torch.int32, device=cache_seqlens.device)
     table = block_table if paged else cache_seqlens  # never read for a dense cache
-    args = (cache_seqlens, table, flags, table.stride(0), new, capacity, k_cache.shape[0],
+    leftpad = cache_seqlens if cache_leftpad is None else cache_leftpad  # read only with LEFTPAD
+    args = (cache_seqlens, table, leftpad, flags, table.stride(0), new, capacity, k_cache.shape[0],
             block_table.shape[1] if paged else 0)
-    _launch(cache_check_kernel, cache_seqlens.shape[0], args, 3, dict(PAGE=page if paged else 0, CHUNK=64), 1)
-    negative, too_long, outside = flags.tolist()  # the one read to the host
+    _launch(cache_check_kernel, cache_seqlens.shape[0], args, 4,
+            dict(PAGE=page if paged else 0, LEFTPAD=cache_leftpad is not None, CHUNK=64), 1)
+    negative, too_long, outside, bad_pad = flags.tolist()  # the one read to the host
     if negative:
         raise ValueError(f"cache_seqlens: negative lengths {cache_seqlens.tolist()}")
     if too_long:
@@ -32,6 +35,9 @@ def check_values(k_cache, cache_seqlens, block_table, new: int) -> None:
                          f"{capacity} positions per sequence")
     if outside:
         raise ValueError(f"block_table: entries outside the {k_cache.shape[0]} cache blocks")
+    if bad_pad:
+        raise ValueError(f"cache_leftpad: values {cache_leftpad.tolist()} must lie in [0, cache_seqlens] "
+                         f"({cache_seqlens.tolist()})")
 
 
 _KERNELS: dict = {}
@@ -80,18 +86,20 @@ def _unit_rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *, is_causal: bool,
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
                            scale: float | None, precision: str, return_lse: bool, num_splits: int, backend: str):
     """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`)."""
     recipe, choice = select.resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
-                                                      precision=precision, backend=backend)
+                                                      cache_leftpad, precision=precision, backend=backend)
     batch, sq, hq, d = q.shape
     new = 0 if k is None else k.shape[1]
     cache_seqlens = cache_seqlens.contiguous()  # the kernels read it (and the block table's rows) with unit stride
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()
+    if cache_leftpad is not None:
+        cache_leftpad = cache_leftpad.contiguous()
     if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
-        check_values(k_cache, cache_seqlens, block_table, new)
+        check_values(k_cache, cache_seqlens, block_table, new, cache_leftpad)
     if new:
         append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     out = varlen.output_like(q)
@@ -102,7 +110,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     q, keys, values = _unit_rows(q), _unit_rows(k_cache), _unit_rows(v_cache)
     seqlens = (cache_seqlens + new if new else cache_seqlens).to(torch.int32).contiguous()
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
-                               cfg=choice.config, write_lse=return_lse, splits=num_splits)
-    plan.run(q, keys, values, out, lse if return_lse else None, seqlens, block_table, scale)
+                               cfg=choice.config, write_lse=return_lse, splits=num_splits,
+                               key_starts=cache_leftpad is not None)
+    plan.run(q, keys, values, out, lse if return_lse else None, seqlens, block_table, scale, cache_leftpad)
     plans._record(plan.name + (" paged" if block_table is not None else ""))
     return out, lse

@@ -202,10 +202,12 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     return recipe, _varlen_choice(q, recipe, backend)
 
 
-def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *, precision: str, backend: str):
+def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,
+                              backend: str):
     """KV-cache calls run the portable split-KV kernel on every device (`decode.py`); forcing "hopper" raises.
     Returns (recipe, Choice)."""
-    recipe = check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, precision=precision)
+    recipe = check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
+                                     precision=precision)
     check_device(q.device, "q")
     if parse_backend(backend).layer == "hopper":
         raise ValueError("backend: 'hopper' was forced, but attention_with_kvcache has only the portable split-KV "

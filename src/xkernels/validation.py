@@ -201,7 +201,7 @@ def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     return resolve_attention_recipe(precision, q.dtype)
 
 
-def check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, *,
+def check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *,
                             precision: str) -> AttentionRecipe:
     """Validate a KV-cache call (metadata only: fake-safe): q (B, Sq, Hq, D); caches (B, S_max, Hkv, D), or paged
     (num_blocks, page_size, Hkv, D) with block_table (B, max_blocks) int32 and a power-of-two page size 16..256;
@@ -241,6 +241,15 @@ def check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_tabl
                          f"{tuple(cache_seqlens.shape)}")
     if cache_seqlens.device != q.device:
         raise ValueError(f"cache_seqlens: on device {cache_seqlens.device}, but q is on {q.device}")
+    if cache_leftpad is not None:
+        tensor(cache_leftpad, "cache_leftpad")
+        if cache_leftpad.dtype != torch.int32 or tuple(cache_leftpad.shape) != (batch,):
+            raise ValueError(f"cache_leftpad: expected int32 ({batch},), got {cache_leftpad.dtype} "
+                             f"{tuple(cache_leftpad.shape)}")
+        if cache_leftpad.device != q.device:
+            raise ValueError(f"cache_leftpad: on device {cache_leftpad.device}, but q is on {q.device}")
+        if block_table is not None:
+            raise ValueError("cache_leftpad: a left-padded cache must be dense (block_table is given)")
     if (k is None) != (v is None):
         raise ValueError("k, v: pass both new keys and new values, or neither")
     if k is not None:

@@ -79,16 +79,19 @@ def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, BLOCK_TABLE, bt_sb, k_sp, 
 
 
 @triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS"])
-def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE,
+def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START,
                             q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
                             SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, CAUSAL: tl.constexpr,
+                            PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
+                            CAUSAL: tl.constexpr,
                             BOTTOM_RIGHT: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
                             SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
-    SEQLENS[b] keys (SEQ_LENGTHS) or SKV; ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to
+    SEQLENS[b] keys (SEQ_LENGTHS) or SKV, of which KEY_STARTS skips the first KEY_START[b] (a left-padded dense
+    cache: its keys are rows KEY_START[b] .. SEQLENS[b]); ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32)
+    and LSE of the split to
     O_PART (splits, B, SQ, HQ, D) and LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE
     (B, HQ, SQ) contiguous."""
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
@@ -103,6 +106,9 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
         L = tl.load(SEQLENS + b)
     else:
         L = SKV
+    if KEY_STARTS:  # dense caches only: the sequence's keys begin `first` rows in
+        first = tl.load(KEY_START + b)
+        L = L - first
     rows = start_r + tl.arange(0, BLOCK_M)
     t = rows // GROUP  # token of each packed row
     h = (hk * GROUP + rows % GROUP).to(tl.int64)  # its query head
@@ -128,6 +134,9 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = K + hk.to(tl.int64) * k_sh
     v_base = V + hk.to(tl.int64) * v_sh
+    if KEY_STARTS:
+        k_base += first.to(tl.int64) * k_ss
+        v_base += first.to(tl.int64) * v_ss
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, lo, full_hi, limit, BLOCK_TABLE, bt_sb, k_sp,
                             k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, PV_DTYPE, INTERPRET)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, full_hi, hi, limit, BLOCK_TABLE, bt_sb, k_sp,

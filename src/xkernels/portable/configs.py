@@ -75,10 +75,10 @@ class DecodeConfig:
         return min(max(16, 1 << max(rows - 1, 0).bit_length()), self.max_block_m)
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
-                   causal: bool, bottom_right: bool, write_lse: bool, split: bool,
+                   causal: bool, bottom_right: bool, write_lse: bool, split: bool, key_starts: bool = False,
                    interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
-                    SEQ_LENGTHS=seq_lengths, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
+                    SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split, INTERPRET=interpret)
 
     def options(self) -> dict[str, int]:

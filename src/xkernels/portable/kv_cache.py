@@ -32,15 +32,18 @@ def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE,
 
 
 @triton.jit(do_not_specialize=["NEW", "CAPACITY", "NUM_BLOCKS", "MAX_PAGES"])
-def cache_check_kernel(SEQLENS, BLOCK_TABLE, FLAGS, bt_sb, NEW, CAPACITY, NUM_BLOCKS, MAX_PAGES,
-                       PAGE: tl.constexpr, CHUNK: tl.constexpr):
-    """One program per sequence b, raising FLAGS (3 int32, zeroed by the caller) where a value would send a kernel
+def cache_check_kernel(SEQLENS, BLOCK_TABLE, LEFT_PAD, FLAGS, bt_sb, NEW, CAPACITY, NUM_BLOCKS, MAX_PAGES,
+                       PAGE: tl.constexpr, LEFTPAD: tl.constexpr, CHUNK: tl.constexpr):
+    """One program per sequence b, raising FLAGS (4 int32, zeroed by the caller) where a value would send a kernel
     out of bounds: [0] cache_seqlens[b] < 0, [1] cache_seqlens[b] + NEW > CAPACITY, [2] (paged) an entry of the
-    pages sequence b reads outside [0, NUM_BLOCKS)."""
+    pages sequence b reads outside [0, NUM_BLOCKS), [3] (LEFTPAD) cache_leftpad[b] outside [0, cache_seqlens[b]]."""
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(SEQLENS + b)
     tl.atomic_max(FLAGS + 0, (n < 0).to(tl.int32))
     tl.atomic_max(FLAGS + 1, (n + NEW > CAPACITY).to(tl.int32))
+    if LEFTPAD:
+        pad = tl.load(LEFT_PAD + b)
+        tl.atomic_max(FLAGS + 3, ((pad < 0) | (pad > n)).to(tl.int32))
     if PAGE > 0:
         pages = tl.minimum(tl.cdiv(tl.maximum(n, 0) + NEW, PAGE), MAX_PAGES)
         bad = tl.zeros([CHUNK], tl.int32)
