@@ -45,10 +45,11 @@ def test_forward_and_generate_match_sdpa(device):
 
 
 def test_left_padded_batches_match_sdpa(device):
-    """generate()'s left-padded prompts: prefill and decoding under a padding mask run through varlen and match
-    sdpa on every valid position (the padded rows are not compared: sdpa gives them 0 or whatever its kernel makes)."""
+    """generate()'s left-padded prompts: prefill under a padding mask runs through varlen, decoding steps through the
+    split-KV kernel with per-sequence first keys, and both match sdpa on every valid position (the padded rows are
+    not compared)."""
     ours, sdpa = tiny_llama("xkernels", device), tiny_llama("sdpa", device)
-    ids = torch.randint(0, 256, (3, 11), generator=torch.Generator().manual_seed(2)).to(device)
+    ids = torch.randint(0, 256, (3, 23), generator=torch.Generator().manual_seed(2)).to(device)
     mask = torch.ones_like(ids)
     mask[0, :4] = 0  # left padding of 4 and of 1; the last prompt is full
     mask[1, :1] = 0
@@ -63,8 +64,13 @@ def test_left_padded_batches_match_sdpa(device):
         kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
                   pad_token_id=0)
         out = ours.generate(ids, attention_mask=mask, **kw)
+        ran = xkernels.last_backend()
         want = sdpa.generate(ids, attention_mask=mask, **kw)
-    assert _rel(out.logits[0], want.logits[0]) < 2e-2  # the first decoding step saw the same tokens
+    assert ran.startswith("portable.decode"), ran
+    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
+        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
+        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
+            break  # a near-tie flipped by bf16 noise: later steps continue different texts
 
 
 def test_masks_it_cannot_serve_are_refused(device):

@@ -7,8 +7,9 @@
 What it serves, with SDPA's semantics: prefill with a causal mask transformers can drop (no padding), decoding
 one token against the cache (full attention over it), GQA without repeated K/V, any `scaling`; and batches padded on
 the left (what `generate()` makes of prompts of different lengths): each row's mask must be "keys from its first
-valid position to the end, causal or not", which is checked on the device (a few reads to the host), and the valid
-rows and keys are packed and run through `xkernels.attention_varlen` (rows that see no key return 0, as SDPA).
+valid position to the end, causal or not", which is checked on the device (a few reads to the host); prefill packs
+the valid rows and keys through `xkernels.attention_varlen`, decoding reads the cache in place as a left-padded
+cache (`attention_with_kvcache(cache_leftpad=...)`); rows that see no key return 0, as SDPA.
 Another mask (right padding with causal attention, sliding windows, arbitrary patterns) raises a ValueError saying
 so; so do dropout, softcapping and attention sinks. Inputs must be fp16 or bf16 (the model's dtype) with head dims
 64, 128 or 256; padded batches are served for inference (varlen has no backward yet).
@@ -21,6 +22,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import xkernels
+from xkernels.select import DECODE_MAX_SQ
 
 NAME = "xkernels"
 
@@ -51,8 +53,9 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
 def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                  scaling: float | None) -> torch.Tensor:
     """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, Skv), causally (key j for query i
-    when j <= i + Skv - Sq) or all of them: the valid rows and keys packed, one varlen call, unpacked with the rows
-    that see no key at 0. Any other mask raises."""
+    when j <= i + Skv - Sq) or all of them. Decoding steps (a few causal rows) read K and V in place as a
+    left-padded cache (`attention_with_kvcache(cache_leftpad=...)`); prefill packs the valid rows and keys into one
+    varlen call and unpacks them, the rows that see no key at 0. Any other mask raises."""
     batch, _, sq, _ = query.shape
     skv = key.shape[2]
     if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (batch, 1, sq, skv):
@@ -69,13 +72,17 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
         raise ValueError("attention_mask: attn_implementation='xkernels' serves masks where each sequence sees the "
                          "keys from its first valid position to the end (left padding, causal or not); this one "
                          "differs (right padding, a window, or another pattern): use attn_implementation='sdpa'")
+    q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
+    if is_causal and sq <= DECODE_MAX_SQ:  # decoding: the split-KV kernel reads the cache from each first key
+        lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
+        return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,
+                                               cache_leftpad=start.to(torch.int32), scale=scaling)
     rows = mask.any(2)  # (B, Sq): queries that see a key
     q_counts, k_counts = rows.sum(1), key_ok.sum(1)
     zero = torch.zeros(1, dtype=torch.int32, device=mask.device)
     cu_q = torch.cat([zero, q_counts.cumsum(0).to(torch.int32)])
     cu_k = torch.cat([zero, k_counts.cumsum(0).to(torch.int32)])
     max_q, max_k = torch.stack([q_counts.max(), k_counts.max()]).tolist()
-    q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D)
     packed = xkernels.attention_varlen(q_t[rows], k_t[key_ok], v_t[key_ok], cu_q, cu_k, max_q, max_k,
                                        is_causal=is_causal, scale=scaling)
     out = q_t.new_zeros(q_t.shape)
