@@ -34,8 +34,10 @@ def host_cases() -> list[Case]:
 
 def _torch_fn(case: Case) -> Callable[[tuple], object]:
     if isinstance(case, GemmCase):
+        if case.b_layout == "nk":
+            return lambda ab: torch.matmul(ab[0], ab[1].t())
         return lambda ab: torch.matmul(*ab)
-    return lambda qkv: F.scaled_dot_product_attention(*qkv, is_causal=case.causal)
+    return lambda qkv: F.scaled_dot_product_attention(*qkv, is_causal=case.causal, enable_gqa=case.hq != case.hkv)
 
 
 @dataclass

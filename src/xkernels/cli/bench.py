@@ -24,7 +24,7 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
         console.print("[red]--warmup must be >= 20 (the seeds' rule) and --iters >= 1")
         return 2
 
-    if args.suite == "host":
+    if args.suite in ("host", "sweep"):
         return _run_host(console, args)
     from xkernels.bench import report
     from xkernels.bench.ceilings import measure_ceilings
@@ -72,6 +72,7 @@ def _run_host(console: Console, args: argparse.Namespace) -> int:
     import torch
     from rich.table import Table
 
+    from xkernels.bench import sweep
     from xkernels.bench.host import host_cases, markdown, plot, run_host_case
 
     command = "xkernels " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -79,7 +80,7 @@ def _run_host(console: Console, args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name()
     rows = []
-    cases = host_cases()
+    cases = sweep.sweep_cases(args.quick) if args.suite == "sweep" else host_cases()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("host", total=len(cases))
         for case in cases:
@@ -90,16 +91,19 @@ def _run_host(console: Console, args: argparse.Namespace) -> int:
             progress.advance(task)
     (out_dir / "host.md").write_text(markdown(rows, command, device))
     plot(rows, out_dir / "host.png")
+    if args.suite == "sweep":
+        sweep.plot(rows, out_dir / "sweep.png")
     table = Table(title=f"host cost per call on {device} (us; speedup = torch / ours)")
     for h in ("kernel", "shape", "host ours", "host torch", "ratio", "b2b ours", "graph ours", "b2b torch",
-              "graph torch", "b2b speedup"):
+              "graph torch", "b2b speedup", "graph speedup"):
         table.add_column(h)
     for r in rows:
         if r.get("ours"):
             o, t = r["ours"], r["torch"]
             table.add_row(r["kernel"], escape(r["shape"]), f"{o['host_us']:.1f}", f"{t['host_us']:.1f}",
                           f"{r['host_ratio']:.2f}", f"{o['b2b_us']:.1f}", f"{o['graph_us']:.1f}",
-                          f"{t['b2b_us']:.1f}", f"{t['graph_us']:.1f}", f"{r['b2b_speedup']:.2f}")
+                          f"{t['b2b_us']:.1f}", f"{t['graph_us']:.1f}", f"{r['b2b_speedup']:.2f}",
+                          f"{r['graph_speedup']:.2f}")
         else:
             table.add_row(r["kernel"], escape(r["shape"]), "FAIL", escape(str(r["check"].get("reason"))))
     console.print(table)

@@ -25,9 +25,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
     p = sub.add_parser("bench", help="benchmark against peers timed in the same run (GPU)")
-    p.add_argument("--suite", choices=["all", "gemm", "attention", "attention-bwd", "decode", "varlen", "host"],
+    p.add_argument("--suite",
+                   choices=["all", "gemm", "attention", "attention-bwd", "decode", "varlen", "host", "sweep"],
                    default="all",
-                   help="host: per-call host, back-to-back and CUDA-graph time, ours and torch's")
+                   help="host: per-call host, back-to-back and CUDA-graph time, ours and torch's; sweep: the same "
+                        "over attention lengths (16K tokens a call) and GEMM M on Llama-8B's layers, with a ratio "
+                        "plot")
     p.add_argument("--quick", action="store_true", help="a short run (about 2 minutes) for routine device calls")
     p.add_argument("--iters", type=int, default=100, help="timed runs per row (seeds: 1000 for compute-bound)")
     p.add_argument("--warmup", type=int, default=20, help="warm-up runs per row (at least 20)")
