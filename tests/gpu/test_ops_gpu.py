@@ -125,3 +125,38 @@ def test_a_tensor_on_another_device_launches_there():
     o = xkernels.attention(q, k, v)
     assert o.device == q.device
     assert compare_attention(o, reference_attention(q, k, v), ATTENTION_RECIPES["fp16"]).passed
+
+
+def test_a_captured_decode_loop_appends_and_attends_like_eager():
+    """A serving loop's decode step under CUDA-graph capture: the cache checks (a read to the host) are skipped, the
+    append and the split-KV kernel replay, and each replayed step equals the eager step on the same cache."""
+    batch, s_max, hq, hkv, d = 4, 1024, 32, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(5)
+
+    def rnd(*shape):
+        return (torch.rand(shape, generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+
+    k_cache, v_cache = rnd(batch, s_max, hkv, d), rnd(batch, s_max, hkv, d)
+    lengths = torch.tensor([100, 7, 900, 512], dtype=torch.int32, device="cuda")
+    q, k, v = rnd(batch, 1, hq, d), rnd(batch, 1, hkv, d), rnd(batch, 1, hkv, d)
+    eager_k, eager_v, eager_len = k_cache.clone(), v_cache.clone(), lengths.clone()
+
+    def step(kc, vc, n):
+        o = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=n, k=k, v=v)
+        n += 1
+        return o
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up (plans, compiles) on scratch copies
+        step(k_cache.clone(), v_cache.clone(), lengths.clone())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(k_cache, v_cache, lengths)
+    for _ in range(3):
+        graph.replay()
+        want = step(eager_k, eager_v, eager_len)
+        torch.cuda.synchronize()
+        assert torch.equal(captured, want)
+        assert torch.equal(k_cache, eager_k) and torch.equal(lengths, eager_len)
