@@ -58,13 +58,13 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,
             cfg: select.HopperBackward) -> None:
-    """The Hopper dK/dV kernel, with the portable preprocess and dQ kernels."""
+    """The Hopper dK/dV kernel, with the portable preprocess kernel and the Gluon or the portable dQ kernel."""
     from xkernels.common import launch
     from xkernels.hopper import attention_bwd as hopper_bwd
 
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    portable_cfg, cfg = cfg.portable, cfg.dkdv
+    portable_cfg, dq_cfg, cfg = cfg.portable, cfg.dq, cfg.dkdv
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
                                     num_warps=portable_cfg.num_warps)
     qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
@@ -72,4 +72,12 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
             hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
                           cfg.constexprs(d, causal=is_causal), {})
-    portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)
+    if dq_cfg is None:
+        portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)
+        return
+    from xkernels.hopper import attention_dq as hopper_dq
+
+    args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, *dq.stride()[:3], hq, hq // hkv, sq,
+            skv, scale * math.log2(math.e), scale)
+    launch.generic_launch(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq), args,
+                          dq_cfg.constexprs(d, causal=is_causal), {})

@@ -287,6 +287,19 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                    bwd.attention_dkdv_kernel, types, bc.constexprs(d, causal=causal), 4, gluon=True,
                                    spill_free=TRITON_TESTED or not (d == 128 and causal))
 
+    from xkernels.hopper import attention_dq as dq
+    from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
+
+    for d, qc in sorted(ATTENTION_DQ_CONFIGS.items()):
+        for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
+            descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
+                     for name, rows in (("q_desc", 64), ("k_desc", qc.block_n), ("v_desc", qc.block_n),
+                                        ("do_desc", 64))}
+            types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DQ": f"*{dt}", "qk_scale": "fp32", "scale": "fp32"}
+            for causal in (False, True):
+                yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{' causal' if causal else ''} {qc}",
+                                   dq.attention_dq_kernel, types, qc.constexprs(d, causal=causal), 4, gluon=True)
+
     c = GEMM_CONFIG
     for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
         for lay in ("kn", "nk"):

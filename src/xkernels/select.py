@@ -24,6 +24,7 @@ from xkernels.hopper.configs import (
     GEMM_CONFIG,
     HopperAttentionBwdConfig,
     HopperAttentionConfig,
+    HopperAttentionDqConfig,
     HopperGemmConfig,
 )
 from xkernels.portable import configs as portable_configs
@@ -112,13 +113,16 @@ DECODE_MAX_SQ = 16
 
 @dataclass(frozen=True)
 class HopperBackward:
-    """The Hopper backward's configs: its Gluon dK/dV kernel, and the portable preprocess and dQ kernels beside it."""
+    """The Hopper backward's configs: its Gluon dK/dV kernel, the portable preprocess kernel, and dQ: the Gluon dQ
+    kernel's config, or None for the portable dQ kernel (`portable`'s tiles). Selection gives None until the Gluon
+    dQ kernel has run on a GPU; its GPU test builds the choice with it."""
 
     dkdv: HopperAttentionBwdConfig
     portable: portable_configs.AttentionBwdConfig
+    dq: HopperAttentionDqConfig | None = None
 
     def __str__(self) -> str:
-        return f"dKdV {self.dkdv} dQ {self.portable}"
+        return f"dKdV {self.dkdv} dQ {self.dq if self.dq else self.portable}"
 
 
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:

@@ -12,6 +12,12 @@ Attention forward (`attention_fwd.py`), per CTA; "arrive" -> "wait": what the wa
                nobody still reads V tile s.
 K and V have separate rings so a K stage frees once the QK^T wgmmas retire, while P.V of that tile still reads V.
 
+Attention backward, dQ (`attention_dq.py`), per CTA: the forward's set, without the conversion.
+  q_ready      producer's TMA (Q and dO bytes of both consumers) -> each consumer, once.
+  k.ready[s], v.ready[s]  producer's TMA -> each consumer, per key tile.
+  v.empty[s]   each of the 2 consumers, once its dP = dO V^T wgmma retired -> producer.
+  k.empty[s]   each of the 2 consumers, once its dQ += dS K wgmma retired (K is read twice: S and dQ) -> producer.
+
 Attention backward, dK/dV (`attention_bwd.py`), per CTA:
   kv_ready     producer's TMA (K and V tile bytes) -> each consumer, once: its keys and values have landed.
   qdo.ready[s] producer's TMA (Q and dO tile bytes) plus the producer's arrive after writing the block's LSE and delta

@@ -85,6 +85,25 @@ ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwd
 
 
 @dataclass(frozen=True)
+class HopperAttentionDqConfig:
+    """The dQ kernel's tiles (`attention_dq.py`): 128 query rows per program (two consumer warpgroups of 64),
+    BLOCK_N keys per step, rings of `stages` K and V tiles."""
+
+    block_n: int = 64
+    stages: int = 2
+
+    def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal)
+
+    def __str__(self) -> str:
+        return f"BM128-BN{self.block_n}-S{self.stages}"
+
+
+# compiled spill-free (xkernels inspect); not run on a GPU yet, so the backward does not select it
+ATTENTION_DQ_CONFIGS = {64: HopperAttentionDqConfig(128, 2), 128: HopperAttentionDqConfig(64, 2)}
+
+
+@dataclass(frozen=True)
 class HopperGemmConfig:
     block_m: int = 128
     block_n: int = 256

@@ -1,0 +1,98 @@
+"""The Gluon dQ kernel against the portable one inside the Hopper backward (dK/dV unchanged), on the backward
+anchor rows: device time of the whole backward (CUDA-graph replay), both variants and SDPA-cuDNN's backward in the
+same process, and dQ's error against float64 on a small row first.
+
+    python scripts/dq_ab.py --json dq_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import xkernels
+from xkernels import backward, select
+from xkernels.bench.suites import BWD_ROWS
+from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
+
+
+def graph_ms(fn, reps: int = 10) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / reps)
+    return sorted(times)[2]
+
+
+def setup(b, h, s, d, causal, seed=0):
+    q, k, v = attention_inputs(b, h, s, s, d, torch.bfloat16, "cuda", seed=seed)
+    do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, return_lse=True)
+    _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=False, precision="auto",
+                                                  backend="auto")
+    return q, k, v, do, o, lse, choice.config
+
+
+def run(q, k, v, do, o, lse, cfg, causal):
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    backward._hopper(q, k, v, o, lse, do, *grads, None, is_causal=causal, scale=q.shape[-1] ** -0.5, cfg=cfg)
+    return grads
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args()
+    res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
+    for d in (64, 128):
+        for causal in (False, True):
+            q, k, v, do, o, lse, cfg = setup(1, 4, 777, d, causal, seed=d)
+            gluon = select.HopperBackward(cfg.dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[d])
+            dq = run(q, k, v, do, o, lse, gluon, causal)[0]
+            ref = reference_attention_grads(q, k, v, do, is_causal=causal)[0]
+            c = compare_grad(dq, ref, ATTENTION_RECIPES["bf16"])
+            res["check"].append({"d": d, "causal": causal, "passed": c.passed, "reason": c.reason,
+                                 "rel_rms": c.rel_rms})
+            print(res["check"][-1], flush=True)
+    for b, h, s, d, causal in BWD_ROWS:
+        if d not in ATTENTION_DQ_CONFIGS:
+            continue
+        q, k, v, do, o, lse, cfg = setup(b, h, s, d, causal)
+        gluon = select.HopperBackward(cfg.dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[d])
+        portable_ms = graph_ms(lambda: run(q, k, v, do, o, lse, cfg, causal))  # noqa: B023
+        gluon_ms = graph_ms(lambda: run(q, k, v, do, o, lse, gluon, causal))  # noqa: B023
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+            cudnn_ms = graph_ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))  # noqa: B023
+        flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
+        row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "portable_dq_ms": portable_ms,
+               "gluon_dq_ms": gluon_ms, "cudnn_ms": cudnn_ms, "gluon_tflops": flops / gluon_ms / 1e9,
+               "x_cudnn_portable": cudnn_ms / portable_ms, "x_cudnn_gluon": cudnn_ms / gluon_ms}
+        res["rows"].append(row)
+        print(row, flush=True)
+        json.dump(res, open(args.json, "w"), indent=1)
+    json.dump(res, open(args.json, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
