@@ -227,3 +227,17 @@ def test_left_padded_cache_attends_from_each_first_key(device, sq, new, splits):
     want = reference(q, shifted_k, shifted_v, filled, causal=True).to(o.device)
     c = compare_attention(o, want, ATTENTION_RECIPES["fp16"])
     assert c.passed, c.reason
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_chunked_prefill_spans_several_row_blocks(device, causal):
+    """24 new tokens x a GQA group of 4 = 96 packed rows: several row blocks per (sequence, kv head), each with its
+    own causal limits, and key splits."""
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=24, new=24, s_max=160, hq=8, hkv=2, lengths=(0, 100, 17))
+    o = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v, is_causal=causal,
+                                        num_splits=2)
+    filled = [n + 24 for n in lengths.tolist()]
+    c = compare_attention(o, reference(q, k_cache, v_cache, filled, causal=causal).to(o.device),
+                          ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason
+    assert "splits=2" in xkernels.last_backend()
