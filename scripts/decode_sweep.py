@@ -18,6 +18,7 @@ import torch.nn.functional as F
 import xkernels
 from xkernels import decode, select
 from xkernels.bench.suites import DECODE_ROWS
+from xkernels.bench.timing import graph_ms
 from xkernels.portable.configs import DecodeConfig, decode_config
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import compare_attention, reference_attention
@@ -27,30 +28,8 @@ REPS = 20
 
 
 def graph_time_us(fn, reps: int = REPS) -> float:
-    """Median over 5 replays of a CUDA graph holding `reps` calls, per call."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / reps)
-    del g
-    return sorted(times)[2]
+    """Device time per call, us: CUDA-graph replay (`bench.timing.graph_ms`)."""
+    return 1e3 * graph_ms(fn, reps)
 
 
 def kvcache_fn(case: DecodeCase, inputs, cfg: DecodeConfig, splits: int):

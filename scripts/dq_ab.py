@@ -17,30 +17,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import xkernels
 from xkernels import backward, select
 from xkernels.bench.suites import BWD_ROWS
+from xkernels.bench.timing import graph_ms
 from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
-
-
-def graph_ms(fn, reps: int = 10) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) / reps)
-    return sorted(times)[2]
 
 
 def setup(b, h, s, d, causal, seed=0):

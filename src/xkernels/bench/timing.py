@@ -68,3 +68,29 @@ def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, w
     torch.cuda.synchronize()
     ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
     return Timing(statistics.median(ms), min(ms), max(ms), iters, n, host_s * 1e6)
+
+
+def graph_ms(fn: Callable[[], object], reps: int = 10, repeats: int = 5) -> float:
+    """Device time per call of `fn`: `reps` calls captured in one CUDA graph (after a warm-up on a side stream),
+    replayed `repeats` times between events; the median replay, per call."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / reps)
+    del graph
+    return statistics.median(times)
