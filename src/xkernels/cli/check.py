@@ -11,12 +11,13 @@ from rich.progress import track
 from rich.table import Table
 
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing.cases import AttentionCase, Case, GemmCase, kernel_name, threshold
+from xkernels.testing.cases import AttentionCase, Case, DecodeCase, GemmCase, VarlenCase, kernel_name, threshold
 
 
 def check_cases(device: str) -> list[Case]:
-    """GPU: the seeds' 1K x 1K and 512 x 1K plus 8K x 8K (32 heads, D128), GEMM 256^3 first, then 4096^3.
-    CPU (interpreter): the same kinds of case at small shapes."""
+    """GPU: the seeds' 1K x 1K and 512 x 1K plus 8K x 8K (32 heads, D128), GEMM 256^3 first, then 4096^3; then
+    decode (dense API, dense and paged caches) and a packed varlen batch. CPU (interpreter): the same kinds of case
+    at small shapes."""
     if device == "cuda":
         attn = [(32, 1024, 1024, False), (32, 512, 1024, False), (32, 1024, 1024, True), (32, 8192, 8192, False)]
         gemm = [256, 4096]
@@ -26,6 +27,12 @@ def check_cases(device: str) -> list[Case]:
     cases: list[Case] = [AttentionCase(1, h, h, sq, skv, 128, causal, r)
                          for h, sq, skv, causal in attn for r in ATTENTION_RECIPES]
     cases += [GemmCase(n, n, n, dt, lay) for n in gemm for dt in ("fp16", "bf16") for lay in ("kn", "nk")]
+    if device == "cuda":
+        cases += [DecodeCase(8, 32, 8, 8192, 128, cache=c) for c in ("dense-api", "dense", "paged16")]
+        cases += [VarlenCase(8, 256, 2048, 32, 8, 128, True)]
+    else:
+        cases += [DecodeCase(2, 4, 2, 100, 64, cache=c) for c in ("dense-api", "dense", "paged16")]
+        cases += [VarlenCase(3, 5, 60, 4, 2, 64, True)]
     return cases
 
 
