@@ -41,3 +41,53 @@ def test_gemm_fuzz(device, m, n, k, b_layout, walk, dtype, seed):
     c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)))
     r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
     assert r.passed, r
+
+
+@FUZZ
+@given(recipe=st.sampled_from(list(ATTENTION_RECIPES)), d=st.sampled_from([64, 128]), b=st.integers(1, 3),
+       hkv=st.integers(1, 2), group=st.integers(1, 4), sq=st.integers(1, 6), append=st.booleans(),
+       page=st.sampled_from([0, 16, 32]), causal=st.booleans(), splits=st.integers(0, 4), leftpad=st.booleans(),
+       data=st.data())
+def test_kvcache_fuzz(device, recipe, d, b, hkv, group, sq, append, page, causal, splits, leftpad, data):
+    """attention_with_kvcache over random lengths, pages, appends, splits and left pads against float64 over each
+    sequence's valid rows (bottom-right causal)."""
+    from xkernels.testing import reference_attention_varlen
+
+    rec = ATTENTION_RECIPES[recipe]
+    s_max = 64
+    new = sq if append else 0
+    lengths = [data.draw(st.integers(0, s_max - new)) for _ in range(b)]
+    pads = [data.draw(st.integers(0, n)) for n in lengths] if leftpad and not page else None
+    g = torch.Generator(device=device).manual_seed(sum(lengths) + 7 * sq)
+
+    def rnd(*shape):
+        return (torch.rand(shape, generator=g, device=device) - 0.5).to(rec.io_dtype)
+
+    q, k_cache, v_cache = rnd(b, sq, hkv * group, d), rnd(b, s_max, hkv, d), rnd(b, s_max, hkv, d)
+    k, v = (rnd(b, new, hkv, d), rnd(b, new, hkv, d)) if new else (None, None)
+    kc, vc, table = k_cache, v_cache, None
+    if page:
+        per_seq = s_max // page
+        table = torch.randperm(b * per_seq, generator=torch.Generator().manual_seed(b)).view(b, per_seq)
+        table = table.to(torch.int32).to(device)
+        kc = torch.empty((b * per_seq, page, hkv, d), dtype=rec.io_dtype, device=device)
+        vc = torch.empty_like(kc)
+        kc[table.long()] = k_cache.view(b, per_seq, page, hkv, d)
+        vc[table.long()] = v_cache.view(b, per_seq, page, hkv, d)
+    seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    pad_t = None if pads is None else torch.tensor(pads, dtype=torch.int32, device=device)
+    o = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, k=k, v=v, block_table=table,
+                                        cache_leftpad=pad_t, is_causal=causal, precision=recipe, num_splits=splits)
+    if new:  # the reference reads the appended rows from the dense copy
+        for i, n in enumerate(lengths):
+            k_cache[i, n:n + new], v_cache[i, n:n + new] = k[i], v[i]
+    starts = pads or [0] * b
+    keys = torch.cat([k_cache[i, s:n + new] for i, (s, n) in enumerate(zip(starts, lengths, strict=True))])
+    values = torch.cat([v_cache[i, s:n + new] for i, (s, n) in enumerate(zip(starts, lengths, strict=True))])
+    cu_k = torch.tensor([0, *torch.tensor([n + new - s for s, n in zip(starts, lengths, strict=True)]).cumsum(0)
+                         .tolist()], dtype=torch.int32)
+    cu_q = torch.arange(b + 1, dtype=torch.int32) * sq
+    ref, _ = reference_attention_varlen(q.reshape(b * sq, -1, d).cpu(), keys.cpu(), values.cpu(), cu_q, cu_k,
+                                        is_causal=causal)
+    c = compare_attention(o, ref.view(b, sq, -1, d).to(o.device), rec)
+    assert c.passed, c
