@@ -161,16 +161,15 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
     from xkernels.validation import HEAD_DIMS
 
     recipe = ATTENTION_RECIPES["bf16"]
-    types = _attention_types(recipe.io_dtype) | {"CU_Q": "*i32", "CU_K": "*i32", "SEQLENS_K": "*i32"}
+    types = _attention_types(recipe.io_dtype) | {"CU_Q": "*i32", "CU_K": "*i32"}
     divisible = ("Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh", "o_st",
                  "o_sh")
     for d in HEAD_DIMS:
         cfg = attention_config(d, recipe, target, interpret=False)
-        for causal in (False, True):  # the causal rows read key counts as a KV cache does (K_LENGTHS)
-            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal kv-lengths' if causal else ''} {cfg}",
+        for causal in (False, True):
+            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''} {cfg}",
                                varlen.attention_varlen_kernel, types,
-                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False)
-                               | {"K_LENGTHS": causal},
+                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
                                cfg.num_warps, cfg.num_stages, divisible=divisible,
                                spill_free=table_for(target).spill_free("attention_varlen", d))
 
@@ -254,19 +253,19 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.common.runtime import TRITON_TESTED
     from xkernels.hopper import attention_varlen as hvarlen
 
-    divisible = ("Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "SEQLENS_K", "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh",
+    divisible = ("Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh",
                  "o_st", "o_sh")
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             for causal in (False, True):
                 types = _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None) | {
-                    "CU_Q": "*i32", "CU_K": "*i32", "SEQLENS_K": "*i32"}
+                    "CU_Q": "*i32", "CU_K": "*i32"}
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 8 bytes in the
                 # bf16io D128 variants
                 yield KernelConfig(
                     f"hopper.attention_varlen {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                     hvarlen.attention_varlen_kernel, types,
-                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True) | {"K_LENGTHS": False},
+                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True),
                     4, gluon=True, divisible=divisible,
                     spill_free=TRITON_TESTED or not (recipe.converts_v and d == 128))
 

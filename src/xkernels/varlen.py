@@ -42,16 +42,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     if total_q == 0 or batch == 0 or max_seqlen_q == 0:
         plans._record("empty")
         return out, lse
-    run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, None, max_seqlen_q,
-        is_causal=is_causal, scale=scale, recipe=recipe, choice=choice)
+    run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is_causal=is_causal,
+        scale=scale, recipe=recipe, choice=choice)
     plans._record(f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}]")
     return out, lse
 
 
-def run(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seqlen_q: int, *, is_causal: bool,
-        scale: float | None, recipe, choice) -> None:
-    """Launch the varlen kernel: keys of sequence b from row starts_k[b], seqlens_k[b] of them (or up to
-    starts_k[b + 1] when `seqlens_k` is None). `lse` (Hq, total_q) or None."""
+def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, *, is_causal: bool, scale: float | None,
+        recipe, choice) -> None:
+    """Launch the varlen kernel `choice` names. `lse` (Hq, total_q) or None."""
     total_q, hq, d = q.shape
     q, k, v = _tiled(q), _tiled(k), _tiled(v)
     batch = cu_seqlens_q.shape[0] - 1
@@ -61,16 +60,14 @@ def run(q, k, v, out, lse, cu_seqlens_q, starts_k, seqlens_k, max_seqlen_q: int,
         fn = hopper_kernel.attention_varlen_kernel
         grid, constexprs, options = hopper_kernel.launch_spec(
             batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe, positive_scale=scale is None or scale > 0,
-            write_lse=lse is not None, k_lengths=seqlens_k is not None, cfg=choice.config)
+            write_lse=lse is not None, cfg=choice.config)
         if recipe.converts_v:  # the producer converts V's bf16 bits, read as fp16, in shared memory
             v = v.view(torch.float16)
     else:
         fn = kernel.attention_varlen_kernel
         grid, constexprs, options = kernel.launch_spec(batch, hq, max_seqlen_q, d, is_causal=is_causal,
-                                                       recipe=recipe, write_lse=lse is not None,
-                                                       k_lengths=seqlens_k is not None, cfg=choice.config)
+                                                       recipe=recipe, write_lse=lse is not None, cfg=choice.config)
     qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
-    args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, starts_k,
-            starts_k if seqlens_k is None else seqlens_k, *q.stride()[:2], *k.stride()[:2], *v.stride()[:2],
-            *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
+    args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
+            *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
     launch.generic_launch(fn, grid, args, constexprs, options)

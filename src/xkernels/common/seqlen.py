@@ -38,15 +38,10 @@ def kv_bounds_shifted(start_m, offset, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.c
 
 
 @triton.jit
-def sequence_bounds(CU_Q, CU_K, SEQLENS_K, b, K_LENGTHS: tl.constexpr):
+def sequence_bounds(CU_Q, CU_K, b):
     """(q0, SQ, k0, SKV) of sequence b of a packed batch: its first query row (int64) and query count, its first key
-    row (int64) and key count. K_LENGTHS: the keys number SEQLENS_K[b] (a KV cache's filled rows); else they span
-    CU_K[b]..CU_K[b + 1]."""
+    row (int64) and key count."""
     q0 = tl.load(CU_Q + b).to(tl.int64)
     sq = tl.load(CU_Q + b + 1) - q0.to(tl.int32)
     k0 = tl.load(CU_K + b).to(tl.int64)
-    if K_LENGTHS:
-        skv = tl.load(SEQLENS_K + b)
-    else:
-        skv = tl.load(CU_K + b + 1) - k0.to(tl.int32)
-    return q0, sq, k0, skv
+    return q0, sq, k0, tl.load(CU_K + b + 1) - k0.to(tl.int32)

@@ -42,15 +42,13 @@ def _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM: gl.const
 
 
 @gluon.jit(do_not_specialize=["HQ", "GROUP", "MAX_SQ"])
-def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
+def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
                             lse_sh, HQ, GROUP, MAX_SQ, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                             POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
-                            ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
-                            K_LENGTHS: gl.constexpr):
+                            ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr):
     """The portable varlen kernel's arguments (`varlen.run`): q (total_q, Hq, D), k and v (total_k, Hkv, D) by their
-    (token, head) strides, LSE (Hq, total_q). K_LENGTHS: sequence b's keys start at CU_K[b] and number SEQLENS_K[b];
-    else they span CU_K[b]..CU_K[b+1]."""
+    (token, head) strides, LSE (Hq, total_q)."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(MAX_SQ, BLOCK_M)
     m_block = gl.program_id(0) % m_blocks
@@ -61,7 +59,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, 
     b = bh // HQ
     h = (bh % HQ).to(gl.int64)
     hk = h // GROUP
-    q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, SEQLENS_K, b, K_LENGTHS)
+    q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
     if start_m < SQ:
         diag = SKV - SQ  # bottom-right: row i's last key is i + diag
         full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)
@@ -85,7 +83,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, 
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
-                recipe: AttentionRecipe, positive_scale: bool, write_lse: bool, k_lengths: bool,
+                recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
                 cfg: HopperAttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_varlen_kernel` (V viewed as fp16 for bf16io, as the
     dense kernel)."""
@@ -93,4 +91,4 @@ def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
                                 write_lse=write_lse)
-    return grid, constexprs | {"K_LENGTHS": k_lengths}, dict(num_warps=4)
+    return grid, constexprs, dict(num_warps=4)

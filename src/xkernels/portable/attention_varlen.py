@@ -23,20 +23,18 @@ from xkernels.recipes import AttentionRecipe
 
 
 @triton.jit(do_not_specialize=["HQ", "GROUP", "MAX_SQ"])
-def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
+def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
                             lse_sh, HQ, GROUP, MAX_SQ, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                            K_LENGTHS: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
-    """K_LENGTHS: sequence b's keys start at CU_K[b] and number SEQLENS_K[b] (a KV cache: rows b * S_max of the
-    flattened cache, of which the first cache_seqlens[b] + new are filled); else they span CU_K[b]..CU_K[b+1]."""
+                            DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
     m_blocks = tl.cdiv(MAX_SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     bh = tl.program_id(0) // m_blocks
     b = bh // HQ
     h = (bh % HQ).to(tl.int64)
     hk = h // GROUP
-    q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, SEQLENS_K, b, K_LENGTHS)
+    q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
     if start_m < SQ:
         q_base, o_base = Q + q0 * q_st + h * q_sh, O + q0 * o_st + h * o_sh
         k_base, v_base = K + k0 * k_st + hk * k_sh, V + k0 * v_st + hk * v_sh
@@ -77,9 +75,9 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, SEQLENS_K, q_st, q_sh, 
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
-                recipe: AttentionRecipe, write_lse: bool, k_lengths: bool,
+                recipe: AttentionRecipe, write_lse: bool,
                 cfg: AttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_varlen_kernel`."""
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse)
-    return grid, constexprs | {"K_LENGTHS": k_lengths}, cfg.options()
+    return grid, constexprs, cfg.options()
