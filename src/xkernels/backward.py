@@ -11,6 +11,7 @@ import math
 import torch
 
 from xkernels import plans, select
+from xkernels.common.runtime import unit_last_stride
 from xkernels.portable import attention_bwd as portable_bwd
 
 
@@ -19,10 +20,6 @@ def grad_like(t: torch.Tensor) -> torch.Tensor:
     contiguous. The fake kernel uses the same rule, so traced strides match eager ones."""
     g = torch.empty_like(t)
     return g if g.stride(-1) == 1 else torch.empty(t.shape, dtype=t.dtype, device=t.device)
-
-
-def _unit_last(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, scale: float | None,
@@ -38,8 +35,8 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool
         return dq, dk, dv
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     grad_lse = None if grad_lse is None else grad_lse.contiguous()
-    q, k, v, out, grad_out, lse = (_unit_last(q), _unit_last(k), _unit_last(v), _unit_last(out),
-                                   _unit_last(grad_out), lse.contiguous())
+    q, k, v, out, grad_out, lse = (unit_last_stride(q), unit_last_stride(k), unit_last_stride(v),
+                                   unit_last_stride(out), unit_last_stride(grad_out), lse.contiguous())
     if choice.layer == "hopper":
         _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
                 cfg=choice.config)

@@ -167,18 +167,13 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
 def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: DecodeConfig,
                write_lse: bool) -> DecodePlan:
     """The plan of a dense `attention` call with few query rows: q, O (B, Hq, Sq, D), K, V (B, Hkv, Skv, D) read
-    as a one-page-per-sequence cache of Skv keys each; top-left causal, as the dense API."""
-    key = ("dense", q.shape, q.stride(), k.shape, k.stride(), v.stride(), out.stride(), q.dtype, q.device,
-           is_causal, recipe.name, cfg, write_lse)
+    as a one-page-per-sequence cache of Skv keys each; top-left causal, as the dense API. Not cached here: the
+    caller's plan (`plans.DecodeAttentionPlan`) keeps it under its own key."""
+    batch, hq, sq, d = q.shape
 
-    def make() -> DecodePlan:
-        batch, hq, sq, d = q.shape
+    def bsh(t):  # (batch, token, head) strides of a (B, H, S, D) tensor
+        return t.stride(0), t.stride(2), t.stride(1)
 
-        def bsh(t):  # (batch, token, head) strides of a (B, H, S, D) tensor
-            return t.stride(0), t.stride(2), t.stride(1)
-
-        g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0)
-        return DecodePlan(g, seq_lengths=False, is_causal=is_causal, bottom_right=False, recipe=recipe, cfg=cfg,
-                          write_lse=write_lse, device=q.device)
-
-    return _plan(key, make)
+    g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0)
+    return DecodePlan(g, seq_lengths=False, is_causal=is_causal, bottom_right=False, recipe=recipe, cfg=cfg,
+                      write_lse=write_lse, device=q.device)

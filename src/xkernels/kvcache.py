@@ -10,6 +10,7 @@ import triton
 
 from xkernels import decode, plans, select, varlen
 from xkernels.common import launch
+from xkernels.common.runtime import unit_last_stride
 from xkernels.portable.kv_cache import cache_append_kernel, cache_check_kernel
 
 
@@ -62,7 +63,7 @@ def _launch(fn, grid: int, args: tuple, tensors: int, constexprs: dict, num_warp
 
 def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
     """Write k, v (B, new, Hkv, D) at positions cache_seqlens[b]... of each sequence (in place), one launch
-    (`portable/cache_append.py`); caches or inputs whose head-dim rows are strided go through torch indexing."""
+    (`portable/kv_cache.py`); caches or inputs whose head-dim rows are strided go through torch indexing."""
     batch, new, hkv, d = k.shape
     if any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
         pos = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)[None, :]
@@ -79,11 +80,6 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
             *v_cache.stride()[:3], table.stride(0), new, hkv)
     _launch(cache_append_kernel, batch * new, args, 6, dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=page),
             4)
-
-
-def _unit_rows(t: torch.Tensor) -> torch.Tensor:
-    """The kernel reads head-dim rows with unit stride; another layout is read from a copy (correct, slower)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
@@ -107,7 +103,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     if batch * sq * hq == 0:
         plans._record("empty")
         return out, lse
-    q, keys, values = _unit_rows(q), _unit_rows(k_cache), _unit_rows(v_cache)
+    # another layout of the cache is read from a copy (correct, slower); the append above wrote the cache itself
+    q, keys, values = unit_last_stride(q), unit_last_stride(k_cache), unit_last_stride(v_cache)
     seqlens = (cache_seqlens + new if new else cache_seqlens).to(torch.int32).contiguous()
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,

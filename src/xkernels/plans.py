@@ -16,7 +16,7 @@ import torch
 
 from xkernels import decode, select
 from xkernels.common import launch
-from xkernels.common.runtime import strides_ok, strides_ready, tma_copy, tma_empty, tma_ready
+from xkernels.common.runtime import strides_ok, strides_ready, tma_copy, tma_empty, tma_ready, unit_last_stride
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
 
@@ -66,15 +66,10 @@ def attention_args(q, k, v, out, lse, hq: int, group: int, sq: int, skv: int, qk
             hq, group, sq, skv, qk_scale)
 
 
-def _unit_rows(t: torch.Tensor, name: str, copies: list[str]) -> torch.Tensor:
-    if t.stride(-1) == 1:
-        return t
-    copies.append(name)
-    return t.contiguous()
-
-
 class DecodeAttentionPlan:
-    """A dense call with few query rows, run by the split-KV kernel (K/V read as a one-page-per-sequence cache)."""
+    """A dense call with few query rows, run by the split-KV kernel (K/V read as a one-page-per-sequence cache). The
+    layouts the kernel sees (inputs with a non-unit last stride copied, an output allocated) follow from this plan's
+    key, so its decode plan is made on the first call and reused."""
 
     def __init__(self, q, recipe, choice, *, is_causal: bool, return_lse: bool):
         b, hq, sq, d = q.shape
@@ -82,19 +77,22 @@ class DecodeAttentionPlan:
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.empty = q.numel() == 0
+        self.plan: decode.DecodePlan | None = None
 
     def run(self, q, k, v, out, scale: float | None):
         given = out
-        copies: list[str] = []
         if out is None or out.stride(-1) != 1:
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
         if self.empty:
             _record("empty")
             return out, lse
-        q, k, v = _unit_rows(q, "q", copies), _unit_rows(k, "k", copies), _unit_rows(v, "v", copies)
-        plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
-                                 write_lse=lse is not None)
+        copies = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.stride(-1) != 1]
+        q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
+        if self.plan is None:
+            self.plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
+                                          write_lse=lse is not None)
+        plan = self.plan
         plan.run(q, k, v, out, lse, None, None, scale)
         if given is not None and given is not out:
             given.copy_(out)

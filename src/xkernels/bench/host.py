@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import xkernels
+from xkernels.bench.timing import graph_ms
 from xkernels.testing.cases import AttentionCase, Case, GemmCase
 
 CALLS = 50
@@ -74,27 +75,8 @@ def time_host(fn: Callable[[tuple], object], inputs: tuple, repeats: int = 7) ->
         end.record()
         torch.cuda.synchronize()
         b2b.append(start.elapsed_time(end) / CALLS * 1e3)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn(inputs)  # warm the side stream (allocator pools)
-    torch.cuda.current_stream().wait_stream(stream)
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS):
-            fn(inputs)
-    replay = []
-    for _ in range(repeats):
-        graph.replay()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        replay.append(start.elapsed_time(end) / CALLS * 1e3)
-    del graph
-    return HostTiming(_median(host), _median(b2b), _median(replay))
+    graph_us = 1e3 * graph_ms(lambda: fn(inputs), reps=CALLS, repeats=repeats)
+    return HostTiming(_median(host), _median(b2b), graph_us)
 
 
 @dataclass

@@ -61,6 +61,11 @@ def strides_ready(t: torch.Tensor) -> bool:
     return strides_ok(t.stride(), t.element_size())
 
 
+def unit_last_stride(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a contiguous copy where its last stride is not 1 (the kernels read head-dim rows with unit stride)."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
 def tma_ready(t: torch.Tensor) -> bool:
     """Descriptors need a 16-byte aligned base, unit last stride and 16-byte aligned other strides."""
     return t.data_ptr() % 16 == 0 and strides_ready(t)
