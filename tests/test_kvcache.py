@@ -241,3 +241,30 @@ def test_chunked_prefill_spans_several_row_blocks(device, causal):
                           ATTENTION_RECIPES["fp16"])
     assert c.passed, c.reason
     assert "splits=2" in xkernels.last_backend()
+
+
+def test_checks_fail_on_a_broken_decode(device):
+    """The same float64 comparison rejects the likeliest decode bugs, each made with the real op: a page table read
+    as if the blocks were in order, the left pad ignored, and one key split of several kept without the merge."""
+    g = torch.Generator().manual_seed(11)
+    q, k_cache, v_cache, _, _, lengths = setup(device, batch=2, sq=1, new=0, s_max=128, hq=4, hkv=2,
+                                               lengths=(128, 90))
+    want = reference(q, k_cache, v_cache, lengths.tolist(), causal=True).to(q.device)
+    recipe = ATTENTION_RECIPES["fp16"]
+    paged_k, table = paged_copy(k_cache, 16, g)
+    paged_v = torch.empty_like(paged_k)
+    paged_v[table.long()] = v_cache.view(2, -1, 16, *v_cache.shape[2:])
+    ok = xkernels.attention_with_kvcache(q, paged_k, paged_v, cache_seqlens=lengths, block_table=table)
+    assert compare_attention(ok, want, recipe).passed
+    in_order = torch.arange(table.numel(), dtype=torch.int32, device=device).view_as(table)
+    paged_in_order = xkernels.attention_with_kvcache(q, paged_k, paged_v, cache_seqlens=lengths, block_table=in_order)
+    assert not compare_attention(paged_in_order, want, recipe).passed
+    pad = torch.tensor([0, 40], dtype=torch.int32, device=device)
+    shifted = [k_cache[b].roll(-p, 0) for b, p in enumerate(pad.tolist())]
+    want_pad = reference(q, torch.stack(shifted), torch.stack([v_cache[b].roll(-p, 0) for b, p in
+                                                              enumerate(pad.tolist())]), [128, 50], causal=True)
+    no_pad = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert not compare_attention(no_pad, want_pad.to(q.device), recipe).passed
+    last_split_only = xkernels.attention_with_kvcache(q, k_cache[:, 96:], v_cache[:, 96:],
+                                                      cache_seqlens=(lengths - 96).clamp(min=0))
+    assert not compare_attention(last_split_only, want, recipe).passed
