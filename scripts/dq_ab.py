@@ -1,6 +1,6 @@
 """The Gluon dQ kernel against the portable one inside the Hopper backward (dK/dV unchanged), on the backward
-anchor rows: device time of the whole backward (CUDA-graph replay), both variants and SDPA-cuDNN's backward in the
-same process, and dQ's error against float64 on a small row first.
+anchor rows: device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`), both variants
+and SDPA-cuDNN's backward in the same process, and dQ's error against float64 on a small row first.
 
     python scripts/dq_ab.py --json dq_ab.json
 """
@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import xkernels
 from xkernels import backward, select
 from xkernels.bench.suites import BWD_ROWS
-from xkernels.bench.timing import graph_ms
+from xkernels.bench.timing import time_cuda
 from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
@@ -30,6 +30,12 @@ def setup(b, h, s, d, causal, seed=0):
     _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=False, precision="auto",
                                                   backend="auto")
     return q, k, v, do, o, lse, choice.config
+
+
+def ms(fn) -> float:
+    """Median device time of fn() (autograd's backward does not capture in a graph from here: its engine syncs
+    with the stream the forward ran on)."""
+    return time_cuda(lambda _: fn(), [None], iters=30).median_ms
 
 
 def run(q, k, v, do, o, lse, cfg, causal):
@@ -58,12 +64,12 @@ def main() -> None:
             continue
         q, k, v, do, o, lse, cfg = setup(b, h, s, d, causal)
         gluon = select.HopperBackward(cfg.dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[d])
-        portable_ms = graph_ms(lambda: run(q, k, v, do, o, lse, cfg, causal))  # noqa: B023
-        gluon_ms = graph_ms(lambda: run(q, k, v, do, o, lse, gluon, causal))  # noqa: B023
+        portable_ms = ms(lambda: run(q, k, v, do, o, lse, cfg, causal))  # noqa: B023
+        gluon_ms = ms(lambda: run(q, k, v, do, o, lse, gluon, causal))  # noqa: B023
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-            cudnn_ms = graph_ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))  # noqa: B023
+            cudnn_ms = ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))  # noqa: B023
         flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
         row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "portable_dq_ms": portable_ms,
                "gluon_dq_ms": gluon_ms, "cudnn_ms": cudnn_ms, "gluon_tflops": flops / gluon_ms / 1e9,

@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -39,6 +39,10 @@ for part in "${@:-smoke host}"; do
       train) stage timeout 300 python3 examples/train_bytes.py --steps 300 --out "$OUT/train" ;;
       dq) stage timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_dq.py
           stage timeout 300 python3 scripts/dq_ab.py --json "$OUT/dq_ab.json" ;;
+      gpuinf)  # the inference ops and integrations on the GPU, the graph-captured decode step among the op tests
+        stage timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_varlen.py tests/gpu \
+          tests/integrations ;;
+      sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
       decode)  # the inference ops' tests on the GPU, then the split-KV sweep against SDPA
         stage timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kvcache.py tests/test_varlen.py \

@@ -21,6 +21,7 @@ from xkernels.common.targets import TARGETS, Target, device_target
 from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
     ATTENTION_CONFIGS,
+    ATTENTION_DQ_CONFIGS,
     GEMM_CONFIG,
     HopperAttentionBwdConfig,
     HopperAttentionConfig,
@@ -114,8 +115,7 @@ DECODE_MAX_SQ = 16
 @dataclass(frozen=True)
 class HopperBackward:
     """The Hopper backward's configs: its Gluon dK/dV kernel, the portable preprocess kernel, and dQ: the Gluon dQ
-    kernel's config, or None for the portable dQ kernel (`portable`'s tiles). Selection gives None until the Gluon
-    dQ kernel has run on a GPU; its GPU test builds the choice with it."""
+    kernel's config, or None for the portable dQ kernel (`portable`'s tiles)."""
 
     dkdv: HopperAttentionBwdConfig
     portable: portable_configs.AttentionBwdConfig
@@ -156,7 +156,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
                                backend: str):
     """The backward's checks and kernel choice, for the real and the fake kernel alike: on sm_90 with a tested triton
-    the Hopper dK/dV kernel at D64 and D128 (with the portable dQ kernel), else the portable kernels. `backend`
+    the Hopper dK/dV and dQ kernels at D64 and D128, else the portable kernels. `backend`
     "portable" forces those; "hopper" where the Hopper backward has no kernel (D256, other GPUs) runs the portable
     one (`last_backend()` names it), and config overrides ("hopper:stages=3") apply to the forward only. Returns
     (recipe, Choice)."""
@@ -169,13 +169,13 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     d = int(q.shape[-1])
     portable = portable_configs.attention_bwd_config(d, _target(q.device))
     if override.layer != "portable" and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
-        return recipe, Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable))
+        dq = ATTENTION_DQ_CONFIGS.get(d)
+        return recipe, Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, dq))
     return recipe, Choice("portable", portable)
 
 
-# Head dims the Hopper varlen kernel has run at on a GPU (its D64 config, three consumer warpgroups, compiles
-# spill-free and awaits a device run; until then D64 varlen calls take the portable kernel).
-HOPPER_VARLEN_HEAD_DIMS = (128, 256)
+# Head dims the Hopper varlen kernel serves (the dense forward's configs).
+HOPPER_VARLEN_HEAD_DIMS = (64, 128, 256)
 
 
 def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:

@@ -9,6 +9,7 @@ import xkernels
 from tests.helpers import poisoned_like
 from xkernels.hopper.configs import ATTENTION_CONFIGS
 from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.select import DECODE_MAX_SQ
 from xkernels.testing import (
     attention_inputs,
     compare_attention,
@@ -34,7 +35,8 @@ def test_attention_real_sizes(layer, recipe, d, causal, hq, hkv, sq, skv):
     q, k, v = attention_inputs(2, hq, sq, skv, d, rec.io_dtype, "cuda", hkv=hkv, seed=sq + skv + d)
     o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe,
                                 return_lse=True, out=poisoned_like(q), backend=layer)
-    assert xkernels.last_backend().startswith(f"{layer}.attention[{recipe}")
+    kernel = "decode" if layer == "portable" and sq <= DECODE_MAX_SQ else "attention"  # few rows: split-KV
+    assert xkernels.last_backend().startswith(f"{layer}.{kernel}[{recipe}")
     again = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=hq != hkv, precision=recipe, backend=layer)
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
     assert c.passed, c
