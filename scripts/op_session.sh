@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -42,6 +42,10 @@ for part in "${@:-smoke host}"; do
       gpuinf)  # the inference ops and integrations on the GPU, the graph-captured decode step among the op tests
         stage timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_varlen.py tests/gpu \
           tests/integrations ;;
+      skinny)  # the few-row GEMM on the device: its tests, then its tile sweep against torch.matmul
+        stage timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/portable/test_gemm_skinny.py \
+          tests/portable/test_gemm.py tests/test_ops.py
+        stage timeout 330 python3 scripts/skinny_tiles.py --json "$OUT/skinny_tiles.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
       decode)  # the inference ops' tests on the GPU, then the split-KV sweep against SDPA

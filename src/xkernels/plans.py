@@ -16,9 +16,18 @@ import torch
 
 from xkernels import decode, select
 from xkernels.common import launch
-from xkernels.common.runtime import strides_ok, strides_ready, tma_copy, tma_empty, tma_ready, unit_last_stride
+from xkernels.common.runtime import (
+    sm_count,
+    strides_ok,
+    strides_ready,
+    tma_copy,
+    tma_empty,
+    tma_ready,
+    unit_last_stride,
+)
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
+from xkernels.portable import gemm_skinny
 
 log = logging.getLogger("xkernels")
 _last: str | None = None
@@ -219,7 +228,7 @@ def _out_3d(out: torch.Tensor, rows: int, cols: int) -> torch.Tensor | None:
 class MatmulPlan:
     def __init__(self, a, b, out, *, b_layout: str, walk: str, out_dtype, backend: str):
         (batch, m, n, k, out_dtype), choice = select.resolve_matmul(a, b, out, b_layout=b_layout,
-                                                                    out_dtype=out_dtype, backend=backend)
+                                                                    out_dtype=out_dtype, backend=backend, walk=walk)
         self.out_shape, self.out_dtype, self.device = (*batch, m, n), out_dtype, a.device
         self.batch, self.n, self.k = batch, n, k
         self.b_layout, self.walk = b_layout, "grouped" if walk == "auto" else walk
@@ -228,7 +237,7 @@ class MatmulPlan:
             return
         a3, b3, copied = _operands_3d(a, b, batch, k)
         self.problems, self.rows = a3.shape[0], a3.shape[1]
-        self.layer, self.cfg = choice.layer, choice.config
+        self.layer, self.cfg, self.skinny = choice.layer, choice.config, choice.kernel == "skinny"
         self.name = f"{choice.layer}.gemm[{b_layout} {self.walk} {choice.config}]"
         if out is None:  # contiguous: descriptor-ready when its rows are 16-byte multiples
             c_strides = (self.rows * n, n, 1)
@@ -247,6 +256,13 @@ class MatmulPlan:
             b_shape = (n, k) if b_layout == "nk" else (k, n)
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
+        elif self.skinny:
+            sms = sm_count(a.device.index) if a.device.type == "cuda" else 4
+            self.grid, self.slices, k_slice, self.constexprs, self.options = gemm_skinny.launch_spec(
+                self.rows, n, k, b_layout=b_layout, cfg=self.cfg, sms=sms)
+            self.name = f"portable.gemm[{b_layout} {self.cfg} slices={self.slices}]"
+            self.fn = gemm_skinny.skinny_gemm_kernel
+            self.ints = (self.rows, n, k, a3.stride(1), b3.stride(1), c_strides[1], k_slice)
         else:
             self.grid, self.walk_args, self.constexprs, self.options = portable_gemm.launch_spec(
                 self.problems, self.rows, n, b_layout=b_layout, walk=self.walk, cfg=self.cfg)
@@ -286,9 +302,27 @@ class MatmulPlan:
     def _portable_direct(self, a, b, out):
         if self.kernel is None:
             a3, b3, _ = _operands_3d(a, b, self.batch, self.k)
-            self.kernel = launch.compile_kernel(self.fn, self.grid, (a3, b3, out, *self.ints), self.constexprs,
-                                                self.options, a.device)
-        self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
+            args = (a3, b3, out, *self._workspace(out), *self.ints) if self.skinny else (a3, b3, out, *self.ints)
+            self.kernel = launch.compile_kernel(self.fn, self.grid, args, self.constexprs, self.options, a.device)
+        if self.skinny:
+            partials, arrivals = self._workspace(out)
+            self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), partials.data_ptr(),
+                                           arrivals.data_ptr(), *self.ints, *self.tail))
+        else:
+            self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
+
+    def _workspace(self, out):
+        """The few-row kernel's K-slice partials (fp32) and per-column-block arrival counters (zeroed): one
+        allocation per call, stream-ordered by the caching allocator, so concurrent streams and CUDA graphs each
+        get their own. One slice needs neither (the kernel never reads them: `out` stands in)."""
+        if self.slices == 1:
+            return out, out
+        blocks = -(-self.n // self.cfg.block_n)
+        head = -(-blocks // 4) * 4  # the partials start 16-byte aligned
+        ws = torch.empty(head + self.slices * self.rows * self.n, dtype=torch.int32, device=out.device)
+        arrivals = ws[:blocks]
+        arrivals.zero_()
+        return ws[head:].view(torch.float32), arrivals
 
     def _general(self, a, b, out):
         """Descriptor-ready copies where needed, then Triton's own launcher (the interpreter's path too)."""
@@ -299,7 +333,12 @@ class MatmulPlan:
         if c3 is None or not tma_ready(c3):
             copies.append("out")
             c3 = tma_empty((self.problems, self.rows, n), self.out_dtype, self.device)
-        if self.layer == "hopper":
+        if self.skinny:
+            a2 = a3[0, :, :k] if a3.shape[2] != k else a3[0]
+            b2 = b3[0, :n, :k] if self.b_layout == "nk" else b3[0, :k, :n]
+            args = (a2, b2, c3[0], *self._workspace(out), self.rows, n, k, a2.stride(0), b2.stride(0),
+                    c3.stride(1), self.ints[-1])
+        elif self.layer == "hopper":
             a2 = a3[0, :, :k] if a3.shape[2] != k else a3[0]
             b2 = b3[0, :n, :k] if self.b_layout == "nk" else b3[0, :k, :n]
             descs = self.descriptors(a2, b2, c3[0, :, :n], b_layout=self.b_layout, cfg=self.cfg)

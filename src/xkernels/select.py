@@ -221,21 +221,27 @@ def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_ta
     return recipe, Choice("portable", portable_configs.decode_config(int(q.shape[-1]), _target(q.device)))
 
 
-def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str):
+def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str, walk: str = "auto"):
     """As `resolve_attention` for matmul. Returns ((batch, M, N, K, out dtype), Choice)."""
     shape = check_matmul(a, b, out, b_layout=b_layout, out_dtype=out_dtype)
     check_device(a.device, "a")
     override = parse_backend(backend)
     batch, m, n, k, dtype = shape
-    problems = math.prod(batch) if b.dim() > 2 else 1  # a's batch folds into M against a 2-D b
+    folds = b.dim() == 2 and a.dim() > 2  # a's batch folds into M against a 2-D b
+    problems = math.prod(batch) if b.dim() > 2 else 1
+    rows = m * math.prod(batch) if folds else m
     if a.device.type == "meta" or m * n * math.prod(batch) == 0 or k == 0:
         return shape, Choice("none", None)
-    return shape, select_matmul(a.device, problems, a.dtype, dtype, override)
+    return shape, select_matmul(a.device, problems, rows, a.dtype, dtype, override, walk)
 
 
-def select_matmul(device: torch.device, problems: int, dtype: torch.dtype, out_dtype: torch.dtype,
-                  override: Override) -> Choice:
-    """Hopper kernel for one 2-D problem with a 16-bit output on sm_90; batched and fp32-output calls portable."""
+def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.dtype, out_dtype: torch.dtype,
+                  override: Override, walk: str = "auto") -> Choice:
+    """One 2-D problem of at most SKINNY_MAX_M rows: the few-row kernel (`gemm_skinny`, any device) unless "hopper"
+    is forced or a walk order asked for (it has no output tiles to walk). Else the Hopper kernel for one 2-D problem
+    with a 16-bit output on sm_90; batched and fp32-output calls portable."""
+    if override.layer != "hopper" and problems == 1 and rows <= portable_configs.SKINNY_MAX_M and walk == "auto":
+        return Choice("portable", portable_configs.skinny_gemm_config(_target(device)), "skinny")
     fits_hopper = hopper_available(device) and problems == 1 and out_dtype != torch.float32
     if override.layer == "hopper" and not fits_hopper:
         raise ValueError("backend: 'hopper' was forced, but this call needs sm_90, a tested triton, one 2-D problem "

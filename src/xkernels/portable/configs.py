@@ -110,6 +110,35 @@ class GemmConfig:
 
 
 @dataclass(frozen=True)
+class SkinnyGemmConfig:
+    """`gemm_skinny`'s tiles: BLOCK_N columns by BLOCK_K per step (rows: a power of two >= M), and how the K slices
+    are chosen: `programs_per_sm` programs per SM, slices of at least `min_k_steps` steps, at most `max_slices`."""
+
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    programs_per_sm: int = 2
+    min_k_steps: int = 4
+    max_slices: int = 16
+
+    def constexprs(self, block_m: int, slices: int, b_layout: str, interpret: bool = INTERPRET) -> dict[str, object]:
+        return dict(BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, SLICES=slices,
+                    B_NK=b_layout == "nk", DESCRIPTORS=TENSOR_DESCRIPTORS, INTERPRET=interpret)
+
+    def options(self, m: int) -> dict[str, int]:
+        # 128 rows: A's tile is as large as B's; one stage fewer keeps the ring in shared memory
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages - (m > 64))
+
+    def __str__(self) -> str:
+        return f"skinny-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
+
+
+# calls with at most this many rows (after folding a's batch) run `gemm_skinny` (decode-time linear layers)
+SKINNY_MAX_M = 128
+
+
+@dataclass(frozen=True)
 class ConfigTable:
     """The portable configs of one family of targets, each checked by `xkernels inspect --target` (CI): spill-free
     and within the family's shared memory for every recipe, head dim, mask, dtype and layout."""
@@ -119,6 +148,8 @@ class ConfigTable:
     gemm: dict[int, GemmConfig]  # by output element size
     attention_bwd: dict[int, AttentionBwdConfig] = dataclasses.field(default_factory=dict)  # by head dim
     decode: dict[int, DecodeConfig] = dataclasses.field(default_factory=dict)  # by head dim
+    # few-row GEMMs; the default's ring (2 x 16 KB at 64 rows) fits every family's shared memory
+    skinny: SkinnyGemmConfig = SkinnyGemmConfig(64, 64, 4, 2)
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "attention-<head
     # dim>" or "gemm-<output element size>"
     tolerated_spills: frozenset[str] = frozenset()
@@ -142,6 +173,7 @@ HOPPER = ConfigTable(
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(64, 128, 128, 64, 8, 2),
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
     decode={64: DecodeConfig(128, 8, 3), 128: DecodeConfig(128, 8, 3), 256: DecodeConfig(64, 8, 3)},
+    skinny=SkinnyGemmConfig(64, 128, 4, 4),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
@@ -157,6 +189,7 @@ AMPERE = ConfigTable(
     attention_bwd={64: AttentionBwdConfig(32, 32, 64, 32, 4, 2), 128: AttentionBwdConfig(64, 64, 64, 64, 8, 1),
                    256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)},
     decode={64: DecodeConfig(64, 4, 2), 128: DecodeConfig(64, 4, 2), 256: DecodeConfig(32, 4, 2)},
+    skinny=SkinnyGemmConfig(64, 128, 4, 3),
     tolerated_spills=frozenset({"attention_varlen-256"}))  # the causal varlen D256 tile reloads 8 bytes
 # fp32-output GEMMs on sm_89: ptxas keeps 128 registers per thread and reloads one or two values from local memory
 # in some walk orders, for every tile shape tried (128x128, 128x64, 64x128); tolerated rather than shrunk further.
@@ -202,6 +235,8 @@ ATTENTION_INTERPRETED = AttentionConfig(32, 16, 4, 1)
 ATTENTION_BWD_INTERPRETED = AttentionBwdConfig(16, 32, 32, 16, 4, 1)
 GEMM_INTERPRETED = GemmConfig(32, 32, 32, 4, 1, group_m=2)
 DECODE_INTERPRETED = DecodeConfig(32, 4, 1, max_block_m=32)
+# several K slices per column block even at the tests' small K, so the arrival counter and the sum run in CI
+SKINNY_INTERPRETED = SkinnyGemmConfig(32, 32, 4, 1, programs_per_sm=8, min_k_steps=1)
 
 
 def table_for(target: Target | None) -> ConfigTable:
@@ -236,6 +271,10 @@ def attention_bwd_config(head_dim: int, target: Target | None = None,
 
 def decode_config(head_dim: int, target: Target | None = None, interpret: bool = INTERPRET) -> DecodeConfig:
     return DECODE_INTERPRETED if interpret else table_for(target).decode[head_dim]
+
+
+def skinny_gemm_config(target: Target | None = None, interpret: bool = INTERPRET) -> SkinnyGemmConfig:
+    return SKINNY_INTERPRETED if interpret else table_for(target).skinny
 
 
 def gemm_config(out_dtype: torch.dtype, target: Target | None = None, interpret: bool = INTERPRET) -> GemmConfig:

@@ -1,0 +1,89 @@
+"""The few-row GEMM (`gemm_skinny`): float64 references with one and several K slices, the selection boundary, bitwise
+repeatability, and the same checks failing on a broken slice sum."""
+
+import re
+
+import pytest
+import torch
+
+import xkernels
+from tests.helpers import assert_unchanged, poisoned_like, snapshot
+from xkernels.common import launch
+from xkernels.portable import configs, gemm_skinny
+from xkernels.testing import compare_gemm, gemm_inputs, reference_matmul
+
+SHAPES = [(1, 64, 96), (5, 100, 200), (16, 64, 33), (33, 96, 130), (128, 40, 64), (2, 31, 1)]
+
+
+def slices_ran() -> int:
+    found = re.search(r"skinny.* slices=(\d+)", xkernels.last_backend() or "")
+    assert found, xkernels.last_backend()
+    return int(found.group(1))
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_few_rows_match_float64(device, dtype, b_layout, m, n, k):
+    a, b = gemm_inputs(m, n, k, dtype, device, b_layout, seed=m + n + k)
+    before = snapshot(a, b)
+    out = poisoned_like(a, shape=(m, n))
+    c = xkernels.matmul(a, b, b_layout=b_layout, out=out)
+    assert c is out
+    slices_ran()
+    assert_unchanged(before, a, b)
+    r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
+    assert r.passed, r
+    again = xkernels.matmul(a, b, b_layout=b_layout)
+    assert torch.equal(c, again), "the slice sum is in a fixed order: repeated calls agree bitwise"
+
+
+def test_several_slices_fp32_out_and_folded_batch(device):
+    a, b = gemm_inputs(24, 64, 256, torch.bfloat16, device, "nk", seed=3)
+    c = xkernels.matmul(a, b, b_layout="nk", out_dtype=torch.float32)
+    if device == "cpu" or configs.skinny_gemm_config() is configs.SKINNY_INTERPRETED:
+        assert slices_ran() > 1  # the interpreted config splits K even here: the arrival counter is exercised
+    assert c.dtype == torch.float32 and compare_gemm(c, reference_matmul(a, b, "nk"), 256).passed
+    a3 = a.view(4, 6, 256)  # a's batch folds into 24 rows against a 2-D b
+    c3 = xkernels.matmul(a3, b, b_layout="nk")
+    slices_ran()
+    assert c3.shape == (4, 6, 64) and compare_gemm(c3.view(24, 64), reference_matmul(a, b, "nk"), 256).passed
+
+
+def test_selection_boundary(device):
+    a, b = gemm_inputs(configs.SKINNY_MAX_M + 1, 32, 32, torch.float16, device, "kn", seed=1)
+    xkernels.matmul(a, b)
+    assert "skinny" not in xkernels.last_backend()  # more rows: the tiled kernel
+    xkernels.matmul(a[:8], b, walk="row")
+    assert "skinny" not in xkernels.last_backend()  # a walk order asks for output tiles
+    xkernels.matmul(a[:8], b)
+    assert "skinny" in xkernels.last_backend()
+
+
+def _launch_raw(a, b, out, *, slices, k_slice, arrivals):
+    cfg = configs.skinny_gemm_config()
+    m, k = a.shape
+    n = b.shape[1]
+    partials = torch.full((slices, m, n), float("nan"), dtype=torch.float32, device=a.device)
+    grid = -(-n // cfg.block_n) * slices
+    launch.generic_launch(gemm_skinny.skinny_gemm_kernel, grid,
+                          (a, b, out, partials, arrivals, m, n, k, a.stride(0), b.stride(0), out.stride(0), k_slice),
+                          cfg.constexprs(gemm_skinny.block_m(m), slices, "kn"), cfg.options(m))
+    return out
+
+
+def test_checks_fail_on_a_broken_slice_sum(device):
+    """The float64 comparison rejects the likeliest split-K bugs, made by launching the real kernel wrongly: a K
+    slice left out, and arrival counters not reset (a block's first arriver then sums before the others wrote)."""
+    cfg = configs.skinny_gemm_config()
+    m, n, k = 8, 2 * cfg.block_n, 4 * cfg.block_k
+    a, b = gemm_inputs(m, n, k, torch.float16, device, "kn", seed=7)
+    want = reference_matmul(a, b, "kn")
+    zeros = torch.zeros(2, dtype=torch.int32, device=device)
+    ok = _launch_raw(a, b, poisoned_like(a, shape=(m, n)), slices=4, k_slice=cfg.block_k, arrivals=zeros.clone())
+    assert compare_gemm(ok, want, k).passed
+    dropped = _launch_raw(a, b, poisoned_like(a, shape=(m, n)), slices=3, k_slice=cfg.block_k, arrivals=zeros.clone())
+    assert not compare_gemm(dropped, want, k).passed
+    stale = _launch_raw(a, b, poisoned_like(a, shape=(m, n)), slices=4, k_slice=cfg.block_k,
+                        arrivals=torch.full((2,), 3, dtype=torch.int32, device=device))
+    assert not compare_gemm(stale, want, k).passed
