@@ -154,16 +154,16 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
 
 
 def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
-    """The few-row GEMM, bf16, at 1 and 128 rows (16- and 128-row tiles), one K slice and several (the arrival
+    """The few-row GEMM, bf16, at 1 and 32 rows (16- and 32-row tiles), one K slice and several (the arrival
     counter and the ordered sum), both B layouts. On sm_90 a 16-row tile takes mma.sync (wgmma needs 64 rows)."""
-    from xkernels.portable import gemm_skinny
+    from xkernels.portable import configs, gemm_skinny
     from xkernels.portable.configs import skinny_gemm_config
 
     cfg = skinny_gemm_config(target, interpret=False)
     p = POINTER_TYPE[torch.bfloat16]
     types = {"A": p, "B": p, "C": p, "PARTIALS": "*fp32", "ARRIVALS": "*i32"}
     divisible = ("A", "B", "C", "PARTIALS", "ARRIVALS", "N", "K", "a_sm", "b_s0", "c_sm", "k_slice")
-    for m in (1, 128):
+    for m in (1, configs.SKINNY_MAX_M):
         bm = gemm_skinny.block_m(m)
         matrix = "HMMA" if target.name == "sm_90" and bm < 64 else "target"
         for slices in (1, 4):
@@ -171,7 +171,7 @@ def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
                 yield KernelConfig(f"portable.gemm bf16 {lay} M{m} slices{slices} {cfg}",
                                    gemm_skinny.skinny_gemm_kernel, types,
                                    cfg.constexprs(bm, slices, lay, interpret=False), cfg.num_warps,
-                                   cfg.options(m)["num_stages"], divisible=divisible, matrix_op=matrix)
+                                   cfg.num_stages, divisible=divisible, matrix_op=matrix)
 
 
 def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:

@@ -12,7 +12,7 @@ from xkernels.common import launch
 from xkernels.portable import configs, gemm_skinny
 from xkernels.testing import compare_gemm, gemm_inputs, reference_matmul
 
-SHAPES = [(1, 64, 96), (5, 100, 200), (16, 64, 33), (33, 96, 130), (128, 40, 64), (2, 31, 1)]
+SHAPES = [(1, 64, 96), (5, 100, 200), (16, 64, 33), (29, 96, 130), (32, 40, 64), (2, 31, 1)]
 
 
 def slices_ran() -> int:
@@ -68,13 +68,14 @@ def _launch_raw(a, b, out, *, slices, k_slice, arrivals):
     grid = -(-n // cfg.block_n) * slices
     launch.generic_launch(gemm_skinny.skinny_gemm_kernel, grid,
                           (a, b, out, partials, arrivals, m, n, k, a.stride(0), b.stride(0), out.stride(0), k_slice),
-                          cfg.constexprs(gemm_skinny.block_m(m), slices, "kn"), cfg.options(m))
+                          cfg.constexprs(gemm_skinny.block_m(m), slices, "kn"), cfg.options())
     return out
 
 
 def test_checks_fail_on_a_broken_slice_sum(device):
     """The float64 comparison rejects the likeliest split-K bugs, made by launching the real kernel wrongly: a K
-    slice left out, and arrival counters not reset (a block's first arriver then sums before the others wrote)."""
+    slice left out, and arrival counters left at a previous call's count (no program then sees itself last, and C
+    keeps its poison)."""
     cfg = configs.skinny_gemm_config()
     m, n, k = 8, 2 * cfg.block_n, 4 * cfg.block_k
     a, b = gemm_inputs(m, n, k, torch.float16, device, "kn", seed=7)
@@ -85,5 +86,5 @@ def test_checks_fail_on_a_broken_slice_sum(device):
     dropped = _launch_raw(a, b, poisoned_like(a, shape=(m, n)), slices=3, k_slice=cfg.block_k, arrivals=zeros.clone())
     assert not compare_gemm(dropped, want, k).passed
     stale = _launch_raw(a, b, poisoned_like(a, shape=(m, n)), slices=4, k_slice=cfg.block_k,
-                        arrivals=torch.full((2,), 3, dtype=torch.int32, device=device))
+                        arrivals=torch.full((2,), 4, dtype=torch.int32, device=device))
     assert not compare_gemm(stale, want, k).passed

@@ -126,16 +126,17 @@ class SkinnyGemmConfig:
         return dict(BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, SLICES=slices,
                     B_NK=b_layout == "nk", DESCRIPTORS=TENSOR_DESCRIPTORS, INTERPRET=interpret)
 
-    def options(self, m: int) -> dict[str, int]:
-        # 128 rows: A's tile is as large as B's; one stage fewer keeps the ring in shared memory
-        return dict(num_warps=self.num_warps, num_stages=self.num_stages - (m > 64))
+    def options(self) -> dict[str, int]:
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
     def __str__(self) -> str:
         return f"skinny-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
 
 
-# calls with at most this many rows (after folding a's batch) run `gemm_skinny` (decode-time linear layers)
-SKINNY_MAX_M = 128
+# Calls with at most this many rows (after folding a's batch) run `gemm_skinny` (decode-time linear layers). Timed on
+# the H200 (scripts/skinny_tiles.py, run 23 of 2026-11-30): 0.91-0.95x torch.matmul's device time at 1 and 16 rows
+# with the best tile, 0.49-0.99x at 128 rows, where the K-slice partials and one warpgroup per tile cost too much.
+SKINNY_MAX_M = 32
 
 
 @dataclass(frozen=True)
@@ -173,7 +174,7 @@ HOPPER = ConfigTable(
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(64, 128, 128, 64, 8, 2),
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
     decode={64: DecodeConfig(128, 8, 3), 128: DecodeConfig(128, 8, 3), 256: DecodeConfig(64, 8, 3)},
-    skinny=SkinnyGemmConfig(64, 128, 4, 4),
+    skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where

@@ -1,4 +1,4 @@
-"""Portable GEMM for few rows (M <= 128: decode-time linear layers): stream B once, at HBM speed, over every SM.
+"""Portable GEMM for few rows (M <= 32: decode-time linear layers): stream B once, at HBM speed, over every SM.
 
 With few rows the product is bound by reading B (the weight), and the tiled kernel's 128 x 256 output tiles leave
 most SMs idle (N = 4096: 16 programs). Here a program owns BLOCK_N output columns (all rows) and one slice of K;
@@ -80,12 +80,13 @@ def block_m(m: int) -> int:
 
 
 def slices(n: int, k: int, cfg: SkinnyGemmConfig, sms: int) -> int:
-    """K slices per column block: enough (column block, slice) programs for `cfg.programs_per_sm` per SM, each slice
-    at least `cfg.min_k_steps` BLOCK_K steps; 1 when the column blocks alone fill the SMs."""
+    """K slices per column block: as many as keep every (column block, slice) program resident at once
+    (`cfg.programs_per_sm` per SM: a second, partial wave would leave most SMs idle at the end), each slice at least
+    `cfg.min_k_steps` BLOCK_K steps, at most `cfg.max_slices`; 1 when the column blocks alone fill the SMs."""
     blocks = triton.cdiv(n, cfg.block_n)
-    want = triton.cdiv(cfg.programs_per_sm * sms, blocks)
+    fit = (cfg.programs_per_sm * sms) // blocks
     most = max(1, triton.cdiv(k, cfg.block_k) // cfg.min_k_steps)
-    return int(max(1, min(want, most, cfg.max_slices)))
+    return int(max(1, min(fit, most, cfg.max_slices)))
 
 
 def launch_spec(m: int, n: int, k: int, *, b_layout: str, cfg: SkinnyGemmConfig,
@@ -95,4 +96,4 @@ def launch_spec(m: int, n: int, k: int, *, b_layout: str, cfg: SkinnyGemmConfig,
     steps = triton.cdiv(triton.cdiv(k, cfg.block_k), parts)
     parts = triton.cdiv(triton.cdiv(k, cfg.block_k), steps)  # no empty slice
     grid = triton.cdiv(n, cfg.block_n) * parts
-    return grid, parts, steps * cfg.block_k, cfg.constexprs(block_m(m), parts, b_layout), cfg.options(m)
+    return grid, parts, steps * cfg.block_k, cfg.constexprs(block_m(m), parts, b_layout), cfg.options()
