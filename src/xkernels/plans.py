@@ -305,24 +305,37 @@ class MatmulPlan:
             args = (a3, b3, out, *self._workspace(out), *self.ints) if self.skinny else (a3, b3, out, *self.ints)
             self.kernel = launch.compile_kernel(self.fn, self.grid, args, self.constexprs, self.options, a.device)
         if self.skinny:
-            partials, arrivals = self._workspace(out)
-            self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), partials.data_ptr(),
-                                           arrivals.data_ptr(), *self.ints, *self.tail))
+            if self.slices == 1:
+                ws = out.data_ptr()
+                partials = arrivals = ws
+            else:  # one zeroed allocation per call (no views): the host cost of the split is one torch call
+                ws = torch.zeros(self.workspace_words, dtype=torch.int32, device=out.device)
+                arrivals = ws.data_ptr()
+                partials = arrivals + 4 * self.partials_at
+            self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), partials, arrivals,
+                                           *self.ints, *self.tail))
         else:
             self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
 
+    @property
+    def partials_at(self) -> int:
+        """Where the K-slice partials start in the workspace, in 4-byte words: after the arrival counters, 16-byte
+        aligned."""
+        blocks = -(-self.n // self.cfg.block_n)
+        return -(-blocks // 4) * 4
+
+    @property
+    def workspace_words(self) -> int:
+        return self.partials_at + self.slices * self.rows * self.n
+
     def _workspace(self, out):
-        """The few-row kernel's K-slice partials (fp32) and per-column-block arrival counters (zeroed): one
-        allocation per call, stream-ordered by the caching allocator, so concurrent streams and CUDA graphs each
-        get their own. One slice needs neither (the kernel never reads them: `out` stands in)."""
+        """The few-row kernel's arrival counters (zeroed) and fp32 K-slice partials: one allocation per call,
+        stream-ordered by the caching allocator, so concurrent streams and CUDA graphs each get their own. One slice
+        needs neither (the kernel never reads them: `out` stands in)."""
         if self.slices == 1:
             return out, out
-        blocks = -(-self.n // self.cfg.block_n)
-        head = -(-blocks // 4) * 4  # the partials start 16-byte aligned
-        ws = torch.empty(head + self.slices * self.rows * self.n, dtype=torch.int32, device=out.device)
-        arrivals = ws[:blocks]
-        arrivals.zero_()
-        return ws[head:].view(torch.float32), arrivals
+        ws = torch.zeros(self.workspace_words, dtype=torch.int32, device=out.device)
+        return ws[self.partials_at:].view(torch.float32), ws
 
     def _general(self, a, b, out):
         """Descriptor-ready copies where needed, then Triton's own launcher (the interpreter's path too)."""
