@@ -114,6 +114,18 @@ def test_gemm_real_sizes(layer, dtype, b_layout, walk, m, n, k):
     assert r.passed, r
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (16, 6144, 4096), (32, 4096, 14336), (7, 28672, 4096)])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_few_row_gemm_real_sizes(b_layout, m, n, k):
+    """Decode-time linear layers: the few-row kernel, its K slices summed in a fixed order."""
+    a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n)
+    c = xkernels.matmul(a, b, b_layout=b_layout, out=poisoned_like(a, shape=(m, n)))
+    assert "skinny" in xkernels.last_backend()
+    r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
+    assert r.passed, r
+    assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout))
+
+
 @pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])
 def test_hopper_gemm_ablation_configs(overrides):
     a, b = gemm_inputs(1000, 3000, 2000, torch.bfloat16, "cuda", "nk", seed=9)
