@@ -157,7 +157,7 @@ def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
     """The few-row GEMM, bf16, at 1 and 32 rows (16- and 32-row tiles), one K slice and several (the arrival
     counter and the ordered sum), both B layouts. On sm_90 a 16-row tile takes mma.sync (wgmma needs 64 rows)."""
     from xkernels.portable import configs, gemm_skinny
-    from xkernels.portable.configs import skinny_gemm_config
+    from xkernels.portable.configs import skinny_gemm_config, table_for
 
     cfg = skinny_gemm_config(target, interpret=False)
     p = POINTER_TYPE[torch.bfloat16]
@@ -171,7 +171,8 @@ def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
                 yield KernelConfig(f"portable.gemm bf16 {lay} M{m} slices{slices} {cfg}",
                                    gemm_skinny.skinny_gemm_kernel, types,
                                    cfg.constexprs(bm, slices, lay, interpret=False), cfg.num_warps,
-                                   cfg.num_stages, divisible=divisible, matrix_op=matrix)
+                                   cfg.num_stages, divisible=divisible, matrix_op=matrix,
+                                   spill_free=table_for(target).spill_free("gemm_skinny", 2))
 
 
 def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:

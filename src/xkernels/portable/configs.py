@@ -152,7 +152,7 @@ class ConfigTable:
     # few-row GEMMs; the default's ring (2 x 16 KB at 64 rows) fits every family's shared memory
     skinny: SkinnyGemmConfig = SkinnyGemmConfig(64, 64, 4, 2)
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "attention-<head
-    # dim>" or "gemm-<output element size>"
+    # dim>", "gemm-<output element size>" or "gemm_skinny-2"
     tolerated_spills: frozenset[str] = frozenset()
 
     def spill_free(self, kernel: str, key: int) -> bool:
@@ -175,10 +175,11 @@ HOPPER = ConfigTable(
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
     decode={64: DecodeConfig(128, 8, 3), 128: DecodeConfig(128, 8, 3), 256: DecodeConfig(64, 8, 3)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
-    tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256"}))
+    tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "gemm_skinny-2"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
-# 64-key tiles and more programs per SM lost 1-15 %.
+# 64-key tiles and more programs per SM lost 1-15 %. The few-row GEMM's split variant at 16 rows with B as [K, N]
+# keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6: tolerated.
 # sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
 # register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
 # 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.
