@@ -1,6 +1,7 @@
-"""The Gluon dQ kernel against the portable one inside the Hopper backward (dK/dV unchanged), on the backward
-anchor rows: device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`), both variants
-and SDPA-cuDNN's backward in the same process, and dQ's error against float64 on a small row first.
+"""The Hopper backward's dQ paths on the backward anchor rows: the portable dQ kernel, the Gluon one, and dQ fused
+into the dK/dV kernel; device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`), the
+three variants and SDPA-cuDNN's backward in the same process, and dQ's (and for the fused variant dK's) error
+against float64 on a small row first.
 
     python scripts/dq_ab.py --json dq_ab.json
 """
@@ -8,6 +9,7 @@ and SDPA-cuDNN's backward in the same process, and dQ's error against float64 on
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -32,6 +34,14 @@ def setup(b, h, s, d, causal, seed=0):
     return q, k, v, do, o, lse, choice.config
 
 
+def variants(cfg, d: int) -> dict:
+    """The backward with each dQ path (the selected config's dK/dV tiles)."""
+    plain = dataclasses.replace(cfg.dkdv, fused_dq=False)
+    return {"portable_dq": select.HopperBackward(plain, cfg.portable, None),
+            "gluon_dq": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d]),
+            "fused_dq": select.HopperBackward(dataclasses.replace(plain, fused_dq=True), cfg.portable, None)}
+
+
 def ms(fn) -> float:
     """Median device time of fn() (autograd's backward does not capture in a graph from here: its engine syncs
     with the stream the forward ran on)."""
@@ -52,28 +62,30 @@ def main() -> None:
     for d in (64, 128):
         for causal in (False, True):
             q, k, v, do, o, lse, cfg = setup(1, 4, 777, d, causal, seed=d)
-            gluon = select.HopperBackward(cfg.dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[d])
-            dq = run(q, k, v, do, o, lse, gluon, causal)[0]
-            ref = reference_attention_grads(q, k, v, do, is_causal=causal)[0]
-            c = compare_grad(dq, ref, ATTENTION_RECIPES["bf16"])
-            res["check"].append({"d": d, "causal": causal, "passed": c.passed, "reason": c.reason,
-                                 "rel_rms": c.rel_rms})
-            print(res["check"][-1], flush=True)
+            refs = reference_attention_grads(q, k, v, do, is_causal=causal)
+            for name, variant in variants(cfg, d).items():
+                grads = run(q, k, v, do, o, lse, variant, causal)
+                for g, ref, which in zip(grads, refs, "qkv", strict=True):
+                    c = compare_grad(g, ref, ATTENTION_RECIPES["bf16"])
+                    res["check"].append({"variant": name, "grad": which, "d": d, "causal": causal,
+                                         "passed": c.passed, "reason": c.reason, "rel_rms": c.rel_rms})
+                    print(res["check"][-1], flush=True)
     for b, h, s, d, causal in BWD_ROWS:
         if d not in ATTENTION_DQ_CONFIGS:
             continue
         q, k, v, do, o, lse, cfg = setup(b, h, s, d, causal)
-        gluon = select.HopperBackward(cfg.dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[d])
-        portable_ms = ms(lambda: run(q, k, v, do, o, lse, cfg, causal))  # noqa: B023
-        gluon_ms = ms(lambda: run(q, k, v, do, o, lse, gluon, causal))  # noqa: B023
+        times = {name: ms(lambda c=c: run(q, k, v, do, o, lse, c, causal))  # noqa: B023
+                 for name, c in variants(cfg, d).items()}
         leaves = [t.detach().requires_grad_() for t in (q, k, v)]
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
             out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
             cudnn_ms = ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))  # noqa: B023
         flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
-        row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "portable_dq_ms": portable_ms,
-               "gluon_dq_ms": gluon_ms, "cudnn_ms": cudnn_ms, "gluon_tflops": flops / gluon_ms / 1e9,
-               "x_cudnn_portable": cudnn_ms / portable_ms, "x_cudnn_gluon": cudnn_ms / gluon_ms}
+        row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "cudnn_ms": cudnn_ms}
+        for name, t in times.items():
+            row[f"{name}_ms"] = t
+            row[f"{name}_tflops"] = flops / t / 1e9
+            row[f"{name}_x_cudnn"] = cudnn_ms / t
         res["rows"].append(row)
         print(row, flush=True)
         json.dump(res, open(args.json, "w"), indent=1)

@@ -55,7 +55,8 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,
             cfg: select.HopperBackward) -> None:
-    """The Hopper dK/dV kernel, with the portable preprocess kernel and the Gluon or the portable dQ kernel."""
+    """The Hopper dK/dV kernel, with the portable preprocess kernel and the Gluon or the portable dQ kernel, or with
+    dQ fused into it (`cfg.dkdv.fused_dq`: reduced into an fp32 buffer, then scaled into dq)."""
     from xkernels.common import launch
     from xkernels.hopper import attention_bwd as hopper_bwd
 
@@ -65,10 +66,14 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
                                     num_warps=portable_cfg.num_warps)
     qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
-    args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg), lse, delta, dk, dv, *dk.stride()[:3], *dv.stride()[:3],
-            hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
+    dq_accum = torch.zeros((b, hq, sq, d), dtype=torch.float32, device=q.device) if cfg.fused_dq else None
+    args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg, dq_accum), lse, delta, dk, dv, *dk.stride()[:3],
+            *dv.stride()[:3], hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
                           cfg.constexprs(d, causal=is_causal), {})
+    if dq_accum is not None:
+        dq.copy_(dq_accum.mul_(scale))
+        return
     if dq_cfg is None:
         portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)
         return

@@ -9,6 +9,7 @@ cuobjdump and nvdisasm in triton's wheel, AMD code from the AMDGCN assembly and 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -301,13 +302,19 @@ def hopper_configs() -> Iterator[KernelConfig]:
                      for name, rows in (("q_desc", bc.block_m), ("k_desc", bc.block_n), ("v_desc", bc.block_n),
                                         ("do_desc", bc.block_m))}
             types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dt}", "DV": f"*{dt}", "qk_scale": "fp32",
-                             "scale": "fp32"}
-            for causal in (False, True):
-                # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at D128
-                # causal
-                yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{' causal' if causal else ''} {bc}",
-                                   bwd.attention_dkdv_kernel, types, bc.constexprs(d, causal=causal), 4, gluon=True,
-                                   spill_free=TRITON_TESTED or not (d == 128 and causal))
+                             "scale": "fp32", "dq_desc": descs["q_desc"]}
+            dq_box = [bc.block_m, d // 2]
+            fused_types = types | {
+                "dq_desc": f"tensordesc<fp32[{dq_box[0]}, {dq_box[1]}],"
+                           f"{gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32)}>"}
+            for fused, cfg_types in ((bc, types), (dataclasses.replace(bc, fused_dq=True), fused_types)):
+                for causal in (False, True):
+                    # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
+                    # D128 causal. The fused-dQ variant (not selected: it awaits its GPU run) may spill.
+                    yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{' causal' if causal else ''} {fused}",
+                                       bwd.attention_dkdv_kernel, cfg_types, fused.constexprs(d, causal=causal), 4,
+                                       gluon=True, spill_free=not fused.fused_dq and (TRITON_TESTED
+                                                                                       or not (d == 128 and causal)))
 
     from xkernels.hopper import attention_dq as dq
     from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS

@@ -1,7 +1,10 @@
-"""The Gluon dQ kernel (`hopper/attention_dq.py`) on an H100/H200, before the backward selects it: the Hopper
-backward run with it in place of the portable dQ kernel gives the same dK and dV, and dQ within the recipe's bounds
-against float64 autograd, with tails, causal with Sq != Skv, GQA and the LSE's gradient; the gradient buffers are
-NaN-poisoned so a row the kernel skips fails."""
+"""The Hopper backward's dQ paths on an H100/H200: the Gluon dQ kernel (`hopper/attention_dq.py`) and dQ fused into
+the dK/dV kernel (FUSED_DQ), each against the portable dQ kernel: the same dK and dV (bitwise where the dK/dV kernel
+is the same; within the recipe's bounds for the fused variant, whose dK takes its dS from shared memory), and dQ
+within the recipe's bounds against float64 autograd, with tails, causal with Sq != Skv, GQA and the LSE's gradient;
+the gradient buffers are NaN-poisoned so a row a kernel skips fails."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -17,7 +20,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available()
                                                   reason="needs sm_90 with a tested triton")]
 
 
-def _run(q, k, v, do, dlse, *, causal, gluon_dq):
+def _run(q, k, v, do, dlse, *, causal, dq_path):
     import xkernels
 
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
@@ -25,8 +28,8 @@ def _run(q, k, v, do, dlse, *, causal, gluon_dq):
     _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, dlse, enable_gqa=True, precision="auto",
                                                   backend="auto")
     cfg = choice.config
-    if gluon_dq:
-        cfg = select.HopperBackward(cfg.dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[q.shape[-1]])
+    dkdv = dataclasses.replace(cfg.dkdv, fused_dq=dq_path == "fused")
+    cfg = select.HopperBackward(dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[q.shape[-1]] if dq_path == "gluon" else None)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     backward._hopper(q, k, v, o.detach(), lse.detach(), do, *grads, dlse, is_causal=causal,
                      scale=q.shape[-1] ** -0.5, cfg=cfg)
@@ -37,15 +40,21 @@ def _run(q, k, v, do, dlse, *, causal, gluon_dq):
 @pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 777),
                                            (False, 130, 65), (True, 1, 200)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_gluon_dq_matches_float64_and_leaves_dk_dv_alone(d, causal, sq, skv, dtype):
+@pytest.mark.parametrize("dq_path", ["gluon", "fused"])
+def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
     q, k, v = attention_inputs(2, 8, sq, skv, d, dtype, "cuda", hkv=2, seed=sq + skv)
     g = torch.Generator(device="cuda").manual_seed(7)
     do = (torch.rand(q.shape, generator=g, device="cuda") - 0.5).to(dtype)
     dlse = torch.rand(q.shape[:3], generator=g, device="cuda") - 0.5
-    dq, dk, dv = _run(q, k, v, do, dlse, causal=causal, gluon_dq=True)
-    _, dk_portable, dv_portable = _run(q, k, v, do, dlse, causal=causal, gluon_dq=False)
-    assert torch.equal(dk, dk_portable) and torch.equal(dv, dv_portable)
-    ref = reference_attention_grads(q, k, v, do, is_causal=causal, grad_lse=dlse)[0]
+    dq, dk, dv = _run(q, k, v, do, dlse, causal=causal, dq_path=dq_path)
+    _, dk_portable, dv_portable = _run(q, k, v, do, dlse, causal=causal, dq_path="portable")
+    refs = reference_attention_grads(q, k, v, do, is_causal=causal, grad_lse=dlse)
     recipe = ATTENTION_RECIPES["fp16" if dtype == torch.float16 else "bf16"]
-    c = compare_grad(dq, ref, recipe)
+    if dq_path == "gluon":
+        assert torch.equal(dk, dk_portable) and torch.equal(dv, dv_portable)
+    else:
+        assert torch.equal(dv, dv_portable)
+        c = compare_grad(dk, refs[1], recipe)
+        assert c.passed, c.reason
+    c = compare_grad(dq, refs[0], recipe)
     assert c.passed, c.reason

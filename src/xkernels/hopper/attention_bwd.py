@@ -1,8 +1,9 @@
 """Hopper attention backward, dK and dV, in Gluon: a TMA producer feeding two consumer warpgroups through a Q/dO ring.
 
 Per program: BLOCK_N = 128 keys of one kv head, 64 per consumer warpgroup, walking every query block of every query
-head of its GQA group, so dK and dV sum over the group in registers (no atomics: deterministic). dQ comes from the
-portable dQ kernel; delta = rowsum(dO * O) - dLSE from the portable preprocess kernel. Partitions:
+head of its GQA group, so dK and dV sum over the group in registers (no atomics: deterministic). dQ comes from a
+separate dQ kernel, or with FUSED_DQ from this one (below); delta = rowsum(dO * O) - dLSE from the portable
+preprocess kernel. Partitions:
   - producer (1 warp): K and V once; then per query block: acquire a ring stage, TMA Q and dO into it, copy the
     block's LSE (in log2 units) and delta into the stage's stats rows, arrive (the TMA bytes and this arrive together
     make the stage ready);
@@ -12,6 +13,12 @@ portable dQ kernel; delta = rowsum(dO * O) - dLSE from the portable preprocess k
                                                        <- window: dP^T runs on the tensor cores
       -> issue dV += P^T dO async -> wait dP^T -> dS^T = P^T (dP^T - delta)   <- window: dV's wgmma
       -> issue dK += dS^T Q -> wait all -> release the stage.
+FUSED_DQ (FA3's plan): each warpgroup also writes its dS^T rows to a shared [128 keys, BLOCK_M] tile (a 2-stage
+`ds` ring whose stages both warpgroups fill and release), issues dK += dS^T Q from there, waits for the other
+warpgroup's half, and computes its half of the head dim of dQ's partial over the program's 128 keys,
+dQ[:, half] = dS K[:, half]; the partial leaves through shared memory by a TMA reduce-add into an fp32 buffer
+(`store_wait` before the buffer is reused, a step later). The additions from different key blocks land in any order,
+so dQ is not bitwise repeatable; the separate dQ kernel is.
 Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S, D) tensors: tiles past a head's
 last row read the next head's rows (or zeros at the end), which the masks (LSE = +inf for queries past SQ, keys past
 SKV) turn into exact zeros of P^T and dS^T. Causal is top-left aligned, as in the forward. Barriers: `barriers.py`.
@@ -23,11 +30,16 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from xkernels.common.dtypes import gl_dtype
 from xkernels.hopper import tma
-from xkernels.hopper.barriers import attention_bwd_barriers
+from xkernels.hopper.barriers import attention_bwd_barriers, attention_ds_ring
 from xkernels.hopper.configs import HopperAttentionBwdConfig
 
 WG_KEYS = gl.constexpr(64)  # keys per consumer warpgroup (a wgmma's M)
@@ -62,14 +74,17 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
-def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb,
-              dv_sh, dv_ss, b, hk, start_n, lo, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
-              BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr):
+def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb,
+              dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale,
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_M, 16])
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                          instr_shape=[16, HEAD_DIM, 16])
     op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                        instr_shape=[16, HALF, 16])
     dtype: gl.constexpr = k_buf.dtype
     k_w = k_buf.slice(W * WG_KEYS, WG_KEYS)  # [64, D]: this warpgroup's keys
     v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)
@@ -80,7 +95,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, 
     zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
     it = 0
-    for _g in range(GROUP):
+    for g in range(GROUP):
         for start_m in range(lo, SQ, BLOCK_M):
             s = qdo.wait(it)
             q = qdo.bufs.index(s)
@@ -100,11 +115,37 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, 
             dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)  # dV += P^T dO
             dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
             ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-            ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
-            dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)  # dK += dS^T Q
-            dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
-            qdo.release(it)
+            if FUSED_DQ:
+                # dV's wgmma ran under dS's arithmetic; retiring it here frees P^T's registers for dQ's accumulator
+                dv, _ = warpgroup_mma_wait(0, deps=[dv_tok, p_op])
+                d = ds.acquire(it)  # both warpgroups' dQ products of two steps ago have retired
+                ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
+                ds_w.store(ds_t.to(dtype))
+                fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
+                mbarrier.arrive(ds.ready.index(d))
+                dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
+                # arrive -> dK's wgmma -> wait: the other warpgroup's dS^T rows land while dK runs
+                ds.wait(it)
+                dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
+                                       gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
+                                       is_async=True)  # dQ[:, half] = dS K[:, half] over the program's 128 keys
+                dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
+                ds.release(it)
+                qdo.release(it)
+                dq_buf = dq_bufs.index(W)
+                tma.store_wait(0)  # the previous step's reduction has read dq_buf (it had a whole step to drain)
+                dq_buf.store(dq)
+                fence_async_shared()
+                row0 = (b * HQ + hk * GROUP + g) * SQ
+                tma.async_reduce_add(dq_desc, [(row0 + start_m).to(gl.int32), W * HALF], dq_buf)
+            else:
+                ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
+                dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)  # dK += dS^T Q
+                dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
+                qdo.release(it)
             it += 1
+    if FUSED_DQ:
+        tma.store_wait(0)
     rows = start_n + W * WG_KEYS + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < SKV, 1)
@@ -115,9 +156,10 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, 
 
 
 @gluon.jit
-def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh,
-                          dv_ss, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
-                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb,
+                          dv_sh, dv_ss, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
+                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                          FUSED_DQ: gl.constexpr):
     gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
     n_blocks = gl.cdiv(SKV, BLOCK_N)
     start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
@@ -131,19 +173,29 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DK, DV, d
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
     stats = gl.allocate_shared_memory(gl.float32, [2 * STAGES, BLOCK_M], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     kv_ready, qdo = attention_bwd_barriers(q_bufs)
+    if FUSED_DQ:
+        ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], k_desc.dtype)
+        ds = attention_ds_ring(gl.allocate_shared_memory(k_desc.dtype, [2, BLOCK_N, BLOCK_M], ds_layout))
+        dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+    else:  # placeholders the consumers never touch
+        ds = qdo
+        dq_bufs = stats
     gl.warp_specialize([
-        (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh,
-                     dv_ss, b, hk, start_n, lo, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL)),
-        (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh,
-                     dv_ss, b, hk, start_n, lo, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL)),
+        (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
+                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
+                     BLOCK_M, CAUSAL, FUSED_DQ)),
+        (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
+                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
+                     BLOCK_M, CAUSAL, FUSED_DQ)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,
                      hk, bhk, start_n, lo, HQ, GROUP, SQ, SKV, BLOCK_M)),
     ], [4, 1], [240, 24])
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
-                cfg: HopperAttentionBwdConfig) -> list:
-    """Host TMA descriptors of Q, K, V and dO viewed as flat (B * H * S, D) matrices (the tensors are contiguous)."""
+                cfg: HopperAttentionBwdConfig, dq_accum: torch.Tensor | None = None) -> list:
+    """Host TMA descriptors of Q, K, V and dO viewed as flat (B * H * S, D) matrices (the tensors are contiguous),
+    and of the fp32 dQ buffer (same rows; [BLOCK_M, D / 2] boxes) for FUSED_DQ, else a stand-in (Q's again)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     d = q.shape[-1]
@@ -151,6 +203,11 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m)):
         layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype(t.dtype))
         out.append(TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], layout))
+    if dq_accum is None:
+        out.append(out[0])
+    else:
+        layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, d // 2], gl.float32)
+        out.append(TensorDescriptor.from_tensor(dq_accum.view(-1, d), [cfg.block_m, d // 2], layout))
     return out
 
 

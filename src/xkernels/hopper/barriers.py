@@ -24,6 +24,11 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
                rows into shared memory (count 2 with the expect) -> each consumer, per query block: stage s holds
                Q, dO, LSE and delta.
   qdo.empty[s] each of the 2 consumers, once its dV and dK wgmmas retired -> producer, before refilling stage s.
+  With FUSED_DQ, a 2-stage `ds` ring of [128 keys, BLOCK_M] dS^T tiles that both consumers fill and read:
+  ds.ready[s]  each of the 2 consumers after storing its 64 rows of dS^T (+ fence) -> each consumer, before its dQ
+               wgmma: both halves of the tile are in shared memory.
+  ds.empty[s]  each of the 2 consumers, once its dK and dQ wgmmas (the readers of the tile) retired -> each
+               consumer, before writing its rows of stage s two steps later.
 
 GEMM (`gemm.py`), per CTA: one ring of A+B stages.
   ready[s]     loader's TMA (A and B tile bytes) -> MMA partition, per k-step: stage s's tiles have landed.
@@ -51,6 +56,13 @@ def attention_barriers(k_bufs, v_bufs, CONVERT_V: gl.constexpr, NUM_WG: gl.const
     else:
         v = Ring(v_bufs, v_landed, v_empty)
     return q_ready, k, v, v_landed
+
+
+@gluon.jit
+def attention_ds_ring(ds_bufs):
+    """The FUSED_DQ dS^T ring of the table above: both barriers of each stage count the two consumers."""
+    STAGES: gl.constexpr = ds_bufs.shape[0]
+    return Ring(ds_bufs, allocate_barriers(STAGES, 2), allocate_barriers(STAGES, 2))
 
 
 @gluon.jit

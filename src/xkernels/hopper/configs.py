@@ -71,13 +71,14 @@ class HopperAttentionBwdConfig:
     block_m: int = 64
     block_n: int = 128
     stages: int = 2
+    fused_dq: bool = False  # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable)
 
     def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    CAUSAL=causal)
+                    CAUSAL=causal, FUSED_DQ=self.fused_dq)
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}"
+        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq
 
 
 # the Hopper backward covers D64 and D128 (D256's dK + dV accumulators do not fit a warpgroup's registers: portable)
@@ -99,7 +100,7 @@ class HopperAttentionDqConfig:
         return f"BM128-BN{self.block_n}-S{self.stages}"
 
 
-# compiled spill-free (xkernels inspect); not run on a GPU yet, so the backward does not select it
+# run on the H200 (runs 20, 21 of 2026-11-30): passes its float64 tests; as fast as the portable dQ (a tie)
 ATTENTION_DQ_CONFIGS = {64: HopperAttentionDqConfig(128, 2), 128: HopperAttentionDqConfig(64, 2)}
 
 
