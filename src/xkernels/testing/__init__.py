@@ -8,6 +8,7 @@ from xkernels.testing.metrics import (
     compare_gemm,
     compare_grad,
     compare_lse,
+    compare_ring_grad,
 )
 from xkernels.testing.reference import (
     reference_attention,
@@ -18,7 +19,8 @@ from xkernels.testing.reference import (
 )
 
 __all__ = [
-    "Comparison", "compare", "compare_attention", "compare_gemm", "compare_grad", "compare_lse", "attention_inputs",
+    "Comparison", "compare", "compare_attention", "compare_gemm", "compare_grad", "compare_lse",
+    "compare_ring_grad", "attention_inputs",
     "gemm_inputs", "reference_attention", "reference_attention_grads", "reference_attention_varlen",
     "reference_lse", "reference_matmul",
 ]

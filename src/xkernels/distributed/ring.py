@@ -1,0 +1,154 @@
+"""Ring attention over torch.distributed: each rank keeps its query shard and passes its K/V shard around the ring.
+
+Forward, W steps: at step t rank r holds the K/V shard of rank (r - t) mod W. It starts sending that shard on to
+rank r + 1 (and receiving the next one from r - 1) with `batch_isend_irecv`, then attends its queries to the shard in
+hand (`layout.ring_blocks`: which rows attend under the mask), and merges each partial (O, LSE) into fp32
+accumulators through the LSEs; the transfer runs under the attention. Step 0 is the rank's own shard (the diagonal
+block under a causal mask), so the accumulators start finite.
+
+Backward, W steps with the merged O and LSE saved: a block's gradients given the global O and LSE are the block's own
+attention backward (P = exp(S - LSE), delta = rowsum(dO * O)), so each step calls `xkernels::attention_backward`
+on the block in hand. dQ accumulates locally; dK and dV of a shard travel with it: the accumulator a rank adds to at
+step t was started by the shard's owner and grown by every rank since, and after the last step it goes one hop more,
+home. K/V for step t + 1 move under step t's backward; the dK/dV accumulator moves as soon as the step's gradients
+are added.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from xkernels import ops
+from xkernels.distributed.layout import SEQ_DIM, Block, _check_layout, _world, ring_blocks
+from xkernels.select import DEFAULT_BACKEND
+from xkernels.validation import check_precision, check_scale, flag, tensor
+
+
+class _Ring:
+    """Point-to-point shifts around the group: send to rank + 1, receive from rank - 1 (global ranks for P2POp)."""
+
+    def __init__(self, group: dist.ProcessGroup | None):
+        self.group = group
+        self.rank, self.world = _world(group)
+        whole = group if group is not None else dist.group.WORLD
+        self.next = dist.get_global_rank(whole, (self.rank + 1) % self.world)
+        self.prev = dist.get_global_rank(whole, (self.rank - 1) % self.world)
+
+    def shift(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+        """Start sending `tensors` on and receiving their successors; returns (receive buffers, requests)."""
+        received = [torch.empty_like(t) for t in tensors]
+        p2p = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
+        p2p += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
+        return received, dist.batch_isend_irecv(p2p)
+
+
+def _wait(requests: list) -> None:
+    for r in requests:
+        r.wait()
+
+
+def _rows(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
+    return t.narrow(SEQ_DIM, lo, hi - lo)
+
+
+def _merge(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
+    """acc <- the softmax-weighted union of acc and a partial (O, LSE) over other keys, in place (fp32)."""
+    new = torch.logaddexp(acc_lse, lse)
+    seen = new > float("-inf")  # rows with no key so far keep O = 0
+    w_acc = torch.where(seen, torch.exp(acc_lse - new), 0.0)
+    w_new = torch.where(seen, torch.exp(lse - new), 0.0)
+    acc_out.mul_(w_acc.unsqueeze(-1)).add_(out.float() * w_new.unsqueeze(-1))
+    acc_lse.copy_(new)
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, group, causal, scale, enable_gqa, precision, layout, backend):
+        ring = _Ring(group)
+        n = q.shape[SEQ_DIM]
+        flags = (scale, enable_gqa, precision, backend)
+        acc_out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        acc_lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
+        kv = [k, v]
+        for t in range(ring.world):
+            nxt, requests = ring.shift(kv) if t < ring.world - 1 else (None, [])
+            source = (ring.rank - t) % ring.world
+            for blk in ring_blocks(ring.rank, source, n, causal=causal, layout=layout):
+                o, lse = ops.attention_lse_op(_rows(q, blk.q0, blk.q1), _rows(kv[0], blk.k0, blk.k1),
+                                              _rows(kv[1], blk.k0, blk.k1), blk.causal, *flags)
+                _merge(_rows(acc_out, blk.q0, blk.q1), acc_lse[:, :, blk.q0:blk.q1], o, lse)
+            _wait(requests)
+            kv = nxt if nxt is not None else kv
+        out = acc_out.to(q.dtype)
+        ctx.save_for_backward(q, k, v, out, acc_lse)
+        ctx.ring, ctx.causal, ctx.flags, ctx.layout = ring, causal, flags, layout
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, n = ctx.ring, q.shape[SEQ_DIM]
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        kv = [k, v]
+        dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
+               torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+        incoming: tuple[list[torch.Tensor] | None, list] = (None, [])
+        for t in range(ring.world):
+            nxt, kv_requests = ring.shift(kv) if t < ring.world - 1 else (None, [])
+            source = (ring.rank - t) % ring.world
+            grads = [_block_grads(grad_out, q, kv, out, lse, blk, ctx.flags)
+                     for blk in ring_blocks(ring.rank, source, n, causal=ctx.causal, layout=ctx.layout)]
+            if t > 0:  # the accumulator of the shard in hand, from the rank that held it last step
+                _wait(incoming[1])
+                dkv = incoming[0]
+            for blk, (dq_b, dk_b, dv_b) in grads:
+                _rows(dq, blk.q0, blk.q1).add_(dq_b)
+                _rows(dkv[0], blk.k0, blk.k1).add_(dk_b)
+                _rows(dkv[1], blk.k0, blk.k1).add_(dv_b)
+            if ring.world > 1:
+                incoming = ring.shift(dkv)  # on to the next holder; after the last step, home
+            _wait(kv_requests)
+            kv = nxt if nxt is not None else kv
+        if ring.world == 1:
+            dk, dv = dkv
+        else:
+            _wait(incoming[1])
+            dk, dv = incoming[0]
+        return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None)
+
+
+def _block_grads(grad_out, q, kv, out, lse, blk: Block, flags) -> tuple[Block, tuple]:
+    rows = (blk.q0, blk.q1)
+    grads = ops.attention_backward_op(_rows(grad_out, *rows), _rows(q, *rows), _rows(kv[0], blk.k0, blk.k1),
+                                      _rows(kv[1], blk.k0, blk.k1), _rows(out, *rows), lse[:, :, blk.q0:blk.q1],
+                                      None, blk.causal, *flags)
+    return blk, grads
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: dist.ProcessGroup | None = None,
+                   is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                   precision: str = "auto", layout: str = "contiguous", backend: str | None = None) -> torch.Tensor:
+    """Attention over a sequence sharded across the ranks of `group` (default: the whole world): each rank passes
+    its shard (B, H, S / W, D) of q, k and v (the same shard length on every rank; `layout` says which positions it
+    holds, see `xkernels.distributed.shard`) and gets its shard of O. Differentiable in q, k and v (each rank gets
+    the gradients of its shard). `is_causal`, `scale`, `enable_gqa` (Hq a multiple of Hkv), `precision` and `backend`
+    as in `xkernels.attention`; the kernels are xkernels' own, the transport torch.distributed point-to-point ops
+    (NCCL on GPUs, gloo on CPU). A causal mask balances best with layout="zigzag".
+    """
+    tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
+    flag(is_causal, "is_causal"), flag(enable_gqa, "enable_gqa")
+    scale, precision = check_scale(scale), check_precision(precision)
+    layout = _check_layout(layout)
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend: expected a str or None, got {type(backend).__name__}")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError("q, k, v: expected (B, H, S / W, D) shards")
+    if k.shape[SEQ_DIM] != q.shape[SEQ_DIM] or v.shape[SEQ_DIM] != q.shape[SEQ_DIM]:
+        raise ValueError(f"k, v: a ring shard holds the same positions as q's ({q.shape[SEQ_DIM]} rows), got "
+                         f"{k.shape[SEQ_DIM]} and {v.shape[SEQ_DIM]}")
+    if layout == "zigzag" and q.shape[SEQ_DIM] % 2:
+        raise ValueError(f"q: a zigzag shard holds two equal chunks; S / W = {q.shape[SEQ_DIM]} is odd")
+    k, v = k.contiguous(), v.contiguous()  # they travel through point-to-point sends
+    return _RingAttention.apply(q, k, v, group, is_causal, scale, enable_gqa, precision, layout,
+                                DEFAULT_BACKEND if backend is None else backend)
