@@ -63,16 +63,17 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
     portable_cfg, dq_cfg, cfg = cfg.portable, cfg.dq, cfg.dkdv
+    # fused dQ: an fp32 buffer the preprocess pass zeroes, the dK/dV kernel reduces into, and finish_dq scales
+    dq_accum = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device) if cfg.fused_dq else None
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
-                                    num_warps=portable_cfg.num_warps)
+                                    num_warps=portable_cfg.num_warps, dq_accum=dq_accum)
     qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
-    dq_accum = torch.zeros((b, hq, sq, d), dtype=torch.float32, device=q.device) if cfg.fused_dq else None
     args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg, dq_accum), lse, delta, dk, dv, *dk.stride()[:3],
             *dv.stride()[:3], hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
                           cfg.constexprs(d, causal=is_causal), {})
     if dq_accum is not None:
-        dq.copy_(dq_accum.mul_(scale))
+        portable_bwd.finish_dq(dq_accum, dq, scale=scale, block_m=portable_cfg.q_m, num_warps=portable_cfg.num_warps)
         return
     if dq_cfg is None:
         portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)

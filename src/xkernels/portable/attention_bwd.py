@@ -18,8 +18,10 @@ from xkernels.portable.dot import mma
 
 
 @triton.jit
-def preprocess_kernel(O, DO, DLSE, DELTA, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, SQ, HEAD_DIM: tl.constexpr,
-                      BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr):
+def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, SQ,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr):
+    """delta = rowsum(dO * O) - dLSE per query row; with ZERO_DQ also zeroes the rows of the fp32 dQ buffer
+    (contiguous (B * Hq * Sq, D)) that the fused Hopper backward reduces into."""
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     b, h = bh // HQ, bh % HQ
@@ -32,6 +34,23 @@ def preprocess_kernel(O, DO, DLSE, DELTA, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss,
     if HAS_DLSE:
         delta -= tl.load(DLSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
     tl.store(DELTA + bh * SQ + rows, delta, mask=rows < SQ)
+    if ZERO_DQ:
+        tl.store(DQ_ACC + (bh * SQ + rows[:, None]) * HEAD_DIM + cols[None, :],
+                 tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=keep)
+
+
+@triton.jit
+def dq_finish_kernel(ACC, DQ, dq_sb, dq_sh, dq_ss, HQ, SQ, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """dQ = scale * the fp32 buffer (contiguous (B * Hq * Sq, D)), in dQ's dtype and strides: one read, one write."""
+    m_blocks = tl.cdiv(SQ, BLOCK_M)
+    bh = (tl.program_id(0) // m_blocks).to(tl.int64)
+    b, h = bh // HQ, bh % HQ
+    rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    keep = rows[:, None] < SQ
+    acc = tl.load(ACC + (bh * SQ + rows[:, None]) * HEAD_DIM + cols[None, :], mask=keep, other=0.0)
+    tl.store(DQ + b * dq_sb + h * dq_sh + rows[:, None] * dq_ss + cols[None, :],
+             (acc * scale).to(DQ.dtype.element_ty), mask=keep)
 
 
 @triton.jit
@@ -128,8 +147,9 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v
              mask=rows[:, None] < SQ)
 
 
-def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4):
-    """delta = rowsum(dO * O) - dLSE, (B, Hq, Sq) fp32: the backward's one workspace."""
+def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4, dq_accum=None):
+    """delta = rowsum(dO * O) - dLSE, (B, Hq, Sq) fp32: the backward's one workspace; `dq_accum` (the fused Hopper
+    backward's contiguous fp32 dQ buffer), if given, is zeroed in the same pass."""
     import torch
 
     from xkernels.common.launch import generic_launch
@@ -137,9 +157,21 @@ def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4):
     b, hq, sq, d = o.shape
     delta = torch.empty((b, hq, sq), dtype=torch.float32, device=o.device)
     generic_launch(preprocess_kernel, triton.cdiv(sq, block_m) * b * hq,
-                   (o, do, delta if grad_lse is None else grad_lse, delta, *o.stride()[:3], *do.stride()[:3], hq,
-                    sq), dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None), dict(num_warps=num_warps))
+                   (o, do, delta if grad_lse is None else grad_lse, delta, delta if dq_accum is None else dq_accum,
+                    *o.stride()[:3], *do.stride()[:3], hq, sq),
+                   dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None, ZERO_DQ=dq_accum is not None),
+                   dict(num_warps=num_warps))
     return delta
+
+
+def finish_dq(dq_accum, dq, *, scale: float, block_m: int, num_warps: int = 4) -> None:
+    """dq = scale * dq_accum (the fused Hopper backward's fp32 sums), in dq's dtype and layout."""
+    from xkernels.common.launch import generic_launch
+
+    b, hq, sq, d = dq.shape
+    generic_launch(dq_finish_kernel, triton.cdiv(sq, block_m) * b * hq,
+                   (dq_accum, dq, *dq.stride()[:3], hq, sq, scale), dict(HEAD_DIM=d, BLOCK_M=block_m),
+                   dict(num_warps=num_warps))
 
 
 def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg) -> None:
