@@ -142,7 +142,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
     """a @ b with fp32 accumulation, like torch.matmul for fp16/bf16 matrices.
 
     a (..., M, K); b (..., K, N) for b_layout "kn", or (..., N, K) for "nk" (computes a @ b^T without a transpose
-    copy). Batch dims broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder" ("auto" = grouped).
+    copy). Batch dims broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder"; "auto" (the
+    default) is "grouped", or for one 2-D problem of at most 32 rows the few-row kernel (K split over the SMs; no
+    tile order to choose).
     `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed). `backend` as for `attention`.
     """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.layout is _STRIDED

@@ -257,7 +257,7 @@ class MatmulPlan:
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
         elif self.skinny:
-            sms = sm_count(a.device.index) if a.device.type == "cuda" else 4
+            sms = sm_count(a.device.index) if a.device.type == "cuda" else 4  # the interpreter; other backends
             self.grid, self.slices, k_slice, self.constexprs, self.options = gemm_skinny.launch_spec(
                 self.rows, n, k, b_layout=b_layout, cfg=self.cfg, sms=sms)
             self.name = f"portable.gemm[{b_layout} {self.cfg} slices={self.slices}]"

@@ -18,16 +18,20 @@ from xkernels.portable.dot import mma
 
 
 @triton.jit
+def _row_block(HQ, SQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """This program's BLOCK_M query rows of one (batch, head): (bh, b, h, rows, cols, rows-inside mask)."""
+    m_blocks = tl.cdiv(SQ, BLOCK_M)
+    bh = (tl.program_id(0) // m_blocks).to(tl.int64)
+    rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    return bh, bh // HQ, bh % HQ, rows, tl.arange(0, HEAD_DIM), rows[:, None] < SQ
+
+
+@triton.jit
 def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, SQ,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr):
     """delta = rowsum(dO * O) - dLSE per query row; with ZERO_DQ also zeroes the rows of the fp32 dQ buffer
     (contiguous (B * Hq * Sq, D)) that the fused Hopper backward reduces into."""
-    m_blocks = tl.cdiv(SQ, BLOCK_M)
-    bh = (tl.program_id(0) // m_blocks).to(tl.int64)
-    b, h = bh // HQ, bh % HQ
-    rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, HEAD_DIM)
-    keep = rows[:, None] < SQ
+    bh, b, h, rows, cols, keep = _row_block(HQ, SQ, HEAD_DIM, BLOCK_M)
     o = tl.load(O + b * o_sb + h * o_sh + rows[:, None] * o_ss + cols[None, :], mask=keep, other=0.0)
     do = tl.load(DO + b * do_sb + h * do_sh + rows[:, None] * do_ss + cols[None, :], mask=keep, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
@@ -42,12 +46,7 @@ def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, o_sb, o_sh, o_ss, do_sb, do_sh
 @triton.jit
 def dq_finish_kernel(ACC, DQ, dq_sb, dq_sh, dq_ss, HQ, SQ, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
     """dQ = scale * the fp32 buffer (contiguous (B * Hq * Sq, D)), in dQ's dtype and strides: one read, one write."""
-    m_blocks = tl.cdiv(SQ, BLOCK_M)
-    bh = (tl.program_id(0) // m_blocks).to(tl.int64)
-    b, h = bh // HQ, bh % HQ
-    rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, HEAD_DIM)
-    keep = rows[:, None] < SQ
+    bh, b, h, rows, cols, keep = _row_block(HQ, SQ, HEAD_DIM, BLOCK_M)
     acc = tl.load(ACC + (bh * SQ + rows[:, None]) * HEAD_DIM + cols[None, :], mask=keep, other=0.0)
     tl.store(DQ + b * dq_sb + h * dq_sh + rows[:, None] * dq_ss + cols[None, :],
              (acc * scale).to(DQ.dtype.element_ty), mask=keep)

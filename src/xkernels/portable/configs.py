@@ -149,7 +149,7 @@ class ConfigTable:
     gemm: dict[int, GemmConfig]  # by output element size
     attention_bwd: dict[int, AttentionBwdConfig] = dataclasses.field(default_factory=dict)  # by head dim
     decode: dict[int, DecodeConfig] = dataclasses.field(default_factory=dict)  # by head dim
-    # few-row GEMMs; the default's ring (2 x 16 KB at 64 rows) fits every family's shared memory
+    # few-row GEMMs; the default's ring (2 stages of a 32 x 64 A tile and a 64 x 64 B tile) fits every family
     skinny: SkinnyGemmConfig = SkinnyGemmConfig(64, 64, 4, 2)
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "attention-<head
     # dim>", "gemm-<output element size>" or "gemm_skinny-2"

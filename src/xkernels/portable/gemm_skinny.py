@@ -4,7 +4,9 @@ With few rows the product is bound by reading B (the weight), and the tiled kern
 most SMs idle (N = 4096: 16 programs). Here a program owns BLOCK_N output columns (all rows) and one slice of K;
 there are enough (column block, K slice) programs to keep every SM streaming. Each slice's fp32 partial goes to a
 workspace; the program that finishes a column block last (a per-block arrival counter) sums the partials in slice
-order, so the result is bitwise repeatable, writes C and resets the counter for the next call. With one slice the
+order, so the result is bitwise repeatable, and writes C. The counters start at zero in a per-call workspace
+(`plans.MatmulPlan`); the last arriver also puts its counter back to zero, so a workspace kept across calls would
+work too. With one slice the
 program writes C directly.
 
 Memory order of the arrival: every thread's partial stores, then a CTA barrier, then one acq_rel atomic at GPU scope
@@ -71,7 +73,7 @@ def skinny_gemm_kernel(A, B, C, PARTIALS, ARRIVALS, M, N, K, a_sm, b_s0, c_sm, k
             for s in tl.static_range(SLICES):
                 total += tl.load(PARTIALS + s * M * N + at, mask=keep, other=0.0, cache_modifier=".cg")
             tl.store(C + rows[:, None] * c_sm + cols[None, :], total.to(C.dtype.element_ty), mask=keep)
-            tl.atomic_xchg(ARRIVALS + tile_n, 0, sem="relaxed", scope="gpu")  # ready for the next call
+            tl.atomic_xchg(ARRIVALS + tile_n, 0, sem="relaxed", scope="gpu")  # reusable workspace
 
 
 def block_m(m: int) -> int:
