@@ -44,6 +44,23 @@ def test_gemm_fuzz(device, m, n, k, b_layout, walk, dtype, seed):
 
 
 @FUZZ
+@given(m=st.integers(1, 32), n=st.integers(1, 300), k=st.integers(1, 300), b_layout=st.sampled_from(["kn", "nk"]),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16]), fp32_out=st.booleans(), batch=st.integers(1, 3),
+       seed=st.integers(0, 2**16))
+def test_few_row_gemm_fuzz(device, m, n, k, b_layout, dtype, fp32_out, batch, seed):
+    """The few-row kernel (walk "auto", at most 32 rows once a's batch folds in): any N, K tails and K slicing."""
+    rows = max(1, m // batch) * batch
+    a, b = gemm_inputs(rows, n, k, dtype, device, b_layout, seed=seed)
+    a3 = a.view(batch, rows // batch, k)
+    out_dtype = torch.float32 if fp32_out else dtype
+    out = poisoned_like(a, shape=(batch, rows // batch, n), dtype=out_dtype)
+    c = xkernels.matmul(a3, b, b_layout=b_layout, out_dtype=out_dtype, out=out)
+    assert c is out and "skinny" in xkernels.last_backend()
+    r = compare_gemm(c.reshape(rows, n), reference_matmul(a, b, b_layout), k)
+    assert r.passed, r
+
+
+@FUZZ
 @given(recipe=st.sampled_from(list(ATTENTION_RECIPES)), d=st.sampled_from([64, 128]), b=st.integers(1, 3),
        hkv=st.integers(1, 2), group=st.integers(1, 4), sq=st.integers(1, 6), append=st.booleans(),
        page=st.sampled_from([0, 16, 32]), causal=st.booleans(), splits=st.integers(0, 4), leftpad=st.booleans(),
