@@ -13,6 +13,7 @@ import logging
 import math
 
 import torch
+import triton
 
 from xkernels import decode, select
 from xkernels.common import launch
@@ -263,6 +264,9 @@ class MatmulPlan:
             self.name = f"portable.gemm[{b_layout} {self.cfg} slices={self.slices}]"
             self.fn = gemm_skinny.skinny_gemm_kernel
             self.ints = (self.rows, n, k, a3.stride(1), b3.stride(1), c_strides[1], k_slice)
+            # the workspace, in 4-byte words: arrival counters, then the K-slice partials 16-byte aligned
+            self.partials_at = -(-triton.cdiv(n, self.cfg.block_n) // 4) * 4
+            self.workspace_words = self.partials_at + self.slices * self.rows * n
         else:
             self.grid, self.walk_args, self.constexprs, self.options = portable_gemm.launch_spec(
                 self.problems, self.rows, n, b_layout=b_layout, walk=self.walk, cfg=self.cfg)
@@ -316,17 +320,6 @@ class MatmulPlan:
                                            *self.ints, *self.tail))
         else:
             self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
-
-    @property
-    def partials_at(self) -> int:
-        """Where the K-slice partials start in the workspace, in 4-byte words: after the arrival counters, 16-byte
-        aligned."""
-        blocks = -(-self.n // self.cfg.block_n)
-        return -(-blocks // 4) * 4
-
-    @property
-    def workspace_words(self) -> int:
-        return self.partials_at + self.slices * self.rows * self.n
 
     def _workspace(self, out):
         """The few-row kernel's arrival counters (zeroed) and fp32 K-slice partials: one allocation per call,

@@ -201,6 +201,15 @@ def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     return resolve_attention_recipe(precision, q.dtype)
 
 
+def _per_sequence(t: object, name: str, batch: int, device: torch.device) -> None:
+    """A (batch,) int32 vector of one value per sequence, on q's device."""
+    tensor(t, name)
+    if t.dtype != torch.int32 or tuple(t.shape) != (batch,):
+        raise ValueError(f"{name}: expected int32 ({batch},), got {t.dtype} {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name}: on device {t.device}, but q is on {device}")
+
+
 def check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *,
                             precision: str) -> AttentionRecipe:
     """Validate a KV-cache call (metadata only: fake-safe): q (B, Sq, Hq, D); caches (B, S_max, Hkv, D), or paged
@@ -235,19 +244,9 @@ def check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_tabl
         page = k_cache.shape[1]
         if page < 16 or page > 256 or page & (page - 1):
             raise ValueError(f"k_cache: page size {page} is not a power of two from 16 to 256")
-    tensor(cache_seqlens, "cache_seqlens")
-    if cache_seqlens.dtype != torch.int32 or tuple(cache_seqlens.shape) != (batch,):
-        raise ValueError(f"cache_seqlens: expected int32 ({batch},), got {cache_seqlens.dtype} "
-                         f"{tuple(cache_seqlens.shape)}")
-    if cache_seqlens.device != q.device:
-        raise ValueError(f"cache_seqlens: on device {cache_seqlens.device}, but q is on {q.device}")
+    _per_sequence(cache_seqlens, "cache_seqlens", batch, q.device)
     if cache_leftpad is not None:
-        tensor(cache_leftpad, "cache_leftpad")
-        if cache_leftpad.dtype != torch.int32 or tuple(cache_leftpad.shape) != (batch,):
-            raise ValueError(f"cache_leftpad: expected int32 ({batch},), got {cache_leftpad.dtype} "
-                             f"{tuple(cache_leftpad.shape)}")
-        if cache_leftpad.device != q.device:
-            raise ValueError(f"cache_leftpad: on device {cache_leftpad.device}, but q is on {q.device}")
+        _per_sequence(cache_leftpad, "cache_leftpad", batch, q.device)
         if block_table is not None:
             raise ValueError("cache_leftpad: a left-padded cache must be dense (block_table is given)")
     if (k is None) != (v is None):

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 import xkernels
+from xkernels.bench.report import pyplot
 from xkernels.bench.timing import graph_ms
 from xkernels.testing.cases import AttentionCase, Case, GemmCase
 
@@ -134,12 +135,8 @@ def markdown(rows: list[dict], command: str, device: str) -> str:
 
 def plot(rows: list[dict], path) -> bool:
     """Per shape: back-to-back and graph time per call, ours and torch's (log scale); False without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in rows if r.get("ours")]
     if not rows:

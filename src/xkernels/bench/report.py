@@ -95,16 +95,24 @@ def markdown(rows: list[Row], ceilings: Ceilings, command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path) -> bool:
-    """TFLOP/s per config, one panel per kernel, ours next to each peer that ran; False without matplotlib.
-
-    Works on the JSON rows, so `python -m xkernels.bench.report bench.json` redraws a committed run."""
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend, or None where matplotlib is not installed."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def plot(rows: list[dict], path: Path) -> bool:
+    """TFLOP/s per config, one panel per kernel, ours next to each peer that ran; False without matplotlib.
+
+    Works on the JSON rows, so `python -m xkernels.bench.report bench.json` redraws a committed run."""
+    plt = pyplot()
+    if plt is None:
         return False
     panels = {}
     for r in rows:

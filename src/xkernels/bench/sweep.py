@@ -9,6 +9,7 @@ CUDA graph (device). The plot shows torch time / ours against size, one line per
 
 from __future__ import annotations
 
+from xkernels.bench.report import pyplot
 from xkernels.testing.cases import AttentionCase, Case, GemmCase
 
 TOKENS = 16 * 1024
@@ -42,12 +43,8 @@ def series(row: dict) -> tuple[str, int]:
 def plot(rows: list[dict], path) -> bool:
     """torch time / ours (device: solid, caller: dashed) against size, a panel per kernel; False without
     matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in rows if r.get("ours")]
     if not rows:
