@@ -3,15 +3,17 @@
 Forward, W steps: at step t rank r holds the K/V shard of rank (r - t) mod W. It starts sending that shard on to
 rank r + 1 (and receiving the next one from r - 1) with `batch_isend_irecv`, then attends its queries to the shard in
 hand (`layout.ring_blocks`: which rows attend under the mask), and merges each partial (O, LSE) into fp32
-accumulators through the LSEs; the transfer runs under the attention. Step 0 is the rank's own shard (the diagonal
-block under a causal mask), so the accumulators start finite.
+accumulators through the LSEs (`portable.lse_merge`, one pass in place); the transfer runs under the attention.
+Step 0 is the rank's own shard (the diagonal block under a causal mask), so every row has a partial after it.
 
 Backward, W steps with the merged O and LSE saved: a block's gradients given the global O and LSE are the block's own
 attention backward (P = exp(S - LSE), delta = rowsum(dO * O)), so each step calls `xkernels::attention_backward`
-on the block in hand. dQ accumulates locally; dK and dV of a shard travel with it: the accumulator a rank adds to at
-step t was started by the shard's owner and grown by every rank since, and after the last step it goes one hop more,
-home. K/V for step t + 1 move under step t's backward; the dK/dV accumulator moves as soon as the step's gradients
-are added.
+on the block in hand. dQ accumulates locally; dK and dV of a shard accumulate in fp32 and travel with it. The walk
+runs the other way round so that each shard's accumulator ends at its owner with no hop after the last step: at
+step t rank r holds shard (r + 1 + t) mod W, received from rank r + 1, and the last step is its own. Step 0's
+shard, r + 1, is the one the forward ended on (saved with the inputs: one K/V shard more per call in memory), so
+no transfer precedes the first backward; the K/V for step t + 1 and the accumulator of step t move to rank r - 1
+under step t + 1's backward. With W = 2 no K/V moves in the backward at all, only one accumulator each way.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import torch.distributed as dist
 
 from xkernels import ops
 from xkernels.distributed.layout import SEQ_DIM, Block, _check_layout, _world, ring_blocks
+from xkernels.portable.lse_merge import merge_into
 from xkernels.select import DEFAULT_BACKEND
 from xkernels.validation import check_precision, check_scale, flag, tensor
 
 
 class _Ring:
-    """Point-to-point shifts around the group: send to rank + 1, receive from rank - 1 (global ranks for P2POp)."""
+    """Point-to-point shifts around the group: send to rank + 1 and receive from rank - 1 (or, reversed, send to
+    rank - 1 and receive from rank + 1); global ranks for P2POp."""
 
     def __init__(self, group: dist.ProcessGroup | None):
         self.group = group
@@ -35,11 +39,12 @@ class _Ring:
         self.next = dist.get_global_rank(whole, (self.rank + 1) % self.world)
         self.prev = dist.get_global_rank(whole, (self.rank - 1) % self.world)
 
-    def shift(self, tensors: list[torch.Tensor]) -> tuple[list[torch.Tensor], list]:
+    def shift(self, tensors: list[torch.Tensor], *, reverse: bool = False) -> tuple[list[torch.Tensor], list]:
         """Start sending `tensors` on and receiving their successors; returns (receive buffers, requests)."""
+        to, source = (self.prev, self.next) if reverse else (self.next, self.prev)
         received = [torch.empty_like(t) for t in tensors]
-        p2p = [dist.P2POp(dist.isend, t, self.next, self.group) for t in tensors]
-        p2p += [dist.P2POp(dist.irecv, r, self.prev, self.group) for r in received]
+        p2p = [dist.P2POp(dist.isend, t, to, self.group) for t in tensors]
+        p2p += [dist.P2POp(dist.irecv, r, source, self.group) for r in received]
         return received, dist.batch_isend_irecv(p2p)
 
 
@@ -52,23 +57,13 @@ def _rows(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     return t.narrow(SEQ_DIM, lo, hi - lo)
 
 
-def _merge(acc_out: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
-    """acc <- the softmax-weighted union of acc and a partial (O, LSE) over other keys, in place (fp32)."""
-    new = torch.logaddexp(acc_lse, lse)
-    seen = new > float("-inf")  # rows with no key so far keep O = 0
-    w_acc = torch.where(seen, torch.exp(acc_lse - new), 0.0)
-    w_new = torch.where(seen, torch.exp(lse - new), 0.0)
-    acc_out.mul_(w_acc.unsqueeze(-1)).add_(out.float() * w_new.unsqueeze(-1))
-    acc_lse.copy_(new)
-
-
 class _RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, group, causal, scale, enable_gqa, precision, layout, backend):
         ring = _Ring(group)
         n = q.shape[SEQ_DIM]
         flags = (scale, enable_gqa, precision, backend)
-        acc_out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        acc_out = torch.empty(q.shape, dtype=torch.float32, device=q.device)  # merge_into never reads unseen rows
         acc_lse = torch.full(q.shape[:3], float("-inf"), dtype=torch.float32, device=q.device)
         kv = [k, v]
         for t in range(ring.world):
@@ -77,44 +72,41 @@ class _RingAttention(torch.autograd.Function):
             for blk in ring_blocks(ring.rank, source, n, causal=causal, layout=layout):
                 o, lse = ops.attention_lse_op(_rows(q, blk.q0, blk.q1), _rows(kv[0], blk.k0, blk.k1),
                                               _rows(kv[1], blk.k0, blk.k1), blk.causal, *flags)
-                _merge(_rows(acc_out, blk.q0, blk.q1), acc_lse[:, :, blk.q0:blk.q1], o, lse)
+                merge_into(_rows(acc_out, blk.q0, blk.q1), acc_lse[:, :, blk.q0:blk.q1], o, lse)
             _wait(requests)
             kv = nxt if nxt is not None else kv
         out = acc_out.to(q.dtype)
-        ctx.save_for_backward(q, k, v, out, acc_lse)
+        ctx.save_for_backward(q, k, v, out, acc_lse, *kv)  # kv: shard r + 1's, where the backward starts
         ctx.ring, ctx.causal, ctx.flags, ctx.layout = ring, causal, flags, layout
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
+        q, k, v, out, lse, *kv = ctx.saved_tensors
         ring, n = ctx.ring, q.shape[SEQ_DIM]
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-        kv = [k, v]
-        dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-               torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
         incoming: tuple[list[torch.Tensor] | None, list] = (None, [])
         for t in range(ring.world):
-            nxt, kv_requests = ring.shift(kv) if t < ring.world - 1 else (None, [])
-            source = (ring.rank - t) % ring.world
+            # K/V of step t + 1's shard from rank r + 1; the last step's shard is this rank's own
+            nxt, kv_requests = ring.shift(kv, reverse=True) if t < ring.world - 2 else (None, [])
+            source = (ring.rank + 1 + t) % ring.world
             grads = [_block_grads(grad_out, q, kv, out, lse, blk, ctx.flags)
                      for blk in ring_blocks(ring.rank, source, n, causal=ctx.causal, layout=ctx.layout)]
-            if t > 0:  # the accumulator of the shard in hand, from the rank that held it last step
+            if t == 0:  # this shard's accumulator starts here
+                dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device),
+                       torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
+            else:  # the accumulator of the shard in hand, from rank r + 1, which held the shard last step
                 _wait(incoming[1])
                 dkv = incoming[0]
             for blk, (dq_b, dk_b, dv_b) in grads:
                 _rows(dq, blk.q0, blk.q1).add_(dq_b)
                 _rows(dkv[0], blk.k0, blk.k1).add_(dk_b)
                 _rows(dkv[1], blk.k0, blk.k1).add_(dv_b)
-            if ring.world > 1:
-                incoming = ring.shift(dkv)  # on to the next holder; after the last step, home
+            if t < ring.world - 1:  # on to rank r - 1, the shard's next holder (after the last step: at home)
+                incoming = ring.shift(dkv, reverse=True)
             _wait(kv_requests)
-            kv = nxt if nxt is not None else kv
-        if ring.world == 1:
-            dk, dv = dkv
-        else:
-            _wait(incoming[1])
-            dk, dv = incoming[0]
+            kv = nxt if nxt is not None else [k, v] if t == ring.world - 2 else kv
+        dk, dv = dkv
         return (dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None, None, None)
 
 
