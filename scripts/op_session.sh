@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -47,7 +47,11 @@ for part in "${@:-smoke host}"; do
           tests/portable/test_gemm.py tests/test_ops.py
         stage timeout 330 python3 scripts/skinny_tiles.py --json "$OUT/skinny_tiles.json" ;;
       ring)  # needs the 2-GPU kind (nvidia-h200-x2): ring attention against one GPU, with compute and transfers apart
-        stage timeout 560 python3 scripts/ring_bench.py --gpus 2 --json "$OUT/ring.json" ;;
+        stage timeout 300 python3 scripts/ring_bench.py --gpus 2 --json "$OUT/ring.json" ;;
+      persistent)  # the persistent Hopper forward: its GPU tests, then the A/B against the dense kernel and cuDNN
+        stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_hopper_persistent.py ;;
+      persistentab) stage timeout 400 python3 scripts/persistent_ab.py --json "$OUT/persistent_ab.json" \
+          --md "$OUT/persistent_ab.md" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
       decode)  # the inference ops' tests on the GPU, then the split-KV sweep against SDPA

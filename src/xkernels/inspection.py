@@ -274,6 +274,25 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
                     ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True)
 
+    from xkernels.hopper import attention_persistent as persistent
+
+    for d, ac in sorted(ATTENTION_CONFIGS.items()):
+        if not ac.persistent:
+            continue
+        for recipe in ATTENTION_RECIPES.values():
+            if recipe.converts_v:  # bf16io stays on the dense kernel
+                continue
+            dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
+            gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
+            for causal in (False, True):
+                descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
+                         for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n),
+                                            ("o_desc", 64))}
+                yield KernelConfig(
+                    f"hopper.attention persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
+                    persistent.attention_persistent_kernel, descs | {"LSE": "*fp32", "qk_scale": "fp32"},
+                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True)
+
     from xkernels.common.runtime import TRITON_TESTED
     from xkernels.hopper import attention_varlen as hvarlen
 

@@ -142,6 +142,10 @@ class AttentionPlan:
         if self.direct:
             o_strides = out.stride()[:3] if out is not None else (hq * sq * d, sq * d, d)
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
+        self.persistent = None
+        if self.direct and choice.layer == "hopper":
+            self.persistent = PersistentAttention.make(q, k, v, out, recipe, choice.config, is_causal=is_causal,
+                                                       return_lse=return_lse, positive_scale=positive_scale)
 
     def run(self, q, k, v, out, scale: float | None):
         """(O, LSE or None): LSE is allocated only when the plan writes it."""
@@ -154,6 +158,10 @@ class AttentionPlan:
         qk_scale = (self.default_scale if scale is None else scale) * LOG2E
         lse_arg = out if lse is None else lse  # never written when LSE is off
         if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) % 16:
+            if self.persistent is not None:
+                self.persistent.run(q, k, v, out, lse_arg, qk_scale)
+                _record(self.persistent.name)
+                return out, lse
             if self.kernel is None:  # first call of this key: compile against these very tensors
                 self.kernel = launch.compile_kernel(
                     self.fn, self.grid, attention_args(q, k, self._v(v), out, lse_arg, *self.ints[12:], qk_scale),
@@ -176,6 +184,53 @@ class AttentionPlan:
     def _v(self, v):
         """The Hopper bf16io kernel reads V's bf16 bits as fp16 and converts them in shared memory."""
         return v.view(torch.float16) if self.recipe.converts_v and self.layer == "hopper" else v
+
+
+class PersistentAttention:
+    """The Hopper persistent forward (`hopper/attention_persistent.py`) for a plan whose shape and layouts it serves:
+    host descriptors over 2-D views of Q, K, V and O, encoded once per address (`launch.DescriptorSlot`)."""
+
+    @classmethod
+    def make(cls, q, k, v, out, recipe, cfg, *, is_causal: bool, return_lse: bool,
+             positive_scale: bool) -> PersistentAttention | None:
+        from xkernels.hopper import attention_persistent as hp
+
+        b, hq, sq, d = q.shape
+        o_view = hp.descriptor_view(out if out is not None else torch.empty_strided(
+            q.shape, (hq * sq * d, sq * d, d, 1), dtype=q.dtype, device="meta"))
+        if o_view is None or not hp.eligible(q, k, v, True, cfg, recipe):
+            return None
+        return cls(q, k, v, o_view, recipe, cfg, hp, is_causal=is_causal, return_lse=return_lse,
+                   positive_scale=positive_scale)
+
+    def __init__(self, q, k, v, o_view, recipe, cfg, hp, *, is_causal: bool, return_lse: bool,
+                 positive_scale: bool):
+        b, hq, sq, d = q.shape
+        hkv, skv = k.shape[1], k.shape[2]
+        self.hp, self.cfg, self.device = hp, cfg, q.device
+        self.grid, walk, self.constexprs, self.options = hp.launch_spec(
+            b, hq, sq, skv, d, hq // hkv, q.element_size(), sm_count(q.device.index), is_causal=is_causal,
+            recipe=recipe, positive_scale=positive_scale, write_lse=return_lse, cfg=cfg)
+        self.views = [hp.descriptor_view(q), hp.descriptor_view(k), hp.descriptor_view(v), o_view]
+        at = self.views[0][2] + self.views[1][2] + o_view[2]
+        self.ints = (*at, hq, hq // hkv, sq, skv, *walk)
+        self.tail = launch.constexpr_tail(hp.attention_persistent_kernel, self.constexprs)
+        self.name = f"hopper.attention[{recipe.name} {cfg} persistent grid={self.grid}]"
+        self.kernel: launch.Kernel | None = None
+        self.slots: list[launch.DescriptorSlot] = []
+
+    def run(self, q, k, v, out, lse_arg, qk_scale: float) -> None:
+        if self.kernel is None:  # first call of this key: compile against descriptors of these very tensors
+            descs = self.hp.descriptors(q, k, v, out, block_n=self.cfg.block_n, elem_dtype=v.dtype)
+            self.kernel = launch.compile_kernel(self.hp.attention_persistent_kernel, self.grid,
+                                                (*descs, lse_arg, *self.ints, qk_scale), self.constexprs,
+                                                self.options, q.device)
+            self.slots = [launch.DescriptorSlot(meta, shape, strides) for meta, (shape, strides, _)
+                          in zip(self.kernel.descriptor_meta, self.views, strict=True)]
+        dq, dk, dv, do = self.slots
+        self.kernel.launch(self.grid, (*dq.at(q.data_ptr()), *dk.at(k.data_ptr()), *dv.at(v.data_ptr()),
+                                       *do.at(out.data_ptr()), lse_arg.data_ptr(), *self.ints, qk_scale,
+                                       *self.tail))
 
 
 def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa: bool, precision: str,

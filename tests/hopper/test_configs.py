@@ -1,9 +1,11 @@
 """HopperAttentionConfig.check: the configs the Gluon kernel cannot run fail with a ValueError naming the field (these
-would otherwise be compile errors, spills or silently ignored switches); runs without a GPU."""
+would otherwise be compile errors, spills or silently ignored switches); the persistent kernel's 2-D descriptor views
+and the shapes it serves. Runs without a GPU."""
 
 import dataclasses
 
 import pytest
+import torch
 
 from xkernels.hopper.configs import ATTENTION_CONFIGS as CONFIGS
 from xkernels.hopper.configs import HopperAttentionConfig
@@ -43,3 +45,35 @@ def test_name_shows_every_switch_off_its_default():
     assert str(HopperAttentionConfig(128, 2)) == "BM128-BN128-S2-ov"
     cfg = HopperAttentionConfig(64, 3, overlap=0, consumers=3, acc16=1, convert_steps=4)
     assert str(cfg) == "BM192-BN64-S3-acc16-cs4"
+
+
+def test_persistent_descriptor_views():
+    """The persistent kernel's 2-D views: element (b, h, s, d) at row b*rows_b + h*rows_h + s, column h*cols_h + d."""
+    from xkernels.hopper import attention_persistent as hp
+
+    def storage_offset(t, b, h, s, d, view):
+        (_, _), (row_stride, _), (rb, rh, ch) = view
+        return (b * rb + h * rh + s) * row_stride + h * ch + d
+
+    bhsd = torch.empty(2, 3, 256, 64, device="meta")
+    bshd = torch.empty(2, 256, 3, 64, device="meta").transpose(1, 2)
+    for t in (bhsd, bshd):
+        view = hp.descriptor_view(t)
+        assert view is not None
+        for idx in ((0, 0, 0, 0), (1, 2, 255, 63), (1, 1, 7, 5)):
+            assert storage_offset(t, *idx, view) == sum(i * st for i, st in zip(idx, t.stride(), strict=True))
+        (rows, cols), _, _ = view
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+        assert (rows - 1) * view[1][0] + cols - 1 == last  # the view ends at the tensor's last element
+    assert hp.descriptor_view(torch.empty(2, 3, 64, 256, device="meta").transpose(2, 3)) is None  # D not unit-stride
+    unaligned = torch.empty(2, 3, 256, 68, device="meta", dtype=torch.bfloat16)[..., :60]
+    assert hp.descriptor_view(unaligned) is None  # rows not 16-byte multiples
+    cfg = CONFIGS[128]
+    assert cfg.persistent
+    rec = ATTENTION_RECIPES["bf16"]
+    q = torch.empty(1, 4, 256, 128, device="meta", dtype=torch.bfloat16)
+    assert hp.eligible(q, q, q, True, cfg, rec)
+    assert not hp.eligible(q[:, :, :200], q, q, True, cfg, rec)  # Sq not a multiple of the query block
+    assert not hp.eligible(q, q[:, :, :200], q[:, :, :200], True, cfg, rec)  # Skv not a multiple of the key tile
+    assert not hp.eligible(q, q, q, True, dataclasses.replace(cfg, persistent=0), rec)
+    assert not hp.eligible(q, q, q, True, cfg, ATTENTION_RECIPES["bf16io"])

@@ -62,28 +62,40 @@ def _convert_v(v, v_landed, it, STEPS: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N: gl.constexpr,
-              CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
-    """TMA loads (one warp, or with CONVERT_V a warpgroup that also converts V tile j-1 after issuing K tile j)."""
+def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, q_at, kv_at, hi, it, BLOCK_N: gl.constexpr,
+                CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
+    """One row block's TMA loads: every consumer's Q rows from q_at = (row, col) of the Q descriptor, then the key
+    tiles [0, hi) from kv_at = (row, col) of K's and V's, on ring counters from `it`; returns the counter after them.
+    For bf16io the producer is a warpgroup that also converts V tile j-1 after issuing K tile j."""
     mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
-        tma.async_load(q_desc, [start_m + w * WG_ROWS, 0], q_ready, q_bufs.index(w))
-    it = 0
+        tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(w))
+    it = gl.to_tensor(it)  # a loop-carried counter, also when the caller passes a literal
+    first = it
     for start_n in range(0, hi, BLOCK_N):
         s = k.acquire(it)
         mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
-        tma.async_load(k_desc, [start_n, 0], k.ready.index(s), k.bufs.index(s))
+        tma.async_load(k_desc, [kv_at[0] + start_n, kv_at[1]], k.ready.index(s), k.bufs.index(s))
         if CONVERT_V:
-            if it > 0:
+            if it > first:
                 # V(it-1) was issued a tile ago: converting it before waiting for V(it)'s stage starts it as early as
                 # the ring allows (the consumers need it right after issuing QK^T(it))
                 _convert_v(v, v_landed, it - 1, CONVERT_STEPS)
         s = v.acquire(it)
         mbarrier.expect(v_landed.index(s), v_desc.block_type.nbytes)
-        tma.async_load(v_desc, [start_n, 0], v_landed.index(s), v.bufs.index(s))
+        tma.async_load(v_desc, [kv_at[0] + start_n, kv_at[1]], v_landed.index(s), v.bufs.index(s))
         it += 1
     if CONVERT_V:
         _convert_v(v, v_landed, it - 1, CONVERT_STEPS)
+    return it
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N: gl.constexpr,
+              CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
+    """TMA loads of one program (per-head descriptors: rows from 0)."""
+    _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, (start_m, 0), (0, 0), hi, 0, BLOCK_N,
+                CONVERT_V, NUM_WG, CONVERT_STEPS)
 
 
 @gluon.jit
@@ -97,13 +109,14 @@ def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, P
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
-              qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              EMPTY_ROWS: gl.constexpr):
-    """One warpgroup's 64 query rows against every key tile: the pipelined loop of the module docstring. Causal keeps
-    key j for row i when j <= i + diag (diag = 0: top-left; Skv - Sq: bottom-right). EMPTY_ROWS: rows may see no key
-    (they store O = 0 and LSE = -inf)."""
+def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, diag, qk_scale,
+            HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
+            OVERLAP: gl.constexpr, ACC16: gl.constexpr, EMPTY_ROWS: gl.constexpr, FREE_Q: gl.constexpr):
+    """One warpgroup's 64 query rows (from start_m) against key tiles [0, hi), on ring counters from `it`: the
+    pipelined loop of the module docstring. Causal keeps key j for row i when j <= i + diag (diag = 0: top-left;
+    Skv - Sq: bottom-right). EMPTY_ROWS: rows may see no key. FREE_Q: arrive on q_free once the last QK^T retired
+    (the persistent producer then loads the next tile's Q under this tile's last P.V and epilogue).
+    Returns (O accumulator, row max, row sum, the ring counter after these tiles)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -115,23 +128,22 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, st
     pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer
     acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32  # ACC16: the seeds' fp16 P.V accumulator
     step_scale = qk_scale if POSITIVE_SCALE else 1.0
-    q = q_bufs.index(WG)
-    row0 = start_m + WG * WG_ROWS
-    offs_m = row0 + gl.arange(0, WG_ROWS, rows_s)
+    offs_m = start_m + gl.arange(0, WG_ROWS, rows_s)
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
 
     # tile 0: scores and softmax only; its P.V is issued together with tile 1's QK^T
     m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
     l_i = gl.zeros([WG_ROWS], gl.float32, rows_s)
     acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
-    mbarrier.wait(q_ready, 0)
-    s = k.wait(0)
+    mbarrier.wait(q_ready, q_phase)
+    it = gl.to_tensor(it)  # a loop-carried counter, also when the caller passes a literal
+    s = k.wait(it)
     qk = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
-    k.release(0)
+    k.release(it)
     qk = _scores(qk, 0, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
     p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
     p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
-    it = 1
+    it += 1
     for start_n in range(BLOCK_N, hi, BLOCK_N):
         s = k.wait(it)
         qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -150,21 +162,44 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, st
         p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
         m_i = m_new
         it += 1
+    if FREE_Q:  # every QK^T reading this warpgroup's Q rows has retired
+        mbarrier.arrive(q_free)
     v_tile = v.bufs.index(v.wait(it - 1))
     acc = warpgroup_mma(p_op, v_tile, acc)
     v.release(it - 1)
+    return acc, m_i, l_i, it
 
+
+@gluon.jit
+def _normalize(acc, m_i, l_i, EMPTY_ROWS: gl.constexpr):
+    """(O = acc / l in fp32, natural-log LSE) of the rows; EMPTY_ROWS: rows that saw no key get O = 0, LSE = -inf."""
+    rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     l_o = gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
-    if EMPTY_ROWS:  # rows that saw no key: O = 0, LSE = -inf
+    if EMPTY_ROWS:
         out = gl.where(l_o > 0, acc.to(gl.float32) / gl.where(l_o > 0, l_o, 1.0), 0.0)
         lse = gl.where(l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     else:
         out = acc.to(gl.float32) / l_o
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+    return out, lse
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
+              qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
+              EMPTY_ROWS: gl.constexpr):
+    """One warpgroup of one program: `_attend`, then O through its (now free) Q buffer and a TMA store."""
+    q = q_bufs.index(WG)
+    row0 = start_m + WG * WG_ROWS
+    acc, m_i, l_i, it = _attend(q, q_ready, 0, q_ready, k, v, 0, row0, full_hi, hi, SKV, diag, qk_scale, HEAD_DIM,
+                                BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, EMPTY_ROWS, False)
+    out, lse = _normalize(acc, m_i, l_i, EMPTY_ROWS)
     q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
     tma.async_store(o_desc, [row0, 0], q)
     if WRITE_LSE:
+        offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
         gl.store(LSE + lse_row0 + offs_m, lse, mask=offs_m < SQ)
     tma.store_wait(0)
 

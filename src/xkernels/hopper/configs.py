@@ -23,6 +23,7 @@ class HopperAttentionConfig:
     consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
     acc16: int = 0  # the seeds' fp16 P.V accumulator (fp16 P.V recipes only): an ablation, off the fp32 contract
     convert_steps: int = 8  # bf16io only (other recipes ignore it): V conversion steps, each load, barrier, store
+    persistent: int = 0  # one CTA per SM over a tile walk (`attention_persistent.py`) where the shape allows it
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
@@ -54,13 +55,14 @@ class HopperAttentionConfig:
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
-                + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else ""))
+                + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "") + "-p" * self.persistent)
 
 
 # Per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups (192-row tiles) and the
 # window closed; bf16io at D256: 4 conversion steps per V tile (benchmarks/README.md has the measurements).
-ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, convert_steps=4),
-                     128: HopperAttentionConfig(128, 2), 256: HopperAttentionConfig(64, 2, convert_steps=4)}
+ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, convert_steps=4, persistent=1),
+                     128: HopperAttentionConfig(128, 2, persistent=1),
+                     256: HopperAttentionConfig(64, 2, convert_steps=4)}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,219 @@
+"""Persistent Hopper attention forward: one CTA per SM walks (batch, head, query block) tiles.
+
+The dense kernel (`attention_fwd.py`) launches a CTA per 128-192 query rows; at short sequences each pays its
+prologue (barrier setup, four in-kernel tensor maps, the first Q and K latencies) for a few key tiles of work, and
+causal blocks of unequal length leave SMs idle in the last wave. Here the grid is the SM count and every partition
+walks the same static tile list (`_tile`); the rings and their counters run on across tiles, so the producer loads
+tile i+1's Q, K and V while the consumers finish tile i, and no barrier is re-initialised.
+
+Tile order: heads in chunks whose K/V fit in L2 together (`chunk`, from the host), and inside a chunk the longest
+query blocks first with heads fastest (causal: the heavy tiles start first and the round-robin deal spreads each
+length evenly over the CTAs; GQA heads of a group run side by side on the same K/V).
+
+Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_views`): a tile of head (b, h)
+starts at row b * rows_b + h * rows_h, column h * cols_h. Those views do not stop at one head's sequence end, so the
+kernel is used only when Sq is a multiple of the query block and Skv of the key tile (the plan checks; other shapes
+take the dense kernel).
+
+Barriers beyond the dense kernel's (`hopper/barriers.py`):
+  q_free   each consumer, once the last QK^T of its tile retired -> producer, before loading the next tile's Q: nobody
+           reads the Q buffers any more. The window it opens: the next Q lands under this tile's last P.V and epilogue.
+O leaves through a buffer per consumer; its TMA store is waited on only before the next tile's epilogue reuses it.
+"""
+
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from xkernels.common.seqlen import kv_bounds
+from xkernels.hopper import configs, tma
+from xkernels.hopper.attention_fwd import _attend, _load_tiles, _normalize
+from xkernels.hopper.barriers import attention_barriers
+from xkernels.hopper.configs import HopperAttentionConfig
+from xkernels.recipes import AttentionRecipe
+
+WG_ROWS = gl.constexpr(configs.WG_ROWS)
+L2_BUDGET = 32 << 20  # bytes of K/V per head chunk: about two thirds of an H100/H200 L2
+
+
+@gluon.jit
+def _tile(tile, walk):
+    """(batch * head index, query block) of tile `tile` in the walk (n_tiles, m_blocks, BH, chunk) of the module
+    docstring."""
+    m_blocks = walk[1]
+    BH = walk[2]
+    chunk = walk[3]
+    per_chunk = chunk * m_blocks
+    c = tile // per_chunk
+    r = tile % per_chunk
+    heads = gl.minimum(chunk, BH - c * chunk)
+    return c * chunk + r % heads, m_blocks - 1 - r // heads
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ,
+              GROUP, SKV, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
+              NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
+    BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
+    it = 0
+    done = 0
+    for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
+        bh, m_block = _tile(tile, walk)
+        b = bh // HQ
+        h = bh % HQ
+        hk = h // GROUP
+        start_m = m_block * BLOCK_M
+        _, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        mbarrier.wait(q_free, (done & 1) ^ 1)  # the first tile passes at once
+        # K and V share one view geometry (the plan checks)
+        it = _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed,
+                         (b * at[0] + h * at[1] + start_m, h * at[2]), (b * at[3] + hk * at[4], hk * at[5]), hi, it,
+                         BLOCK_N, CONVERT_V, NUM_WG, CONVERT_STEPS)
+        done += 1
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ,
+              SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
+              NUM_WG: gl.constexpr):
+    BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
+    q = q_bufs.index(WG)
+    o = o_bufs.index(WG)
+    it = 0
+    done = 0
+    for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
+        bh, m_block = _tile(tile, walk)
+        start_m = m_block * BLOCK_M
+        full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        row0 = start_m + WG * WG_ROWS
+        acc, m_i, l_i, it = _attend(q, q_ready, done & 1, q_free, k, v, it, row0, full_hi, hi, SKV, 0, qk_scale,
+                                    HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, False, True)
+        out, lse = _normalize(acc, m_i, l_i, False)
+        tma.store_wait(0)  # the previous tile's O store has left this buffer
+        o.store(out.to(o.dtype))
+        fence_async_shared()
+        b = bh // HQ
+        h = bh % HQ
+        tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
+        if WRITE_LSE:
+            offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
+            gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
+        done += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb,
+                                o_rh, o_ch, HQ, GROUP, SQ, SKV, n_tiles, m_blocks, BH, chunk, qk_scale,
+                                HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
+                                OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
+                                CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr):
+    at = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch)
+    walk = (n_tiles, m_blocks, BH, chunk)
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
+    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], o_desc.layout)
+    k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_ready, k, v, v_landed = attention_barriers(k_bufs, v_bufs, CONVERT_V, NUM_WG)
+    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_free, count=NUM_WG)
+    # registers as in the dense kernel (`attention_fwd._program`)
+    regs: gl.constexpr = 160 if NUM_WG == 3 else (232 if CONVERT_V else 240)
+    producer_warps: gl.constexpr = 4 if CONVERT_V else 1
+    convert_regs: gl.constexpr = 72 if CONVERT_STEPS <= 2 else 40
+    producer_regs: gl.constexpr = (32 if NUM_WG == 3 else convert_regs) if CONVERT_V else 24
+    if NUM_WG == 2:
+        gl.warp_specialize([
+            (_consumer, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+            (_consumer, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
+                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, producer_warps],
+            [regs, producer_regs])
+    else:
+        gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
+        gl.warp_specialize([
+            (_consumer, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+            (_consumer, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+            (_consumer, (2, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
+                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps],
+            [regs, regs, producer_regs])
+
+
+def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int]] | None:
+    """A 2-D view of a (B, H, S, D) tensor that TMA can tile, or None: ((rows, cols), (row stride, 1), (rows_b,
+    rows_h, cols_h)) such that element (b, h, s, d) is at row b * rows_b + h * rows_h + s, column h * cols_h + d.
+    Covers heads-outer layouts ((B, H, S, D) contiguous and its views) and sequence-outer ones ((B, S, H, D)
+    transposed, as projections produce them)."""
+    b, h, s, d = t.shape
+    sb, sh = (st if n > 1 else 0 for st, n in zip(t.stride()[:2], t.shape[:2], strict=True))  # any for size 1
+    ss = t.stride(2)
+    if t.stride(3) != 1 or ss <= 0 or (ss * t.element_size()) % 16 or sb % ss:
+        return None
+    if sh % ss == 0:  # heads outer: whole rows per head
+        rows_b, rows_h, cols_h = sb // ss, sh // ss, 0
+        rows, cols = (b - 1) * rows_b + (h - 1) * rows_h + s, d
+    elif (h - 1) * sh + d <= ss and (sh * t.element_size()) % 16 == 0:  # heads side by side within a row
+        rows_b, rows_h, cols_h = sb // ss, 0, sh
+        rows, cols = (b - 1) * rows_b + s, (h - 1) * sh + d
+    else:
+        return None
+    return (rows, cols), (ss, 1), (rows_b, rows_h, cols_h)
+
+
+def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int) -> int:
+    """Query heads whose K/V (shared by `group` of them) fit the L2 budget together; at least one."""
+    kv_bytes = 2 * skv * head_dim * elem
+    return max(1, L2_BUDGET // kv_bytes) * group
+
+
+def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group: int, elem: int, sms: int, *,
+                is_causal: bool, recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
+                cfg: HopperAttentionConfig) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
+    """(grid, the walk's ints (n_tiles, m_blocks, BH, chunk), constexprs, options); the caller checked that Sq and
+    Skv divide into the config's blocks."""
+    cfg.check(head_dim, recipe)
+    m_blocks = sq // cfg.block_m
+    n_tiles = m_blocks * batch * heads
+    walk = (n_tiles, m_blocks, batch * heads, heads_per_chunk(skv, head_dim, group, elem))
+    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
+                                write_lse=write_lse)
+    return min(n_tiles, sms), walk, constexprs, dict(num_warps=4)
+
+
+def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_strides_ok: bool, cfg: HopperAttentionConfig,
+             recipe: AttentionRecipe) -> bool:
+    """Whether the persistent kernel serves this call: the config asks for it, the sequence lengths divide into its
+    blocks (the 2-D views do not clip at a head's end), and Q, K, V (K and V alike) and O have descriptor views."""
+    if not cfg.persistent or recipe.converts_v or q.shape[2] % cfg.block_m or k.shape[2] % cfg.block_n:
+        return False
+    kv = descriptor_view(k)
+    return (out_strides_ok and descriptor_view(q) is not None and kv is not None
+            and descriptor_view(v) is not None and descriptor_view(v)[1:] == kv[1:])
+
+
+def descriptors(q, k, v, o, *, block_n: int, elem_dtype) -> list:
+    """Host TMA descriptors over the 2-D views, to compile against (launches re-encode only the addresses)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from xkernels.common.dtypes import gl_dtype
+
+    d = q.shape[-1]
+    descs = []
+    for t, rows in ((q, configs.WG_ROWS), (k, block_n), (v, block_n), (o, configs.WG_ROWS)):
+        (shape, strides, _) = descriptor_view(t)
+        block = [rows, d]
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype(elem_dtype if t is v else t.dtype))
+        descs.append(TensorDescriptor(t, list(shape), list(strides), block, layout))
+    return descs
+

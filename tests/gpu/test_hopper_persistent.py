@@ -1,0 +1,73 @@
+"""The persistent Hopper forward (`hopper/attention_persistent.py`) on an H100/H200: against float64 and bitwise
+against the dense kernel (the same per-tile arithmetic) over both recipes it serves, D64/D128, causal and full, GQA
+and MQA, Sq != Skv, heads-outer and sequence-outer layouts, and head chunks smaller than the batch (a partial last
+chunk); outputs poisoned, the LSE checked. Shapes it cannot serve fall back to the dense kernel."""
+
+import pytest
+import torch
+
+import xkernels
+from tests.helpers import poisoned_like
+from xkernels.common.runtime import hopper_available
+from xkernels.hopper import attention_persistent
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import attention_inputs, compare_attention, compare_lse, reference_attention, reference_lse
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available()
+                                                       and hopper_available(torch.device("cuda"))),
+                                                  reason="needs sm_90 with a tested triton")]
+
+
+def _run(q, k, v, causal, recipe, backend="auto"):
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1], precision=recipe,
+                                return_lse=True, out=poisoned_like(q), backend=backend)
+    return o, lse, xkernels.last_backend()
+
+
+def _check(q, k, v, causal, recipe):
+    rec = ATTENTION_RECIPES[recipe]
+    o, lse, name = _run(q, k, v, causal, recipe)
+    assert "persistent" in name, name
+    c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
+    assert c.passed, c
+    assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
+    o_dense, lse_dense, dense = _run(q, k, v, causal, recipe, backend="hopper:persistent=0")
+    assert "persistent" not in dense, dense
+    assert torch.equal(o, o_dense) and torch.equal(lse, lse_dense), "persistent and dense tiles differ"
+
+
+@pytest.mark.parametrize("d,sq,skv", [(128, 128, 128), (128, 512, 1024), (128, 1024, 256), (64, 192, 128),
+                                      (64, 768, 1536), (64, 1536, 384)])
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (4, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("recipe", ["bf16", "fp16"])
+def test_persistent_matches_float64_and_dense(recipe, causal, hq, hkv, d, sq, skv):
+    q, k, v = attention_inputs(3, hq, sq, skv, d, ATTENTION_RECIPES[recipe].io_dtype, "cuda", hkv=hkv,
+                               seed=sq + skv + d + hq)
+    _check(q, k, v, causal, recipe)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_sequence_outer_layout(causal):
+    """(B, S, H, D) tensors transposed to (B, H, S, D), as attention layers make them: heads side by side in a row."""
+    b, s, h, d = 2, 512, 8, 128
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v = ((torch.randn(b, s, h, d, device="cuda", generator=g) * 0.5).bfloat16().transpose(1, 2)
+               for _ in range(3))
+    assert attention_persistent.descriptor_view(q)[2] == (s, 0, d)
+    _check(q, k, v, causal, "bf16")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_head_chunks(monkeypatch, causal):
+    """Head chunks of 8 query heads (4 K/V heads, groups of 2) over B*H = 12: a whole chunk, then a partial one."""
+    monkeypatch.setattr(attention_persistent, "L2_BUDGET", 4 * (2 * 1280 * 128 * 2))
+    q, k, v = attention_inputs(2, 6, 384, 1280, 128, torch.bfloat16, "cuda", hkv=3, seed=11)
+    _check(q, k, v, causal, "bf16")
+
+
+def test_shapes_it_cannot_serve_take_the_dense_kernel():
+    q, k, v = attention_inputs(2, 4, 1000, 1000, 128, torch.bfloat16, "cuda", seed=2)
+    o, _, name = _run(q, k, v, True, "bf16")
+    assert name.startswith("hopper.attention[") and "persistent" not in name
+    assert compare_attention(o, reference_attention(q, k, v, is_causal=True), ATTENTION_RECIPES["bf16"]).passed
