@@ -49,7 +49,8 @@ for part in "${@:-smoke host}"; do
       ring)  # needs the 2-GPU kind (nvidia-h200-x2): ring attention against one GPU, with compute and transfers apart
         stage timeout 300 python3 scripts/ring_bench.py --gpus 2 --json "$OUT/ring.json" ;;
       persistent)  # the persistent Hopper forward: its GPU tests, then the A/B against the dense kernel and cuDNN
-        stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_hopper_persistent.py ;;
+        stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_hopper_persistent.py
+        stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_gpu_kernels.py -k attention ;;
       persistentab) stage timeout 400 python3 scripts/persistent_ab.py --json "$OUT/persistent_ab.json" \
           --md "$OUT/persistent_ab.md" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;

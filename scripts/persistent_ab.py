@@ -1,7 +1,8 @@
 """The persistent Hopper forward against the dense one and SDPA-cuDNN on the sweep's attention rows (B * S = 16K
-tokens, H32, bf16; D64 and D128, causal and full, GQA 32/8 at D128): device time from CUDA-graph replay
-(`bench.timing.graph_ms`), all three in the same process; each persistent output checked bitwise against the dense
-kernel's first.
+tokens, H32, bf16; D64 and D128, causal and full, GQA 32/8 at D128), the persistent kernel forced
+(`backend="hopper:persistent=2"`) and off (`persistent=0`), and which one the default picks: device time from
+CUDA-graph replay (`bench.timing.graph_ms`), all three in the same process; each persistent output checked bitwise
+against the dense kernel's first.
 
     python scripts/persistent_ab.py --json persistent_ab.json [--md persistent_ab.md]
 """
@@ -30,7 +31,9 @@ def row(hq: int, hkv: int, s: int, d: int, causal: bool) -> dict:
     def ours(backend):
         return lambda: xkernels.attention(q, k, v, is_causal=causal, enable_gqa=gqa, backend=backend)
 
-    o_p = ours("auto")()
+    ours("auto")()
+    out["auto_kernel"] = xkernels.last_backend()  # what the measured rule picks
+    o_p = ours("hopper:persistent=2")()
     out["persistent_kernel"] = xkernels.last_backend()
     o_d = ours("hopper:persistent=0")()
     out["bitwise_equal"] = bool(torch.equal(o_p, o_d))
@@ -38,7 +41,7 @@ def row(hq: int, hkv: int, s: int, d: int, causal: bool) -> dict:
         def cudnn():
             return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
         out["cudnn_ms"] = graph_ms(cudnn)
-    out["persistent_ms"] = graph_ms(ours("auto"))
+    out["persistent_ms"] = graph_ms(ours("hopper:persistent=2"))
     out["dense_ms"] = graph_ms(ours("hopper:persistent=0"))
     flops = 4 * b * hq * s * s * d // (2 if causal else 1)
     out["persistent_tflops"] = flops / out["persistent_ms"] / 1e9
@@ -62,7 +65,7 @@ def main() -> None:
                 rows.append(r)
                 print(f"{r['shape']:<28} cudnn {r['cudnn_ms']:.3f} dense {r['dense_ms']:.3f} persistent "
                       f"{r['persistent_ms']:.3f} ms  x cuDNN {r['x_cudnn']:.2f} (dense {r['dense_x_cudnn']:.2f})  "
-                      f"equal={r['bitwise_equal']}  {r['persistent_kernel']}", flush=True)
+                      f"equal={r['bitwise_equal']}  auto: {r['auto_kernel']}", flush=True)
                 torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(args.json, "w"), indent=1)
     if args.md:

@@ -198,7 +198,7 @@ class PersistentAttention:
         b, hq, sq, d = q.shape
         o_view = hp.descriptor_view(out if out is not None else torch.empty_strided(
             q.shape, (hq * sq * d, sq * d, d, 1), dtype=q.dtype, device="meta"))
-        if o_view is None or not hp.eligible(q, k, v, True, cfg, recipe):
+        if o_view is None or not hp.eligible(q, k, v, cfg, recipe, causal=is_causal):
             return None
         return cls(q, k, v, o_view, recipe, cfg, hp, is_causal=is_causal, return_lse=return_lse,
                    positive_scale=positive_scale)

@@ -1,7 +1,8 @@
 """The persistent Hopper forward (`hopper/attention_persistent.py`) on an H100/H200: against float64 and bitwise
 against the dense kernel (the same per-tile arithmetic) over both recipes it serves, D64/D128, causal and full, GQA
-and MQA, Sq != Skv, heads-outer and sequence-outer layouts, and head chunks smaller than the batch (a partial last
-chunk); outputs poisoned, the LSE checked. Shapes it cannot serve fall back to the dense kernel."""
+and MQA, Sq != Skv, Sq a multiple of 64 but not of the query block (warpgroups past the end store nothing),
+heads-outer and sequence-outer layouts, and head chunks smaller than the batch (a partial last chunk); outputs
+poisoned, the LSE checked. Shapes it does not serve take the dense kernel."""
 
 import pytest
 import torch
@@ -36,8 +37,8 @@ def _check(q, k, v, causal, recipe):
     assert torch.equal(o, o_dense) and torch.equal(lse, lse_dense), "persistent and dense tiles differ"
 
 
-@pytest.mark.parametrize("d,sq,skv", [(128, 128, 128), (128, 512, 1024), (128, 1024, 256), (64, 192, 128),
-                                      (64, 768, 1536), (64, 1536, 384)])
+@pytest.mark.parametrize("d,sq,skv", [(128, 128, 128), (128, 512, 1024), (128, 1024, 256), (128, 320, 384),
+                                      (64, 192, 128), (64, 768, 1536), (64, 512, 384), (64, 320, 256)])
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (4, 1)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("recipe", ["bf16", "fp16"])
@@ -66,8 +67,18 @@ def test_persistent_head_chunks(monkeypatch, causal):
     _check(q, k, v, causal, "bf16")
 
 
-def test_shapes_it_cannot_serve_take_the_dense_kernel():
-    q, k, v = attention_inputs(2, 4, 1000, 1000, 128, torch.bfloat16, "cuda", seed=2)
+@pytest.mark.parametrize("sq,skv", [(1000, 1024), (1024, 1000), (256, 8192)])
+def test_shapes_it_does_not_serve_take_the_dense_kernel(sq, skv):
+    """Sq not a multiple of 64, Skv not a multiple of the key tile, or (by the measured rule) more than 4K keys."""
+    q, k, v = attention_inputs(2, 4, sq, skv, 128, torch.bfloat16, "cuda", seed=2)
     o, _, name = _run(q, k, v, True, "bf16")
     assert name.startswith("hopper.attention[") and "persistent" not in name
     assert compare_attention(o, reference_attention(q, k, v, is_causal=True), ATTENTION_RECIPES["bf16"]).passed
+
+
+def test_forced_persistent_beyond_the_rule():
+    q, k, v = attention_inputs(1, 4, 256, 8192, 128, torch.bfloat16, "cuda", seed=4)
+    o, lse, name = _run(q, k, v, True, "bf16", backend="hopper:persistent=2")
+    assert "persistent" in name
+    assert compare_attention(o, reference_attention(q, k, v, is_causal=True), ATTENTION_RECIPES["bf16"]).passed
+    assert compare_lse(lse, reference_lse(q, k, is_causal=True)).passed

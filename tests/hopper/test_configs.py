@@ -72,8 +72,15 @@ def test_persistent_descriptor_views():
     assert cfg.persistent
     rec = ATTENTION_RECIPES["bf16"]
     q = torch.empty(1, 4, 256, 128, device="meta", dtype=torch.bfloat16)
-    assert hp.eligible(q, q, q, True, cfg, rec)
-    assert not hp.eligible(q[:, :, :200], q, q, True, cfg, rec)  # Sq not a multiple of the query block
-    assert not hp.eligible(q, q[:, :, :200], q[:, :, :200], True, cfg, rec)  # Skv not a multiple of the key tile
-    assert not hp.eligible(q, q, q, True, dataclasses.replace(cfg, persistent=0), rec)
-    assert not hp.eligible(q, q, q, True, cfg, ATTENTION_RECIPES["bf16io"])
+    assert hp.eligible(q, q, q, cfg, rec, causal=False)
+    assert hp.eligible(q[:, :, :192], q, q, cfg, rec, causal=True)  # a multiple of 64 rows is enough for queries
+    assert not hp.eligible(q[:, :, :200], q, q, cfg, rec, causal=False)  # Sq not a multiple of 64
+    assert not hp.eligible(q, q[:, :, :200], q[:, :, :200], cfg, rec, causal=False)  # Skv not a multiple of 128
+    assert not hp.eligible(q, q, q, dataclasses.replace(cfg, persistent=0), rec, causal=False)
+    assert not hp.eligible(q, q, q, cfg, ATTENTION_RECIPES["bf16io"], causal=False)
+    long_kv = torch.empty(1, 4, 8192, 128, device="meta", dtype=torch.bfloat16)
+    assert not hp.eligible(q, long_kv, long_kv, cfg, rec, causal=True)  # the measured rule: dense beyond 4K keys
+    assert hp.eligible(q, long_kv[:, :1], long_kv[:, :1], cfg, rec, causal=True)  # ... except causal GQA
+    assert hp.eligible(q, long_kv, long_kv, dataclasses.replace(cfg, persistent=2), rec, causal=True)
+    with pytest.raises(ValueError, match="persistent"):
+        dataclasses.replace(CONFIGS[256], persistent=1).check(256, rec)

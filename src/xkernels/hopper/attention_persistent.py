@@ -12,8 +12,9 @@ length evenly over the CTAs; GQA heads of a group run side by side on the same K
 
 Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_views`): a tile of head (b, h)
 starts at row b * rows_b + h * rows_h, column h * cols_h. Those views do not stop at one head's sequence end, so the
-kernel is used only when Sq is a multiple of the query block and Skv of the key tile (the plan checks; other shapes
-take the dense kernel).
+kernel is used only when Sq is a multiple of a warpgroup's 64 rows (a warpgroup past the end computes on rows of the
+next head or TMA's zero fill, row-wise independent, and stores nothing) and Skv of the key tile (a key past the end
+would multiply its P = 0 by another head's V); the plan checks, other shapes take the dense kernel.
 
 Barriers beyond the dense kernel's (`hopper/barriers.py`):
   q_free   each consumer, once the last QK^T of its tile retired -> producer, before loading the next tile's Q: nobody
@@ -84,8 +85,8 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, L
     q = q_bufs.index(WG)
     o = o_bufs.index(WG)
     it = 0
-    done = 0
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
+        done = tile // gl.num_programs(0)  # tiles this program finished before this one
         bh, m_block = _tile(tile, walk)
         start_m = m_block * BLOCK_M
         full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
@@ -93,16 +94,16 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, L
         acc, m_i, l_i, it = _attend(q, q_ready, done & 1, q_free, k, v, it, row0, full_hi, hi, SKV, 0, qk_scale,
                                     HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, False, True)
         out, lse = _normalize(acc, m_i, l_i, False)
-        tma.store_wait(0)  # the previous tile's O store has left this buffer
-        o.store(out.to(o.dtype))
-        fence_async_shared()
-        b = bh // HQ
-        h = bh % HQ
-        tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
-        if WRITE_LSE:
-            offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
-            gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
-        done += 1
+        if row0 < SQ:  # the last block's last warpgroups may lie past the sequence (Sq is a multiple of 64 only)
+            tma.store_wait(0)  # the previous tile's O store has left this buffer
+            o.store(out.to(o.dtype))
+            fence_async_shared()
+            b = bh // HQ
+            h = bh % HQ
+            tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
+            if WRITE_LSE:
+                offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
+                gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
     tma.store_wait(0)
 
 
@@ -180,10 +181,10 @@ def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int) -> int:
 def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group: int, elem: int, sms: int, *,
                 is_causal: bool, recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
                 cfg: HopperAttentionConfig) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
-    """(grid, the walk's ints (n_tiles, m_blocks, BH, chunk), constexprs, options); the caller checked that Sq and
-    Skv divide into the config's blocks."""
+    """(grid, the walk's ints (n_tiles, m_blocks, BH, chunk), constexprs, options); the caller checked the shape
+    (`eligible`)."""
     cfg.check(head_dim, recipe)
-    m_blocks = sq // cfg.block_m
+    m_blocks = -(-sq // cfg.block_m)
     n_tiles = m_blocks * batch * heads
     walk = (n_tiles, m_blocks, batch * heads, heads_per_chunk(skv, head_dim, group, elem))
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
@@ -191,15 +192,26 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
     return min(n_tiles, sms), walk, constexprs, dict(num_warps=4)
 
 
-def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out_strides_ok: bool, cfg: HopperAttentionConfig,
-             recipe: AttentionRecipe) -> bool:
-    """Whether the persistent kernel serves this call: the config asks for it, the sequence lengths divide into its
-    blocks (the 2-D views do not clip at a head's end), and Q, K, V (K and V alike) and O have descriptor views."""
-    if not cfg.persistent or recipe.converts_v or q.shape[2] % cfg.block_m or k.shape[2] % cfg.block_n:
+def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAttentionConfig, recipe: AttentionRecipe,
+             *, causal: bool) -> bool:
+    """Whether the persistent kernel serves this call: the shape divides as the module docstring says, Q, K and V
+    (K and V alike) have descriptor views (the caller checks O's), and the config asks for it: persistent=2 always,
+    persistent=1 where it measured faster than the dense kernel on the H200 (`prefer_persistent`)."""
+    sq, skv = q.shape[2], k.shape[2]
+    if not cfg.persistent or recipe.converts_v or sq % configs.WG_ROWS or skv % cfg.block_n:
+        return False
+    if cfg.persistent == 1 and not prefer_persistent(skv, causal, q.shape[1] // k.shape[1]):
         return False
     kv = descriptor_view(k)
-    return (out_strides_ok and descriptor_view(q) is not None and kv is not None
-            and descriptor_view(v) is not None and descriptor_view(v)[1:] == kv[1:])
+    return (descriptor_view(q) is not None and kv is not None and descriptor_view(v) is not None
+            and descriptor_view(v)[1:] == kv[1:])
+
+
+def prefer_persistent(skv: int, causal: bool, group: int) -> bool:
+    """The measured rule (benchmarks/results/h200/2026-11-30/29-persistent-attention): up to 4K keys the persistent
+    walk wins (1.05-1.9x the dense kernel at 512-2K); beyond, the dense grid is level or ahead (0.91-1.02x), except
+    causal GQA, whose group's heads share K/V in L2 (1.02-1.07x at 8K-16K)."""
+    return skv <= 4096 or (causal and group > 1)
 
 
 def descriptors(q, k, v, o, *, block_n: int, elem_dtype) -> list:

@@ -23,11 +23,14 @@ class HopperAttentionConfig:
     consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
     acc16: int = 0  # the seeds' fp16 P.V accumulator (fp16 P.V recipes only): an ablation, off the fp32 contract
     convert_steps: int = 8  # bf16io only (other recipes ignore it): V conversion steps, each load, barrier, store
-    persistent: int = 0  # one CTA per SM over a tile walk (`attention_persistent.py`) where the shape allows it
+    persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
         switch does not apply to); the shipped ATTENTION_CONFIGS pass, and `xkernels inspect` compiles them."""
+        if self.persistent not in (0, 1, 2) or (self.persistent and head_dim > 128):
+            raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2, and a head dim of at most 128 "
+                             "(shared memory: its O buffers come on top of Q's)")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
             raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
         if self.acc16 and recipe.pv_dtype != torch.float16:
@@ -55,7 +58,8 @@ class HopperAttentionConfig:
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
-                + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "") + "-p" * self.persistent)
+                + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
+                + (f"-p{self.persistent}" if self.persistent else ""))
 
 
 # Per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups (192-row tiles) and the
