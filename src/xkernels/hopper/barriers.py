@@ -11,6 +11,9 @@ Attention forward (`attention_fwd.py`), per CTA; "arrive" -> "wait": what the wa
   v.empty[s]   each of NUM_WG consumers, once its P.V wgmma retired -> producer, before refilling stage s:
                nobody still reads V tile s.
 K and V have separate rings so a K stage frees once the QK^T wgmmas retire, while P.V of that tile still reads V.
+The persistent forward (`attention_persistent.py`) runs the same set across tiles (counters never reset) and adds:
+  q_free       each of NUM_WG consumers, once the last QK^T of its tile retired -> producer, before loading the next
+               tile's Q: nobody reads the Q buffers any more (O leaves through buffers of its own).
 
 Attention backward, dQ (`attention_dq.py`), per CTA: the forward's set, without the conversion.
   q_ready      producer's TMA (Q and dO bytes of both consumers) -> each consumer, once.
