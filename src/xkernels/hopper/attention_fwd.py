@@ -24,6 +24,7 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
@@ -39,6 +40,23 @@ from xkernels.hopper.softmax import mask_scores, softmax_step
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = gl.constexpr(configs.WG_ROWS)
+
+
+@constexpr_function
+def consumer_registers(num_wg, convert_v):
+    """Registers per thread of the worker consumer partitions; the default partition (consumer 0) gets what is left
+    of the register file."""
+    return 160 if num_wg == 3 else (232 if convert_v else 240)
+
+
+@constexpr_function
+def producer_registers(num_wg, convert_v, convert_steps):
+    """Registers per thread of the producer (1 warp, or a warpgroup converting V). A converting producer holds
+    1/CONVERT_STEPS of a V tile in registers (D128, 2 steps: 32 registers of data; consumer 0 gives up the
+    difference, which is why HopperAttentionConfig.check refuses 2 steps at D256)."""
+    if not convert_v:
+        return 24
+    return 32 if num_wg == 3 else (72 if convert_steps <= 2 else 40)
 
 
 @gluon.jit
@@ -250,14 +268,9 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_ready, k, v, v_landed = attention_barriers(k_bufs, v_bufs, CONVERT_V, NUM_WG)
-    # registers per thread of the worker consumers and of the producer (1 warp, or a warpgroup converting V); the
-    # default partition (consumer 0) gets what is left of the register file
-    regs: gl.constexpr = 160 if NUM_WG == 3 else (232 if CONVERT_V else 240)
+    regs: gl.constexpr = consumer_registers(NUM_WG, CONVERT_V)
     producer_warps: gl.constexpr = 4 if CONVERT_V else 1
-    # a converting producer holds 1/CONVERT_STEPS of a V tile in registers (D128, 2 steps: 32 registers of data;
-    # consumer 0 gives up the difference, which is why HopperAttentionConfig.check refuses 2 steps at D256)
-    convert_regs: gl.constexpr = 72 if CONVERT_STEPS <= 2 else 40
-    producer_regs: gl.constexpr = (32 if NUM_WG == 3 else convert_regs) if CONVERT_V else 24
+    producer_regs: gl.constexpr = producer_registers(NUM_WG, CONVERT_V, CONVERT_STEPS)
     if NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,

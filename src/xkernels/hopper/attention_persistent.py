@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from xkernels.common.seqlen import kv_bounds
 from xkernels.hopper import configs, tma
-from xkernels.hopper.attention_fwd import _attend, _load_tiles, _normalize
+from xkernels.hopper.attention_fwd import _attend, _load_tiles, _normalize, consumer_registers, producer_registers
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.recipes import AttentionRecipe
@@ -123,11 +123,9 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, q_rb, q_rh,
     q_ready, k, v, v_landed = attention_barriers(k_bufs, v_bufs, CONVERT_V, NUM_WG)
     q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_free, count=NUM_WG)
-    # registers as in the dense kernel (`attention_fwd._program`)
-    regs: gl.constexpr = 160 if NUM_WG == 3 else (232 if CONVERT_V else 240)
+    regs: gl.constexpr = consumer_registers(NUM_WG, CONVERT_V)  # as the dense kernel's partitions
     producer_warps: gl.constexpr = 4 if CONVERT_V else 1
-    convert_regs: gl.constexpr = 72 if CONVERT_STEPS <= 2 else 40
-    producer_regs: gl.constexpr = (32 if NUM_WG == 3 else convert_regs) if CONVERT_V else 24
+    producer_regs: gl.constexpr = producer_registers(NUM_WG, CONVERT_V, CONVERT_STEPS)
     if NUM_WG == 2:
         gl.warp_specialize([
             (_consumer, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
