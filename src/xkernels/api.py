@@ -51,10 +51,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D), D in {64, 128, 256}, fp16 or bf16; any strides (layouts a tensor
     descriptor cannot read are copied, and `last_backend()` says so). `is_causal` is top-left aligned, as in PyTorch:
     query i attends keys j <= i also when Sq != Skv. `enable_gqa` allows Hq a multiple of Hkv. `precision` picks a
-    recipe from `xkernels.recipes` ("fp16", "bf16", "bf16io", or "auto": fp16 -> fp16, bf16 -> bf16).
+    recipe from `xkernels.recipes` ("fp16", "bf16", "bf16io", their fp16-accumulator variants "fp16-acc16" and
+    "bf16io-acc16", or "auto": fp16 -> fp16, bf16 -> bf16).
     Returns O (B, Hq, Sq, D) in the input dtype, or (O, LSE) with the natural-log LSE (B, Hq, Sq) fp32 when
     `return_lse`. Differentiable in q, k and v through O and the LSE (not with `out`): the forward saves O and the
-    LSE, and the backward recomputes the attention matrix tile by tile; bf16io's backward is the bf16 recipe's.
+    LSE, and the backward recomputes the attention matrix tile by tile; bf16io's backward is the bf16 recipe's,
+    an -acc16 variant's that of its base.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`).
     """

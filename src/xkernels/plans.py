@@ -143,7 +143,7 @@ class AttentionPlan:
             o_strides = out.stride()[:3] if out is not None else (hq * sq * d, sq * d, d)
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
         self.persistent = None
-        if self.direct and choice.layer == "hopper":
+        if self.direct and choice.layer == "hopper" and not self.empty:
             self.persistent = PersistentAttention.make(q, k, v, out, recipe, choice.config, is_causal=is_causal,
                                                        return_lse=return_lse, positive_scale=positive_scale)
 

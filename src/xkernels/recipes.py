@@ -25,6 +25,9 @@ class AttentionRecipe:
     # backward: rel-RMS of each of dQ, dK, dV against float64 autograd, and the bound on any one row of them
     grad_rel_rms: float = 0.0
     grad_row_rel: float = 0.0
+    # the P.V accumulator of the dense forward (and the Hopper varlen kernel): fp32, or fp16 in the seeds' acc16
+    # variants (the portable varlen and split-KV kernels accumulate in fp32 for every recipe, inside any contract)
+    pv_acc_dtype: torch.dtype = torch.float32
 
     @property
     def converts_v(self) -> bool:
@@ -47,8 +50,11 @@ class AttentionRecipe:
 #    row computed wrong (a wrong row is off by its own size, ~1).
 GRAD_BOUNDS = {"fp16": (2e-3, 1e-2), "bf16": (2e-2, 0.3)}
 
-# P.V accumulates in fp32 in every recipe of the portable layer (the seeds' fp16 accumulator saved registers on Xe2;
-# the Hopper fast path measures it as an option).
+# P.V accumulates in fp32 except in the "-acc16" variants, the seeds' fp16 accumulator (it saved registers on Xe2).
+# Their bounds: the seeds' fp16-accumulator figures (rel-RMS 1.2e-3 fp16, 2.1e-3 bf16io at their 4K rows) and the
+# H200's fp16 wgmma accumulator at 8K keys (rel-RMS 3.4e-3 on fp16, benchmarks/results/h200/2026-11-29/14-*), with
+# the same headroom over the measurement as the fp32 recipes; an fp16 sum over more keys drifts further, so the
+# bounds hold for Skv up to 8K, and `xkernels check` measures them.
 ATTENTION_RECIPES: dict[str, AttentionRecipe] = {
     "fp16": AttentionRecipe(
         "fp16", torch.float16, torch.float16, torch.float16, max_abs_diff=0.05, rel_rms=2e-3,
@@ -66,6 +72,18 @@ ATTENTION_RECIPES: dict[str, AttentionRecipe] = {
         "Needs |V| <= 65504 (fp16 range): larger V gives inf/NaN in the output, never a finite wrong value. "
         "Its backward is the bf16 recipe's (bf16 operands, fp32 accumulation)", grad_rel_rms=GRAD_BOUNDS["bf16"][0],
         grad_row_rel=GRAD_BOUNDS["bf16"][1],
+    ),
+    "fp16-acc16": AttentionRecipe(
+        "fp16-acc16", torch.float16, torch.float16, torch.float16, max_abs_diff=0.05, rel_rms=6e-3,
+        summary="the fp16 recipe with P.V accumulated in fp16 (seeds' variant; half the accumulator registers). "
+        "Its backward is the fp16 recipe's", grad_rel_rms=GRAD_BOUNDS["fp16"][0], grad_row_rel=GRAD_BOUNDS["fp16"][1],
+        pv_acc_dtype=torch.float16,
+    ),
+    "bf16io-acc16": AttentionRecipe(
+        "bf16io-acc16", torch.bfloat16, torch.bfloat16, torch.float16, max_abs_diff=0.15, rel_rms=1e-2,
+        summary="the bf16io recipe with P.V accumulated in fp16 (the seeds' bf16 flash attention). Needs |V| <= 65504 "
+        "and row sums of P.V within fp16's range. Its backward is the bf16 recipe's",
+        grad_rel_rms=GRAD_BOUNDS["bf16"][0], grad_row_rel=GRAD_BOUNDS["bf16"][1], pv_acc_dtype=torch.float16,
     ),
 }
 

@@ -78,6 +78,8 @@ def test_persistent_descriptor_views():
     assert not hp.eligible(q, q[:, :, :200], q[:, :, :200], cfg, rec, causal=False)  # Skv not a multiple of 128
     assert not hp.eligible(q, q, q, dataclasses.replace(cfg, persistent=0), rec, causal=False)
     assert not hp.eligible(q, q, q, cfg, ATTENTION_RECIPES["bf16io"], causal=False)
+    assert not hp.eligible(q[:, :0], q[:, :0], q[:, :0], cfg, rec, causal=False)  # empty calls never launch
+    assert not hp.eligible(q[:, :, :0], q[:, :, :0], q[:, :, :0], cfg, rec, causal=False)
     long_kv = torch.empty(1, 4, 8192, 128, device="meta", dtype=torch.bfloat16)
     assert not hp.eligible(q, long_kv, long_kv, cfg, rec, causal=True)  # the measured rule: dense beyond 4K keys
     assert hp.eligible(q, long_kv[:, :1], long_kv[:, :1], cfg, rec, causal=True)  # ... except causal GQA

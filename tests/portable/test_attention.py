@@ -72,3 +72,20 @@ def test_auto_precision(device):
         q, k, v = attention_inputs(1, 1, 16, 16, 64, dtype, device, seed=4)
         xkernels.attention(q, k, v, precision="auto")
         assert {torch.float16: "[fp16 ", torch.bfloat16: "[bf16 "}[dtype] in xkernels.last_backend()
+
+
+@pytest.mark.parametrize("acc16,base", [("fp16-acc16", "fp16"), ("bf16io-acc16", "bf16io")])
+def test_acc16_recipes_accumulate_in_fp16(device, acc16, base):
+    """The acc16 variants really sum P.V in fp16: their error against float64 is larger than their fp32-accumulator
+    recipe's on the same inputs (and within their own, wider contract), and their backward is the base's."""
+    rec, rec_base = ATTENTION_RECIPES[acc16], ATTENTION_RECIPES[base]
+    assert rec.pv_acc_dtype == torch.float16 and rec_base.pv_acc_dtype == torch.float32
+    q, k, v = attention_inputs(1, 2, 64, 1024, 64, rec.io_dtype, device, seed=9)
+    ref = reference_attention(q, k, v)
+    o16 = xkernels.attention(q, k, v, precision=acc16)
+    assert f"[{acc16} " in xkernels.last_backend()
+    o32 = xkernels.attention(q, k, v, precision=base)
+    c16, c32 = compare_attention(o16, ref, rec), compare_attention(o32, ref, rec_base)
+    assert c16.passed, c16
+    assert c16.rel_rms > 1.05 * c32.rel_rms, (c16, c32)
+    assert (rec.grad_rel_rms, rec.grad_row_rel) == (rec_base.grad_rel_rms, rec_base.grad_row_rel)

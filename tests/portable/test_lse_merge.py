@@ -48,6 +48,21 @@ def test_merge_matches_float64(device, d, dtype):
         torch.testing.assert_close(full[:, :, 40:], old[:, :, 40:], equal_nan=True)
 
 
+def test_nan_partial_propagates(device):
+    """A NaN in one partial (a NaN key or query somewhere in a shard) makes the row NaN, as SDPA would, instead of the
+    row being treated as unseen and overwritten by the next merge."""
+    acc = torch.full((1, 1, 4, 64), float("nan"), device=device)
+    acc_lse = torch.full((1, 1, 4), float("-inf"), device=device)
+    o1, l1 = torch.rand(1, 1, 4, 64, device=device), torch.rand(1, 1, 4, device=device)
+    merge_into(acc, acc_lse, o1, l1)
+    o2, l2 = torch.rand(1, 1, 4, 64, device=device), torch.rand(1, 1, 4, device=device)
+    l2[0, 0, 1], o2[0, 0, 1] = float("nan"), float("nan")
+    merge_into(acc, acc_lse, o2, l2)
+    assert acc_lse[0, 0, 1].isnan() and acc[0, 0, 1].isnan().all()
+    keep = [0, 2, 3]
+    assert torch.isfinite(acc[0, 0, keep]).all() and torch.isfinite(acc_lse[0, 0, keep]).all()
+
+
 def test_reference_catches_a_dropped_weight(device):
     acc_full, lse_full, out, lse = inputs(device, 1, 2, 19, 64, torch.float32, seed=1)
     acc, acc_lse = acc_full[:, :, 3:22], lse_full[:, :, 3:22]

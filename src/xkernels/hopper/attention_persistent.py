@@ -167,6 +167,8 @@ def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], 
         rows, cols = (b - 1) * rows_b + s, (h - 1) * sh + d
     else:
         return None
+    if rows >= 2**31:  # TMA coordinates are int32 (an overlapping view can get here; the dense kernel serves it)
+        return None
     return (rows, cols), (ss, 1), (rows_b, rows_h, cols_h)
 
 
@@ -184,7 +186,7 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
     cfg.check(head_dim, recipe)
     m_blocks = -(-sq // cfg.block_m)
     n_tiles = m_blocks * batch * heads
-    walk = (n_tiles, m_blocks, batch * heads, heads_per_chunk(skv, head_dim, group, elem))
+    walk = (n_tiles, m_blocks, batch * heads, min(batch * heads, heads_per_chunk(skv, head_dim, group, elem)))
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
                                 write_lse=write_lse)
     return min(n_tiles, sms), walk, constexprs, dict(num_warps=4)
@@ -196,6 +198,8 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAtten
     (K and V alike) have descriptor views (the caller checks O's), and the config asks for it: persistent=2 always,
     persistent=1 where it measured faster than the dense kernel on the H200 (`prefer_persistent`)."""
     sq, skv = q.shape[2], k.shape[2]
+    if q.numel() == 0 or k.numel() == 0:  # empty calls never launch
+        return False
     if not cfg.persistent or recipe.converts_v or sq % configs.WG_ROWS or skv % cfg.block_n:
         return False
     if cfg.persistent == 1 and not prefer_persistent(skv, causal, q.shape[1] // k.shape[1]):

@@ -21,7 +21,7 @@ class HopperAttentionConfig:
     stages: int
     overlap: int = 1  # the split-barrier window: softmax of tile j while P.V of tile j-1 runs
     consumers: int = 2  # consumer warpgroups of 64 query rows each (3: 192-row tiles, D64 only: registers)
-    acc16: int = 0  # the seeds' fp16 P.V accumulator (fp16 P.V recipes only): an ablation, off the fp32 contract
+    acc16: int = 0  # fp16 P.V accumulator on an fp32-accumulator recipe: an ablation (the acc16 recipes set it)
     convert_steps: int = 8  # bf16io only (other recipes ignore it): V conversion steps, each load, barrier, store
     persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
 
@@ -53,7 +53,8 @@ class HopperAttentionConfig:
         """The kernel's compile-time arguments for this config: one mapping for the launch and for `inspect`."""
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=recipe.converts_v, POSITIVE_SCALE=positive_scale, OVERLAP=bool(self.overlap),
-                    NUM_WG=self.consumers, ACC16=bool(self.acc16), CONVERT_STEPS=self.convert_steps,
+                    NUM_WG=self.consumers, ACC16=bool(self.acc16) or recipe.pv_acc_dtype == torch.float16,
+                    CONVERT_STEPS=self.convert_steps,
                     WRITE_LSE=write_lse)
 
     def __str__(self) -> str:

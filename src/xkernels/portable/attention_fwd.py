@@ -60,7 +60,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
                          HQ, GROUP, SQ, SKV, qk_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                         DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
+                         DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr):
     # one grid axis (CUDA caps the others at 65535): row blocks of one (batch, head) are neighbours, sharing K/V in L2
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
@@ -87,7 +87,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
     offs_m = start_m + tl.arange(0, BLOCK_M)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)  # fp16 for the acc16 recipes
 
     # [0, full_hi): whole tiles inside Skv and (causal) wholly at or below the diagonal of this row block
     # [full_hi, hi): the tail tile and the diagonal tiles, masked; keys >= hi are never visited

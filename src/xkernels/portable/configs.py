@@ -25,7 +25,7 @@ class AttentionConfig:
         """`attention_fwd_kernel`'s compile-time arguments: one mapping for the launch and for `inspect`."""
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
                     PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, DESCRIPTORS=TENSOR_DESCRIPTORS,
-                    INTERPRET=interpret)
+                    INTERPRET=interpret, ACC_DTYPE=TL_DTYPE[recipe.pv_acc_dtype])
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)

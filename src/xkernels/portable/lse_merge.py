@@ -3,7 +3,8 @@
 A partial (O_b, LSE_b) over some keys and the running (O_a, LSE_a) over others combine as
   LSE = log(exp(LSE_a) + exp(LSE_b)),  O = exp(LSE_a - LSE) O_a + exp(LSE_b - LSE) O_b.
 A side that saw no key (LSE = -inf) weighs 0 and its O is never read into the sum, so the running buffer may start
-uninitialized (torch.empty) with LSE = -inf; a row neither side saw keeps LSE = -inf and O = 0.
+uninitialized (torch.empty) with LSE = -inf; a row neither side saw keeps LSE = -inf and O = 0. A NaN LSE makes the
+row's O and LSE NaN (as the unsharded attention would be), never "unseen".
 """
 
 from __future__ import annotations
@@ -29,22 +30,22 @@ def merge_kernel(ACC, ACC_LSE, O, LSE, a_sb, a_sh, a_ss, al_sb, al_sh, o_sb, o_s
     keep = inside[:, None] & (cols[None, :] < D)
     la = tl.load(ACC_LSE + b * al_sb + h * al_sh + rows, mask=inside, other=float("-inf"))
     lb = tl.load(LSE + b * l_sb + h * l_sh + rows, mask=inside, other=float("-inf"))
-    m = tl.maximum(la, lb)
+    m = tl.maximum(la, lb, propagate_nan=tl.PropagateNan.ALL)  # a NaN partial makes the row NaN, never unseen
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     wa = tl.math.exp2((la - m_safe) * LOG2E)
     wb = tl.math.exp2((lb - m_safe) * LOG2E)
     total = wa + wb
-    seen = total > 0
-    inv = 1.0 / tl.where(seen, total, 1.0)
-    wa = (wa * inv)[:, None]
-    wb = (wb * inv)[:, None]
-    acc_ptr = ACC + b * a_sb + h * a_sh + rows[:, None] * a_ss + cols[None, :]
+    inv = 1.0 / tl.where(m == float("-inf"), 1.0, total)
+    # a side is left out only when its LSE is -inf (it saw no key): its O, possibly uninitialized, is never read in
+    r64 = rows.to(tl.int64)[:, None]
+    acc_ptr = ACC + b * a_sb + h * a_sh + r64 * a_ss + cols[None, :]
     acc = tl.load(acc_ptr, mask=keep, other=0.0)
-    o = tl.load(O + b * o_sb + h * o_sh + rows[:, None] * o_ss + cols[None, :], mask=keep, other=0.0).to(tl.float32)
-    merged = tl.where(wa > 0, acc * wa, 0.0) + tl.where(wb > 0, o * wb, 0.0)
+    o = tl.load(O + b * o_sb + h * o_sh + r64 * o_ss + cols[None, :], mask=keep, other=0.0).to(tl.float32)
+    merged = (tl.where((la == float("-inf"))[:, None], 0.0, acc * (wa * inv)[:, None])
+              + tl.where((lb == float("-inf"))[:, None], 0.0, o * (wb * inv)[:, None]))
     tl.store(acc_ptr, merged, mask=keep)
-    tl.store(ACC_LSE + b * al_sb + h * al_sh + rows, tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)),
-                                                             float("-inf")), mask=inside)
+    tl.store(ACC_LSE + b * al_sb + h * al_sh + rows, tl.where(m == float("-inf"), float("-inf"),
+                                                             m_safe + tl.log(total)), mask=inside)
 
 
 def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:

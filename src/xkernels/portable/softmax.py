@@ -21,7 +21,7 @@ def online_step(s, m_i, l_i, acc, EMPTY_ROWS: tl.constexpr):
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.math.exp2(m_i - m_use)
     p = tl.math.exp2(s - m_use[:, None])
-    return p, m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None]
+    return p, m_new, l_i * alpha + tl.sum(p, 1), (acc * alpha[:, None]).to(acc.dtype)
 
 
 @triton.jit
