@@ -23,6 +23,18 @@ from xkernels.testing import attention_inputs, compare_attention, reference_atte
 PAIRS = (("fp16", "fp16-acc16"), ("bf16io", "bf16io-acc16"))
 
 
+def time_row(base: str, acc16: str, d: int, causal: bool) -> dict:
+    q, k, v = attention_inputs(1, 32, 8192, 8192, d, ATTENTION_RECIPES[base].io_dtype, "cuda", seed=1)
+    t: dict = {"shape": f"B1 H32 8K D{d}{' causal' if causal else ''}"}
+    for name in (base, acc16):
+        t[name] = graph_ms(lambda name=name: xkernels.attention(q, k, v, is_causal=causal, precision=name))
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        t["cudnn_ms"] = graph_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
+    t["acc16_speedup"] = t[base] / t[acc16]
+    print(t, flush=True)
+    return t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
@@ -48,20 +60,8 @@ def main() -> None:
                           row[acc16]["passed"], flush=True)
                     del ref
                     torch.cuda.empty_cache()
-    timing = []
-    for base, acc16 in PAIRS:
-        for d in (64, 128, 256):
-            for causal in (False, True):
-                q, k, v = attention_inputs(1, 32, 8192, 8192, d, ATTENTION_RECIPES[base].io_dtype, "cuda", seed=1)
-                t = {"shape": f"B1 H32 8K D{d}{' causal' if causal else ''}"}
-                for name in (base, acc16):
-                    t[name] = graph_ms(lambda name=name: xkernels.attention(q, k, v, is_causal=causal,
-                                                                              precision=name))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    t["cudnn_ms"] = graph_ms(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal))
-                t["acc16_speedup"] = t[base] / t[acc16]
-                timing.append(t)
-                print(t, flush=True)
+    timing = [time_row(base, acc16, d, causal) for base, acc16 in PAIRS for d in (64, 128, 256)
+              for causal in (False, True)]
     json.dump({"device": torch.cuda.get_device_name(), "accuracy": rows, "timing": timing}, open(args.json, "w"),
               indent=1)
 

@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [acc16]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -53,6 +53,7 @@ for part in "${@:-smoke host}"; do
         stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_gpu_kernels.py -k attention ;;
       persistentab) stage timeout 400 python3 scripts/persistent_ab.py --json "$OUT/persistent_ab.json" \
           --md "$OUT/persistent_ab.md" ;;
+      acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
       decode)  # the inference ops' tests on the GPU, then the split-KV sweep against SDPA
