@@ -1,5 +1,5 @@
 """The acc16 recipes (fp16 P.V accumulator) against their fp32-accumulator bases on the H200: error against float64
-(B1 H4, Sq = Skv = 8K and 16K, D64/D128/D256, full and causal: every check of the recipe's contract, and the base's
+(B1 H4, Sq = Skv = 8K and 16K, D64/D128, full and causal: every check of the recipe's contract, and the base's
 contract applied to the acc16 output) and device time at B1 H32 8K x 8K (CUDA-graph replay) with SDPA-cuDNN in the
 same process.
 
@@ -41,7 +41,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for base, acc16 in PAIRS:
-        for d in (64, 128, 256):
+        for d in (64, 128):
             for s in (8192, 16384):
                 for causal in (False, True):
                     q, k, v = attention_inputs(1, 4, s, s, d, ATTENTION_RECIPES[base].io_dtype, "cuda", seed=s + d)
@@ -60,7 +60,7 @@ def main() -> None:
                           row[acc16]["passed"], flush=True)
                     del ref
                     torch.cuda.empty_cache()
-    timing = [time_row(base, acc16, d, causal) for base, acc16 in PAIRS for d in (64, 128, 256)
+    timing = [time_row(base, acc16, d, causal) for base, acc16 in PAIRS for d in (64, 128)
               for causal in (False, True)]
     json.dump({"device": torch.cuda.get_device_name(), "accuracy": rows, "timing": timing}, open(args.json, "w"),
               indent=1)
