@@ -1,7 +1,8 @@
 """Ring attention on W = 1, 2, 3 processes over gloo (the kernels through the interpreter on CPU, compiled on a GPU
 machine's CPU tensors never: the worker keeps its tensors on the CPU): each rank's O and dQ, dK, dV against the
 float64 full-sequence reference, sharded the same way; contiguous and zigzag, causal and not, GQA; and the same
-checks failing on a broken ring (shards attended in the wrong layout, the causal mask dropped)."""
+checks failing on a broken ring (shards attended in the wrong layout, the causal mask dropped); a step under
+torch.compile gets the eager gradients."""
 
 from __future__ import annotations
 
@@ -65,6 +66,22 @@ def _check_case(layout, causal, hq, hkv, dtype, *, world, run_layout=None, run_c
     return fails
 
 
+def _check_compiled() -> list[str]:
+    """A training step under torch.compile runs the ring eagerly (a graph break) and gets the eager gradients."""
+    q, k, v = attention_inputs(1, 2, 24, 24, 64, torch.float16, "cpu", seed=5)
+    leaves = [shard(t, layout="zigzag").requires_grad_() for t in (q, k, v)]
+
+    def step(q, k, v):
+        return ring_attention(q, k, v, is_causal=True, layout="zigzag").float().square().sum()
+
+    step(*leaves).backward()
+    eager = [t.grad for t in leaves]
+    for t in leaves:
+        t.grad = None
+    torch.compile(step)(*leaves).backward()
+    return [f"d{n} differs" for n, t, g in zip("qkv", leaves, eager, strict=True) if not torch.equal(t.grad, g)]
+
+
 def _worker(rank: int, world: int, port: int, results) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -77,6 +94,8 @@ def _worker(rank: int, world: int, port: int, results) -> None:
                                                                               world=world, run_layout="contiguous")
             out["broken: causal mask dropped"] = _check_case("contiguous", True, 2, 2, torch.float16, world=world,
                                                              run_causal=False)
+        if world == 2:
+            out["torch.compile"] = _check_compiled()
         results.put((rank, out))
     finally:
         dist.destroy_process_group()

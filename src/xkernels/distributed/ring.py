@@ -142,5 +142,12 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: 
     if layout == "zigzag" and q.shape[SEQ_DIM] % 2:
         raise ValueError(f"q: a zigzag shard holds two equal chunks; S / W = {q.shape[SEQ_DIM]} is odd")
     k, v = k.contiguous(), v.contiguous()  # they travel through point-to-point sends
-    return _RingAttention.apply(q, k, v, group, is_causal, scale, enable_gqa, precision, layout,
-                                DEFAULT_BACKEND if backend is None else backend)
+    return _ring(q, k, v, group, is_causal, scale, enable_gqa, precision, layout,
+                 DEFAULT_BACKEND if backend is None else backend)
+
+
+@torch.compiler.disable
+def _ring(*args):
+    """The ring runs eagerly under torch.compile (a graph break around it, as for torch's own context parallelism
+    outside DTensor): its steps are point-to-point transfers, kernel launches and merges whose order is the point."""
+    return _RingAttention.apply(*args)
