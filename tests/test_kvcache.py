@@ -131,11 +131,59 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
     assert torch.equal(before[0], k_cache) and torch.equal(before[1], v_cache)
 
 
+@pytest.mark.parametrize("case", ["too_short", "negative", "page_table", "leftpad_past_end", "strided"])
+def test_unsynced_checks_leave_the_cache_and_poison_the_outputs(device, case):
+    """sync_checks=False (and CUDA-graph capture): no read to the host; a bad value writes nothing (the strided path
+    included) and every output is NaN; good values give the synchronized call's results bitwise."""
+    q, k_cache, v_cache, k, v, lengths = setup(device)
+    kwargs = dict(cache_seqlens=lengths, k=k, v=v, return_lse=True)
+    if case == "too_short":
+        kwargs["cache_seqlens"] = torch.tensor([5, 47, 3], dtype=torch.int32, device=device)
+    elif case == "negative":
+        kwargs["cache_seqlens"] = torch.tensor([5, -1, 3], dtype=torch.int32, device=device)
+    elif case == "page_table":
+        k_cache = k_cache.reshape(-1, 16, *k_cache.shape[2:])
+        v_cache = v_cache.reshape(-1, 16, *v_cache.shape[2:])
+        table = torch.arange(9, dtype=torch.int32, device=device).view(3, 3)
+        table[0, 0] = k_cache.shape[0]  # one past the last block
+        kwargs["block_table"] = table
+    elif case == "leftpad_past_end":
+        kwargs["cache_leftpad"] = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
+    else:  # head-dim rows strided: the torch-indexing append, with a length past the end
+        k_cache = torch.stack([k_cache, k_cache], -1)[..., 0]
+        v_cache = torch.stack([v_cache, v_cache], -1)[..., 0]
+        kwargs["cache_seqlens"] = torch.tensor([5, 47, 3], dtype=torch.int32, device=device)
+    before = k_cache.clone(), v_cache.clone()
+    o, lse = xkernels.attention_with_kvcache(q, k_cache, v_cache, sync_checks=False, **kwargs)
+    assert o.isnan().all() and lse.isnan().all()
+    assert torch.equal(before[0], k_cache) and torch.equal(before[1], v_cache)
+    with pytest.raises(ValueError):  # the same call, synchronized, names the argument
+        xkernels.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_unsynced_checks_on_good_values_match_the_synced_call(device, paged):
+    q, k_cache, v_cache, k, v, lengths = setup(device)
+    kwargs = dict(cache_seqlens=lengths, return_lse=True)
+    if paged:
+        kwargs["block_table"] = torch.arange(9, dtype=torch.int32, device=device).view(3, 3).flip(1)
+        k_cache = k_cache.reshape(-1, 16, *k_cache.shape[2:])
+        v_cache = v_cache.reshape(-1, 16, *v_cache.shape[2:])
+    caches = [(k_cache.clone(), v_cache.clone()) for _ in range(2)]
+    o1, lse1 = xkernels.attention_with_kvcache(q, *caches[0], k=k, v=v, **kwargs)
+    o2, lse2 = xkernels.attention_with_kvcache(q, *caches[1], k=k, v=v, sync_checks=False, **kwargs)
+    assert not o1.isnan().any()
+    assert torch.equal(o1, o2) and torch.equal(lse1, lse2)
+    assert torch.equal(caches[0][0], caches[1][0]) and torch.equal(caches[0][1], caches[1][1])
+    assert not torch.equal(caches[0][0], k_cache)  # the append happened
+
+
 def test_opcheck_and_compile(device):
     q, k_cache, v_cache, k, v, lengths = setup(device)
-    torch.library.opcheck(ops.attention_with_kvcache_op,
-                          (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, None, True, None, "auto", True,
-                           0, "auto"))
+    for sync in (True, False):
+        torch.library.opcheck(ops.attention_with_kvcache_op,
+                              (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, None, True, None, "auto", True,
+                               0, sync, "auto"))
 
     def step(q, k_cache, v_cache, k, v):
         return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)

@@ -112,6 +112,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_table: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                            is_causal: bool = True, scale: float | None = None,
                            precision: str = "auto", return_lse: bool = False, num_splits: int = 0,
+                           sync_checks: bool = True,
                            backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention against a KV cache, like flash_attn_with_kvcache (decode, speculative decoding, chunked prefill).
 
@@ -119,8 +120,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     (B, max_blocks) int32 (page size a power of two, 16 to 256); `cache_seqlens` (B,) int32 filled positions. If
     `k`, `v` (B, new, Hkv, D) are given they are first written into the caches at positions cache_seqlens[b]... (in
     place; `cache_seqlens` is not advanced), then attended to. Causal is aligned bottom-right (query i of Sq sees
-    cached keys up to its own position). The cache values are checked (lengths fit, pages in range; one read to the
-    host) before anything is written, except during CUDA-graph capture. Returns O (B, Sq, Hq, D), or (O, LSE) with LSE
+    cached keys up to its own position). The cache values are checked on the device (lengths fit, pages in range,
+    left pads within the lengths). With `sync_checks` (the default) the result is read to the host (one
+    synchronization) and a bad value raises a ValueError naming the argument before anything is written. With
+    `sync_checks=False` nothing is read: a bad value leaves the caches as they were and makes every output of the
+    call NaN (no read or write outside the cache). During CUDA-graph capture nothing is checked (as
+    flash_attn_with_kvcache never does). Returns O (B, Sq, Hq, D), or (O, LSE) with LSE
     (B, Hq, Sq) fp32. Forward only. The split-KV kernel reads the cache in place (dense or paged); `num_splits`
     sets how many key splits each (sequence, kv head) is cut into (0: a heuristic from the batch, heads, cache
     length and SM count). `cache_leftpad` (B,) int32, dense caches only: sequence b's keys start at that row (a
@@ -128,13 +133,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         tensor(t, name)
-    flag(is_causal, "is_causal"), flag(return_lse, "return_lse")
+    flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
     if type(num_splits) is not int or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0: heuristic), got {num_splits!r}")
     no_grad({"q": q, "k": k, "v": v}, "attention_with_kvcache is an inference op (no backward)")
     o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
-                                           is_causal, scale, precision, return_lse, num_splits, backend)
+                                           is_causal, scale, precision, return_lse, num_splits, sync_checks,
+                                           backend)
     return (o, lse) if return_lse else o
 
 

@@ -14,20 +14,26 @@ from xkernels.common.runtime import unit_last_stride
 from xkernels.portable.kv_cache import cache_append_kernel, cache_check_kernel
 
 
-def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=None) -> None:
-    """The values the kernels trust, checked by one kernel and read to the host once: lengths in range, pages in
-    range, left pads within the lengths. Raised before anything is written, so a bad call leaves the cache as it
-    was."""
+def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=None, *,
+                 sync: bool = True) -> torch.Tensor:
+    """The values the kernels trust, checked by one kernel: lengths in range, pages in range, left pads within the
+    lengths. Returns the kernel's 4 int32 flags (device). With `sync` they are read to the host once and a bad value
+    raises, before anything is written, so a bad call leaves the cache as it was; without, the append writes nothing
+    and the outputs are NaN when a flag is up (`attention_with_kvcache`)."""
     page = k_cache.shape[1]
     paged = block_table is not None
     capacity = page * block_table.shape[1] if paged else page
     flags = torch.zeros(4, dtype=torch.int32, device=cache_seqlens.device)
+    if cache_seqlens.shape[0] == 0:
+        return flags
     table = block_table if paged else cache_seqlens  # never read for a dense cache
     leftpad = cache_seqlens if cache_leftpad is None else cache_leftpad  # read only with LEFTPAD
     args = (cache_seqlens, table, leftpad, flags, table.stride(0), new, capacity, k_cache.shape[0],
             block_table.shape[1] if paged else 0)
     _launch(cache_check_kernel, cache_seqlens.shape[0], args, 4,
             dict(PAGE=page if paged else 0, LEFTPAD=cache_leftpad is not None, CHUNK=64), 1)
+    if not sync:
+        return flags
     negative, too_long, outside, bad_pad = flags.tolist()  # the one read to the host
     if negative:
         raise ValueError(f"cache_seqlens: negative lengths {cache_seqlens.tolist()}")
@@ -39,6 +45,7 @@ def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=No
     if bad_pad:
         raise ValueError(f"cache_leftpad: values {cache_leftpad.tolist()} must lie in [0, cache_seqlens] "
                          f"({cache_seqlens.tolist()})")
+    return flags
 
 
 _KERNELS: dict = {}
@@ -61,30 +68,45 @@ def _launch(fn, grid: int, args: tuple, tensors: int, constexprs: dict, num_warp
     kernel.launch(grid, (*(t.data_ptr() for t in args[:tensors]), *args[tensors:], *constexprs.values()))
 
 
-def append(k_cache, v_cache, k, v, cache_seqlens, block_table) -> None:
+def append(k_cache, v_cache, k, v, cache_seqlens, block_table, flags=None) -> None:
     """Write k, v (B, new, Hkv, D) at positions cache_seqlens[b]... of each sequence (in place), one launch
-    (`portable/kv_cache.py`); caches or inputs whose head-dim rows are strided go through torch indexing."""
+    (`portable/kv_cache.py`); with the check's `flags`, nothing is written when one is up. Caches or inputs whose
+    head-dim rows are strided go through torch indexing (with flags: positions clamped into the cache, and the old
+    rows written back when a flag is up)."""
     batch, new, hkv, d = k.shape
     if any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
+        page = k_cache.shape[1]
         pos = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)[None, :]
+        if flags is not None:
+            pos = pos.clamp(0, page * (block_table.shape[1] if block_table is not None else 1) - 1)
         rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
         if block_table is not None:
-            page = k_cache.shape[1]
             rows, pos = block_table.long().gather(1, pos // page), pos % page
-        k_cache[rows, pos] = k
-        v_cache[rows, pos] = v
+            if flags is not None:
+                rows = rows.clamp(0, k_cache.shape[0] - 1)
+        if flags is None:
+            k_cache[rows, pos] = k
+            v_cache[rows, pos] = v
+            return
+        ok = (flags.amax() == 0).view(1, 1, 1, 1)
+        k_cache[rows, pos] = torch.where(ok, k, k_cache[rows, pos])
+        v_cache[rows, pos] = torch.where(ok, v, v_cache[rows, pos])
         return
     page = 0 if block_table is None else k_cache.shape[1]
     table = cache_seqlens if block_table is None else block_table  # never read for a dense cache
-    args = (k, v, k_cache, v_cache, cache_seqlens, table, *k.stride()[:3], *v.stride()[:3], *k_cache.stride()[:3],
-            *v_cache.stride()[:3], table.stride(0), new, hkv)
-    _launch(cache_append_kernel, batch * new, args, 6, dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=page),
-            4)
+    args = (k, v, k_cache, v_cache, cache_seqlens, table, cache_seqlens if flags is None else flags, *k.stride()[:3],
+            *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], table.stride(0), new, hkv)
+    _launch(cache_append_kernel, batch * new, args, 7,
+            dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=page, CHECKED=flags is not None), 4)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
-                           scale: float | None, precision: str, return_lse: bool, num_splits: int, backend: str):
-    """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`)."""
+                           scale: float | None, precision: str, return_lse: bool, num_splits: int, sync_checks: bool,
+                           backend: str):
+    """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). The cache checks raise
+    when `sync_checks`; without, bad values leave the cache as it was and make every output NaN, with nothing read
+    outside the cache (four small device ops more than a synchronized call, and no read to the host). During
+    CUDA-graph capture nothing is checked."""
     recipe, choice = select.resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                                       cache_leftpad, precision=precision, backend=backend)
     batch, sq, hq, d = q.shape
@@ -94,10 +116,13 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
         block_table = block_table.contiguous()
     if cache_leftpad is not None:
         cache_leftpad = cache_leftpad.contiguous()
-    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
-        check_values(k_cache, cache_seqlens, block_table, new, cache_leftpad)
+    flags = None  # during CUDA-graph capture nothing is checked (a read would break the capture), as flash_attn
+    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        flags = check_values(k_cache, cache_seqlens, block_table, new, cache_leftpad, sync=sync_checks)
+        if sync_checks:
+            flags = None  # checked: the values are good
     if new:
-        append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+        append(k_cache, v_cache, k, v, cache_seqlens, block_table, flags)
     out = varlen.output_like(q)
     lse = torch.empty((batch, hq, sq) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if batch * sq * hq == 0:
@@ -106,9 +131,17 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     # another layout of the cache is read from a copy (correct, slower); the append above wrote the cache itself
     q, keys, values = unit_last_stride(q), unit_last_stride(k_cache), unit_last_stride(v_cache)
     seqlens = (cache_seqlens + new if new else cache_seqlens).to(torch.int32).contiguous()
+    bad = None if flags is None else flags.amax() > 0  # unsynced: a bad call reads no key, then O, LSE = NaN
+    if bad is not None:
+        seqlens = seqlens.masked_fill(bad, 0)
+        if cache_leftpad is not None:
+            cache_leftpad = cache_leftpad.masked_fill(bad, 0)
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
                                key_starts=cache_leftpad is not None)
     plan.run(q, keys, values, out, lse if return_lse else None, seqlens, block_table, scale, cache_leftpad)
+    if bad is not None:
+        out.masked_fill_(bad, float("nan"))
+        lse.masked_fill_(bad, float("nan"))
     plans._record(plan.name + (" paged" if block_table is not None else ""))
     return out, lse

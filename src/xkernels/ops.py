@@ -14,7 +14,8 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
                              precision, return_lse, backend) -> (O, LSE (Hq, total_q) or empty)
   xkernels::attention_with_kvcache(q, k_cache!, v_cache!, cache_seqlens, k?, v?, block_table?, cache_leftpad?,
                                    is_causal, scale,
-                                   precision, return_lse, num_splits, backend) -> (O, LSE (B, Hq, Sq) or empty)
+                                   precision, return_lse, num_splits, sync_checks, backend)
+                                   -> (O, LSE (B, Hq, Sq) or empty)
                                    (writes k, v into the caches first)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
@@ -56,7 +57,7 @@ _lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q,
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
             "str precision, bool return_lse, "
-            "int num_splits, str backend) -> (Tensor, Tensor)")
+            "int num_splits, bool sync_checks, str backend) -> (Tensor, Tensor)")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
 _DEVICES = ("CPU", "CUDA", "XPU")
@@ -97,10 +98,11 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 
 def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale,
-                            precision, return_lse, num_splits, backend):
+                            precision, return_lse, num_splits, sync_checks, backend):
     return kvcache.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
                                           is_causal=is_causal, scale=scale, precision=precision,
-                                          return_lse=return_lse, num_splits=num_splits, backend=backend)
+                                          return_lse=return_lse, num_splits=num_splits, sync_checks=sync_checks,
+                                          backend=backend)
 
 
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
@@ -163,7 +165,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
 
 @torch.library.register_fake("xkernels::attention_with_kvcache")
 def _(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale, precision, return_lse,
-      num_splits, backend):
+      num_splits, sync_checks, backend):
     resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, precision=precision,
                               backend=backend)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)

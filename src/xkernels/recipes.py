@@ -25,8 +25,8 @@ class AttentionRecipe:
     # backward: rel-RMS of each of dQ, dK, dV against float64 autograd, and the bound on any one row of them
     grad_rel_rms: float = 0.0
     grad_row_rel: float = 0.0
-    # the P.V accumulator of the dense forward (and the Hopper varlen kernel): fp32, or fp16 in the seeds' acc16
-    # variants (the portable varlen and split-KV kernels accumulate in fp32 for every recipe, inside any contract)
+    # the P.V accumulator of the dense and varlen forwards: fp32, or fp16 in the seeds' acc16 variants (the split-KV
+    # decode kernel accumulates in fp32 for every recipe, inside any contract)
     pv_acc_dtype: torch.dtype = torch.float32
 
     @property

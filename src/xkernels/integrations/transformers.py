@@ -75,8 +75,9 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
     if is_causal and sq <= DECODE_MAX_SQ:  # decoding: the split-KV kernel reads the cache from each first key
         lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
+        # lengths and first keys come from the mask checked above: no second read of the cache checks
         return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,
-                                               cache_leftpad=start.to(torch.int32), scale=scaling)
+                                               cache_leftpad=start.to(torch.int32), scale=scaling, sync_checks=False)
     rows = mask.any(2)  # (B, Sq): queries that see a key
     q_counts, k_counts = rows.sum(1), key_ok.sum(1)
     zero = torch.zeros(1, dtype=torch.int32, device=mask.device)

@@ -27,7 +27,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
                             lse_sh, HQ, GROUP, MAX_SQ, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                            DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
+                            DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr):
     m_blocks = tl.cdiv(MAX_SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     bh = tl.program_id(0) // m_blocks
@@ -56,7 +56,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
         offset = SKV - SQ  # bottom-right: row i's last key is i + offset
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)  # fp16 for the acc16 recipes
         full_hi, hi = kv_bounds_shifted(start_m, offset, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, 0, full_hi, offs_m + offset,
                                       qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,

@@ -1,5 +1,6 @@
 """The KV-cache kernels besides attention (`attention_with_kvcache`): the check of the values the other kernels trust
-(one launch, read back once), and the in-place append of new keys and values (k=, v=)."""
+(one launch, its flags read back once unless the caller asked for no synchronization), and the in-place append of new
+keys and values (k=, v=), which writes nothing when a flag is up."""
 
 from __future__ import annotations
 
@@ -8,23 +9,29 @@ import triton.language as tl
 
 
 @triton.jit(do_not_specialize=["NEW", "HKV"])
-def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE,
+def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, FLAGS,
                         kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh, kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh, bt_sb,
-                        NEW, HKV, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr, PAGE: tl.constexpr):
-    """HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache."""
+                        NEW, HKV, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr, PAGE: tl.constexpr,
+                        CHECKED: tl.constexpr):
+    """HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache. CHECKED: FLAGS holds
+    `cache_check_kernel`'s flags, and if any is up nothing is written (no address derived from the bad values is
+    touched); else FLAGS is not read."""
+    ok = True
+    if CHECKED:
+        ok = tl.max(tl.load(FLAGS + tl.arange(0, 4)), 0) == 0
     pid = tl.program_id(0)
     b = (pid // NEW).to(tl.int64)
     t = pid % NEW
-    pos = tl.load(SEQLENS + b) + t
+    pos = tl.where(ok, tl.load(SEQLENS + b) + t, 0)
     if PAGE == 0:
         block = b
         row = pos.to(tl.int64)
     else:
-        block = tl.load(BLOCK_TABLE + b * bt_sb + pos // PAGE).to(tl.int64)
+        block = tl.load(BLOCK_TABLE + b * bt_sb + pos // PAGE, mask=ok, other=0).to(tl.int64)
         row = (pos % PAGE).to(tl.int64)
     heads = tl.arange(0, HEADS).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
-    keep = (heads < HKV)[:, None]
+    keep = (heads < HKV)[:, None] & ok
     k = tl.load(K_NEW + b * kn_sb + t * kn_ss + heads[:, None] * kn_sh + cols[None, :], mask=keep)
     v = tl.load(V_NEW + b * vn_sb + t * vn_ss + heads[:, None] * vn_sh + cols[None, :], mask=keep)
     tl.store(K_CACHE + block * kc_sp + row * kc_ss + heads[:, None] * kc_sh + cols[None, :], k, mask=keep)
