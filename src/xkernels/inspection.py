@@ -136,7 +136,8 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                     attn.attention_fwd_kernel, _attention_types(recipe.io_dtype),
                     cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
                     cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
-                    spill_free=table_for(target).spill_free("attention", d))
+                    spill_free=table_for(target).spill_free(
+                        "attention_acc16" if recipe.pv_acc_dtype == torch.float16 else "attention", d))
     yield from _attention_varlen_configs(target)
     yield from _attention_decode_configs(target)
     yield from _attention_bwd_configs(target)
