@@ -10,7 +10,7 @@ Tile order: heads in chunks whose K/V fit in L2 together (`chunk`, from the host
 query blocks first with heads fastest (causal: the heavy tiles start first and the round-robin deal spreads each
 length evenly over the CTAs; GQA heads of a group run side by side on the same K/V).
 
-Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_views`): a tile of head (b, h)
+Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_view`): a tile of head (b, h)
 starts at row b * rows_b + h * rows_h, column h * cols_h. Those views do not stop at one head's sequence end, so the
 kernel is used only when Sq is a multiple of a warpgroup's 64 rows (a warpgroup past the end computes on rows of the
 next head or TMA's zero fill, row-wise independent, and stores nothing) and Skv of the key tile (a key past the end
