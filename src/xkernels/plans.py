@@ -221,7 +221,7 @@ class PersistentAttention:
 
     def run(self, q, k, v, out, lse_arg, qk_scale: float) -> None:
         if self.kernel is None:  # first call of this key: compile against descriptors of these very tensors
-            descs = self.hp.descriptors(q, k, v, out, block_n=self.cfg.block_n, elem_dtype=v.dtype)
+            descs = self.hp.descriptors((q, k, v, out), self.views, block_n=self.cfg.block_n)
             self.kernel = launch.compile_kernel(self.hp.attention_persistent_kernel, self.grid,
                                                 (*descs, lse_arg, *self.ints, qk_scale), self.constexprs,
                                                 self.options, q.device)

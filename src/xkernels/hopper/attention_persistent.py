@@ -216,18 +216,18 @@ def prefer_persistent(skv: int, causal: bool, group: int) -> bool:
     return skv <= 4096 or (causal and group > 1)
 
 
-def descriptors(q, k, v, o, *, block_n: int, elem_dtype) -> list:
-    """Host TMA descriptors over the 2-D views, to compile against (launches re-encode only the addresses)."""
+def descriptors(tensors, views, *, block_n: int) -> list:
+    """Host TMA descriptors of Q, K, V, O over their 2-D `views` (`descriptor_view`), to compile against (launches
+    re-encode only the addresses)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from xkernels.common.dtypes import gl_dtype
 
-    d = q.shape[-1]
+    d = tensors[0].shape[-1]
     descs = []
-    for t, rows in ((q, configs.WG_ROWS), (k, block_n), (v, block_n), (o, configs.WG_ROWS)):
-        (shape, strides, _) = descriptor_view(t)
+    for t, (shape, strides, _), rows in zip(tensors, views, (configs.WG_ROWS, block_n, block_n, configs.WG_ROWS),
+                                            strict=True):
         block = [rows, d]
-        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype(elem_dtype if t is v else t.dtype))
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype))
         descs.append(TensorDescriptor(t, list(shape), list(strides), block, layout))
     return descs
-

@@ -13,8 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-LOG2E = tl.constexpr(1.4426950408889634)
-
 
 @triton.jit
 def merge_kernel(ACC, ACC_LSE, O, LSE, a_sb, a_sh, a_ss, al_sb, al_sh, o_sb, o_sh, o_ss, l_sb, l_sh, H, ROWS, D,
@@ -32,8 +30,8 @@ def merge_kernel(ACC, ACC_LSE, O, LSE, a_sb, a_sh, a_ss, al_sb, al_sh, o_sb, o_s
     lb = tl.load(LSE + b * l_sb + h * l_sh + rows, mask=inside, other=float("-inf"))
     m = tl.maximum(la, lb, propagate_nan=tl.PropagateNan.ALL)  # a NaN partial makes the row NaN, never unseen
     m_safe = tl.where(m == float("-inf"), 0.0, m)
-    wa = tl.math.exp2((la - m_safe) * LOG2E)
-    wb = tl.math.exp2((lb - m_safe) * LOG2E)
+    wa = tl.exp(la - m_safe)
+    wb = tl.exp(lb - m_safe)
     total = wa + wb
     inv = 1.0 / tl.where(m == float("-inf"), 1.0, total)
     # a side is left out only when its LSE is -inf (it saw no key): its O, possibly uninitialized, is never read in
