@@ -94,6 +94,14 @@ def test_bf16io_backward_is_the_bf16_recipes(device):
                           precision="bf16io"))
 
 
+@pytest.mark.parametrize("precision,dtype", [("fp16-acc16", torch.float16), ("bf16io-acc16", torch.bfloat16)])
+def test_acc16_backward_is_the_base_recipes(device, precision, dtype):
+    q, k, v = attention_inputs(1, 2, 33, 40, 64, dtype, device, seed=12)
+    do = _grad_out(q.shape, dtype, device)
+    _assert_passes(_check(_run(q, k, v, do, causal=True, precision=precision), q, k, v, do, causal=True,
+                          precision=precision))
+
+
 def test_non_contiguous_inputs_and_grad_out(device):
     """(B, S, H, D) storage seen as (B, H, S, D), and a dO that is a transposed view: gradients come back in the
     inputs' layouts."""
