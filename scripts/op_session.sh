@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [acc16]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [acc16]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -53,6 +53,19 @@ for part in "${@:-smoke host}"; do
         stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_gpu_kernels.py -k attention ;;
       persistentab) stage timeout 400 python3 scripts/persistent_ab.py --json "$OUT/persistent_ab.json" \
           --md "$OUT/persistent_ab.md" ;;
+      chain)  # chained persistent tiles: one call under a timeout (a phase mistake hangs), the persistent tests, then
+              # the variants against the unchained kernel, the dense one and cuDNN (short rows: where tiles are many)
+        stage timeout 90 python3 -c "import torch, xkernels; from xkernels.testing import attention_inputs as a
+q, k, v = a(4, 16, 1024, 1024, 128, torch.bfloat16, 'cuda', seed=1)
+o = xkernels.attention(q, k, v, is_causal=True, backend='hopper:persistent=2,chained=1'); torch.cuda.synchronize()
+print(xkernels.last_backend(), bool(o.isfinite().all()))"
+        stage timeout 200 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_hopper_persistent.py
+        stage timeout 170 python3 scripts/persistent_ab.py --dims 128 --lengths 512 1024 2048 4096 \
+          --variants hopper:persistent=2 hopper:persistent=2,chained=1 --json "$OUT/chain_ab_d128.json" \
+          --md "$OUT/chain_ab_d128.md"
+        stage timeout 150 python3 scripts/persistent_ab.py --dims 64 --lengths 512 1024 2048 4096 \
+          --variants hopper:persistent=2 hopper:persistent=2,chained=1 hopper:persistent=2,chained=1,consumers=2,overlap=1 \
+          --json "$OUT/chain_ab_d64.json" --md "$OUT/chain_ab_d64.md" ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;

@@ -299,7 +299,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(
                     f"hopper.attention persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                     persistent.attention_persistent_kernel, descs | {"LSE": "*fp32", "qk_scale": "fp32"},
-                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True,
+                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True, persistent=True), 4,
+                    gluon=True,
                     spill_free=not causal)
 
     from xkernels.hopper import attention_varlen as hvarlen

@@ -25,9 +25,9 @@ def _run(q, k, v, causal, recipe, backend="auto"):
     return o, lse, xkernels.last_backend()
 
 
-def _check(q, k, v, causal, recipe):
+def _check(q, k, v, causal, recipe, backend="auto"):
     rec = ATTENTION_RECIPES[recipe]
-    o, lse, name = _run(q, k, v, causal, recipe)
+    o, lse, name = _run(q, k, v, causal, recipe, backend=backend)
     assert "persistent" in name, name
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
     assert c.passed, c
@@ -35,6 +35,7 @@ def _check(q, k, v, causal, recipe):
     o_dense, lse_dense, dense = _run(q, k, v, causal, recipe, backend="hopper:persistent=0")
     assert "persistent" not in dense, dense
     assert torch.equal(o, o_dense) and torch.equal(lse, lse_dense), "persistent and dense tiles differ"
+    return name
 
 
 @pytest.mark.parametrize("d,sq,skv", [(128, 128, 128), (128, 512, 1024), (128, 1024, 256), (128, 320, 384),
@@ -82,3 +83,21 @@ def test_forced_persistent_beyond_the_rule():
     assert "persistent" in name
     assert compare_attention(o, reference_attention(q, k, v, is_causal=True), ATTENTION_RECIPES["bf16"]).passed
     assert compare_lse(lse, reference_lse(q, k, is_causal=True)).passed
+
+
+CHAINED = ["hopper:persistent=2,chained=1", "hopper:persistent=2,chained=1,consumers=2,overlap=1"]
+
+
+@pytest.mark.parametrize("backend", CHAINED)
+@pytest.mark.parametrize("d,b,hq,hkv,sq,skv", [(128, 4, 16, 16, 1024, 1024), (128, 3, 8, 2, 320, 384),
+                                               (64, 4, 16, 4, 1024, 512), (64, 2, 6, 3, 576, 640),
+                                               (128, 1, 2, 1, 128, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_chained_tiles_match_float64_and_dense(causal, d, b, hq, hkv, sq, skv, backend):
+    """Tiles chained (the next tile's first QK^T with this tile's last P.V, Q in two slots): several tiles per
+    program (up to ~4 here, so both slots turn over), a program with one tile, Sq a multiple of 64 only, GQA; the
+    same arithmetic per row as the dense kernel, so bitwise equal to it."""
+    if d != 64 and "consumers=2" in backend:
+        pytest.skip("the D128 config already has two consumers")
+    q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + d + b)
+    assert "-ch persistent" in _check(q, k, v, causal, "bf16", backend=backend)

@@ -80,14 +80,15 @@ def _convert_v(v, v_landed, it, STEPS: gl.constexpr):
 
 
 @gluon.jit
-def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, q_at, kv_at, hi, it, BLOCK_N: gl.constexpr,
-                CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
-    """One row block's TMA loads: every consumer's Q rows from q_at = (row, col) of the Q descriptor, then the key
+def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, v_landed, q_at, kv_at, hi, it,
+                BLOCK_N: gl.constexpr, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
+    """One row block's TMA loads: every consumer's Q rows (into Q buffers q_first, q_first + 1, ...) from
+    q_at = (row, col) of the Q descriptor, then the key
     tiles [0, hi) from kv_at = (row, col) of K's and V's, on ring counters from `it`; returns the counter after them.
     For bf16io the producer is a warpgroup that also converts V tile j-1 after issuing K tile j."""
     mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
-        tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(w))
+        tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(q_first + w))
     it = gl.to_tensor(it)  # a loop-carried counter, also when the caller passes a literal
     first = it
     for start_n in range(0, hi, BLOCK_N):
@@ -112,7 +113,7 @@ def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, q_at, k
 def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N: gl.constexpr,
               CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
     """TMA loads of one program (per-head descriptors: rows from 0)."""
-    _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, (start_m, 0), (0, 0), hi, 0, BLOCK_N,
+    _load_tiles(q_desc, k_desc, v_desc, q_bufs, 0, q_ready, k, v, v_landed, (start_m, 0), (0, 0), hi, 0, BLOCK_N,
                 CONVERT_V, NUM_WG, CONVERT_STEPS)
 
 
@@ -124,6 +125,39 @@ def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, P
     if start_n >= full_hi:  # tail or diagonal tile
         qk = mask_scores(qk, start_n, offs_m, SKV, CAUSAL, cols_layout)
     return qk
+
+
+@gluon.jit
+def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, qk_scale, zero_s,
+               BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr,
+               EMPTY_ROWS: gl.constexpr):
+    """The pipelined loop over key tiles [lo, hi) of one warpgroup (module docstring), entered with P of the tile
+    before `lo` in `p_op` (its P.V not issued yet) and the ring counter `it` at tile `lo`; returns (acc, m_i, l_i,
+    p_op, it) in the same state after tile hi - 1. `offs_m`: the rows' causal limits (key j kept for row i when
+    j <= offs_m[i]); `zero_s`: a zero score tile in the wgmma accumulator layout."""
+    rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+    cols_s: gl.constexpr = gl.SliceLayout(0, zero_s.type.layout)
+    pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer
+    step_scale = qk_scale if POSITIVE_SCALE else 1.0
+    for start_n in range(lo, hi, BLOCK_N):
+        s = k.wait(it)
+        qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        v_tile = v.bufs.index(v.wait(it - 1))
+        acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+        # arrive -> independent work -> wait: P.V(it-1) stays in flight while this warpgroup masks and exponentiates
+        # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
+        qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
+        k.release(it)
+        qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+        p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
+        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+        v.release(it - 1)
+        # deferred rescale: P.V(it-1) has landed
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1).to(acc.dtype)
+        p_op = gl.convert_layout(p.to(pv_dtype), p_op.type.layout)
+        m_i = m_new
+        it += 1
+    return acc, m_i, l_i, p_op, it
 
 
 @gluon.jit
@@ -142,7 +176,6 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
-    rows_o: gl.constexpr = gl.SliceLayout(1, o_layout)
     pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer
     acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32  # ACC16: the seeds' fp16 P.V accumulator
     step_scale = qk_scale if POSITIVE_SCALE else 1.0
@@ -162,24 +195,8 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
     p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
     p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
     it += 1
-    for start_n in range(BLOCK_N, hi, BLOCK_N):
-        s = k.wait(it)
-        qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        v_tile = v.bufs.index(v.wait(it - 1))
-        acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-        # arrive -> independent work -> wait: P.V(it-1) stays in flight while this warpgroup masks and exponentiates
-        # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
-        qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
-        k.release(it)
-        qk = _scores(qk, start_n, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-        p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
-        acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-        v.release(it - 1)
-        # deferred rescale: P.V(it-1) has landed
-        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1).to(acc_dtype)
-        p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
-        m_i = m_new
-        it += 1
+    acc, m_i, l_i, p_op, it = _key_steps(q, k, v, acc, m_i, l_i, p_op, it, BLOCK_N, full_hi, hi, offs_m + diag, SKV,
+                                         qk_scale, zero_s, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, EMPTY_ROWS)
     if FREE_Q:  # every QK^T reading this warpgroup's Q rows has retired
         mbarrier.arrive(q_free)
     v_tile = v.bufs.index(v.wait(it - 1))

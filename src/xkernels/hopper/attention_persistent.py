@@ -27,13 +27,27 @@ from __future__ import annotations
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 
 from xkernels.common.seqlen import kv_bounds
 from xkernels.hopper import configs, tma
-from xkernels.hopper.attention_fwd import _attend, _load_tiles, _normalize, consumer_registers, producer_registers
-from xkernels.hopper.barriers import attention_barriers
+from xkernels.hopper.attention_fwd import (
+    _attend,
+    _key_steps,
+    _load_tiles,
+    _normalize,
+    _scores,
+    consumer_registers,
+    producer_registers,
+)
+from xkernels.hopper.barriers import kv_rings, q_slot_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
+from xkernels.hopper.softmax import softmax_step
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = gl.constexpr(configs.WG_ROWS)
@@ -59,6 +73,7 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, a
               GROUP, SKV, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
               NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
+    Q_SLOTS: gl.constexpr = q_bufs.shape[0] // NUM_WG
     it = 0
     done = 0
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
@@ -68,9 +83,10 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, a
         hk = h // GROUP
         start_m = m_block * BLOCK_M
         _, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-        mbarrier.wait(q_free, (done & 1) ^ 1)  # the first tile passes at once
+        slot = done % Q_SLOTS
+        mbarrier.wait(q_free.index(slot), ((done // Q_SLOTS) & 1) ^ 1)  # each slot's first tile passes at once
         # K and V share one view geometry (the plan checks)
-        it = _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed,
+        it = _load_tiles(q_desc, k_desc, v_desc, q_bufs, slot * NUM_WG, q_ready.index(slot), k, v, v_landed,
                          (b * at[0] + h * at[1] + start_m, h * at[2]), (b * at[3] + hk * at[4], hk * at[5]), hi, it,
                          BLOCK_N, CONVERT_V, NUM_WG, CONVERT_STEPS)
         done += 1
@@ -83,7 +99,6 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, L
               NUM_WG: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     q = q_bufs.index(WG)
-    o = o_bufs.index(WG)
     it = 0
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
         done = tile // gl.num_programs(0)  # tiles this program finished before this one
@@ -91,20 +106,131 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, L
         start_m = m_block * BLOCK_M
         full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         row0 = start_m + WG * WG_ROWS
-        acc, m_i, l_i, it = _attend(q, q_ready, done & 1, q_free, k, v, it, row0, full_hi, hi, SKV, 0, qk_scale,
-                                    HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, False, True)
-        out, lse = _normalize(acc, m_i, l_i, False)
-        if row0 < SQ:  # the last block's last warpgroups may lie past the sequence (Sq is a multiple of 64 only)
-            tma.store_wait(0)  # the previous tile's O store has left this buffer
-            o.store(out.to(o.dtype))
-            fence_async_shared()
-            b = bh // HQ
-            h = bh % HQ
-            tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
-            if WRITE_LSE:
-                offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
-                gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
+        acc, m_i, l_i, it = _attend(q, q_ready.index(0), done & 1, q_free.index(0), k, v, it, row0, full_hi, hi,
+                                    SKV, 0, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                                    False, True)
+        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE)
     tma.store_wait(0)
+
+
+@gluon.jit
+def _store_tile(WG: gl.constexpr, acc, m_i, l_i, o_desc, o_bufs, LSE, at, bh, row0, HQ, SQ,
+                WRITE_LSE: gl.constexpr):
+    """A warpgroup's epilogue: O = acc / l through its O buffer and a TMA store, left in flight (the buffer's next
+    user waits for it), and the LSE; rows past the sequence store nothing (Sq is a multiple of 64 only, so the last
+    block's last warpgroups may lie past it)."""
+    out, lse = _normalize(acc, m_i, l_i, False)
+    if row0 < SQ:
+        o = o_bufs.index(WG)
+        tma.store_wait(0)  # the previous tile's O store has left this buffer
+        o.store(out.to(o.dtype))
+        fence_async_shared()
+        b = bh // HQ
+        h = bh % HQ
+        tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
+        if WRITE_LSE:
+            offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
+            gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
+
+
+@gluon.jit
+def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ,
+                      SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                      POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
+                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr):
+    """`_consumer` with the tiles chained: at a tile boundary the next tile's first QK^T is issued together with this
+    tile's last P.V, and the next tile's first softmax runs while that P.V is in flight (the window the pipelined
+    loop opens between key tiles, opened between work tiles too); the epilogue follows. Needs the next tile's Q
+    before this tile's last P.V, so Q has two slots (q_ready / q_free per slot; tile n of this program uses slot
+    n % 2)."""
+    BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_DIM, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
+    cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
+    pv_dtype: gl.constexpr = v.bufs.dtype
+    acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32
+    step_scale = qk_scale if POSITIVE_SCALE else 1.0
+    zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
+    m_0 = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
+    l_0 = gl.zeros([WG_ROWS], gl.float32, rows_s)
+    nprog = gl.num_programs(0)
+    n_tiles = walk[0]
+
+    # the first tile's key tile 0: scores and softmax only (its P.V goes out with key tile 1's QK^T)
+    bh, m_block = _tile(gl.program_id(0), walk)
+    full_hi, _ = kv_bounds(m_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    offs_m = m_block * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s)
+    mbarrier.wait(q_ready.index(0), 0)
+    it = gl.to_tensor(0)
+    s = k.wait(it)
+    qk = warpgroup_mma(q_bufs.index(WG), k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
+    k.release(it)
+    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+    p, m_i, l_i, _ = softmax_step(qk, m_0, l_0, step_scale, False)
+    p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
+    acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
+    it += 1
+    for tile in range(gl.program_id(0), n_tiles, nprog):
+        n = tile // nprog  # this program's tiles before this one
+        slot = n % 2
+        bh, m_block = _tile(tile, walk)
+        start_m = m_block * BLOCK_M
+        full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        row0 = start_m + WG * WG_ROWS
+        offs_m = row0 + gl.arange(0, WG_ROWS, rows_s)
+        acc, m_i, l_i, p_op, it = _key_steps(q_bufs.index(slot * NUM_WG + WG), k, v, acc, m_i, l_i, p_op, it, BLOCK_N,
+                                             full_hi, hi, offs_m, SKV, qk_scale, zero_s, BLOCK_N, CAUSAL,
+                                             POSITIVE_SCALE, OVERLAP, False)
+        mbarrier.arrive(q_free.index(slot))  # every QK^T reading this tile's Q has retired
+        nxt = tile + nprog
+        if nxt < n_tiles:
+            n_bh, n_block = _tile(nxt, walk)
+            n_full_hi, _ = kv_bounds(n_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+            n_offs = n_block * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s)
+            mbarrier.wait(q_ready.index(1 - slot), ((n + 1) // 2) & 1)
+            s = k.wait(it)
+            qk_tok = warpgroup_mma(q_bufs.index((1 - slot) * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
+                                   use_acc=False, is_async=True)
+            acc_tok = warpgroup_mma(p_op, v.bufs.index(v.wait(it - 1)), acc, is_async=True)
+            # arrive -> independent work -> wait: this tile's last P.V runs while the next tile's first scores
+            # are masked and exponentiated (OVERLAP off: both retire first, as between key tiles)
+            qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
+            k.release(it)
+            qk = _scores(qk, 0, n_full_hi, n_offs, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+            p, m_next, l_next, _ = softmax_step(qk, m_0, l_0, step_scale, False)
+            acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+            v.release(it - 1)
+            p_next = gl.convert_layout(p.to(pv_dtype), p_layout)
+        else:  # the program's last tile: its last P.V alone
+            acc = warpgroup_mma(p_op, v.bufs.index(v.wait(it - 1)), acc)
+            v.release(it - 1)
+            p_next = p_op
+            m_next = m_i
+            l_next = l_i
+        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE)
+        acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
+        p_op = p_next
+        m_i = m_next
+        l_i = l_next
+        it += 1
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
+                    qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                    POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
+                    WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr):
+    if CHAINED:
+        _consumer_chained(WG, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                          HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)
+    else:
+        _consumer(WG, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale, HEAD_DIM,
+                  BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)
 
 
 @gluon.jit
@@ -113,37 +239,37 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, q_rb, q_rh,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
                                 OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
-                                CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr):
+                                CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr):
     at = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch)
     walk = (n_tiles, m_blocks, BH, chunk)
-    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
+    Q_SLOTS: gl.constexpr = 2 if CHAINED else 1
+    q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
     o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], o_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
-    q_ready, k, v, v_landed = attention_barriers(k_bufs, v_bufs, CONVERT_V, NUM_WG)
-    q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_free, count=NUM_WG)
+    k, v, v_landed = kv_rings(k_bufs, v_bufs, CONVERT_V, NUM_WG)
+    q_ready, q_free = q_slot_barriers(Q_SLOTS, NUM_WG)
     regs: gl.constexpr = consumer_registers(NUM_WG, CONVERT_V)  # as the dense kernel's partitions
     producer_warps: gl.constexpr = 4 if CONVERT_V else 1
     producer_regs: gl.constexpr = producer_registers(NUM_WG, CONVERT_V, CONVERT_STEPS)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
-            (_consumer, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
+            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
                          BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, producer_warps],
             [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
-            (_consumer, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
-            (_consumer, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
-            (_consumer, (2, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
+            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
+            (_consumer_entry, (2, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
                          BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps],
             [regs, regs, producer_regs])
@@ -188,7 +314,7 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
     n_tiles = m_blocks * batch * heads
     walk = (n_tiles, m_blocks, batch * heads, min(batch * heads, heads_per_chunk(skv, head_dim, group, elem)))
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
-                                write_lse=write_lse)
+                                write_lse=write_lse, persistent=True)
     return min(n_tiles, sms), walk, constexprs, dict(num_warps=4)
 
 

@@ -11,9 +11,12 @@ Attention forward (`attention_fwd.py`), per CTA; "arrive" -> "wait": what the wa
   v.empty[s]   each of NUM_WG consumers, once its P.V wgmma retired -> producer, before refilling stage s:
                nobody still reads V tile s.
 K and V have separate rings so a K stage frees once the QK^T wgmmas retire, while P.V of that tile still reads V.
-The persistent forward (`attention_persistent.py`) runs the same set across tiles (counters never reset) and adds:
-  q_free       each of NUM_WG consumers, once the last QK^T of its tile retired -> producer, before loading the next
-               tile's Q: nobody reads the Q buffers any more (O leaves through buffers of its own).
+The persistent forward (`attention_persistent.py`) runs the K/V rings across tiles (counters never reset) and has
+one or two Q slots (two when tiles are chained: the next tile's Q must be resident before this tile's last P.V), each
+with its own pair; tile n of a program uses slot n % slots:
+  q_ready[s]   producer's TMA (every consumer's Q bytes of the tile) -> each consumer, once per tile in slot s.
+  q_free[s]    each of NUM_WG consumers, once the last QK^T of its tile in slot s retired -> producer, before loading
+               a later tile's Q into slot s: nobody reads it any more (O leaves through buffers of its own).
 
 Attention backward, dQ (`attention_dq.py`), per CTA: the forward's set, without the conversion.
   q_ready      producer's TMA (Q and dO bytes of both consumers) -> each consumer, once.
@@ -48,9 +51,16 @@ from xkernels.hopper.pipeline import Ring, allocate_barriers
 @gluon.jit
 def attention_barriers(k_bufs, v_bufs, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr):
     """(q_ready, k ring, v ring, v_landed) over the K and V stage buffers, as in the table above."""
-    STAGES: gl.constexpr = k_bufs.shape[0]
     q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     mbarrier.init(q_ready, count=1)
+    k, v, v_landed = kv_rings(k_bufs, v_bufs, CONVERT_V, NUM_WG)
+    return q_ready, k, v, v_landed
+
+
+@gluon.jit
+def kv_rings(k_bufs, v_bufs, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr):
+    """(k ring, v ring, v_landed) of the attention forward, as in the table above."""
+    STAGES: gl.constexpr = k_bufs.shape[0]
     k = Ring(k_bufs, allocate_barriers(STAGES, 1), allocate_barriers(STAGES, NUM_WG))
     v_landed = allocate_barriers(STAGES, 1)
     v_empty = allocate_barriers(STAGES, NUM_WG)
@@ -58,7 +68,13 @@ def attention_barriers(k_bufs, v_bufs, CONVERT_V: gl.constexpr, NUM_WG: gl.const
         v = Ring(v_bufs, allocate_barriers(STAGES, 1), v_empty)
     else:
         v = Ring(v_bufs, v_landed, v_empty)
-    return q_ready, k, v, v_landed
+    return k, v, v_landed
+
+
+@gluon.jit
+def q_slot_barriers(Q_SLOTS: gl.constexpr, NUM_WG: gl.constexpr):
+    """(q_ready, q_free) of the persistent forward, one of each per Q slot, as in the table above."""
+    return allocate_barriers(Q_SLOTS, 1), allocate_barriers(Q_SLOTS, NUM_WG)
 
 
 @gluon.jit

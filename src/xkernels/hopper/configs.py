@@ -24,6 +24,7 @@ class HopperAttentionConfig:
     acc16: int = 0  # fp16 P.V accumulator on an fp32-accumulator recipe: an ablation (the acc16 recipes set it)
     convert_steps: int = 8  # bf16io only (other recipes ignore it): V conversion steps, each load, barrier, store
     persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
+    chained: int = 0  # persistent only: the next tile's first QK^T issued with this tile's last P.V (two Q slots)
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
@@ -31,6 +32,9 @@ class HopperAttentionConfig:
         if self.persistent not in (0, 1, 2) or (self.persistent and head_dim > 128):
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2, and a head dim of at most 128 "
                              "(shared memory: its O buffers come on top of Q's)")
+        if self.chained not in (0, 1) or (self.chained and not self.persistent):
+            raise ValueError(f"config: chained={self.chained} needs 0, or 1 with persistent on (it chains the "
+                             "persistent kernel's tiles)")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
             raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
         if self.acc16 and recipe.pv_dtype != torch.float16:
@@ -49,18 +53,19 @@ class HopperAttentionConfig:
         return self.consumers * WG_ROWS
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, positive_scale: bool,
-                   write_lse: bool) -> dict[str, object]:
-        """The kernel's compile-time arguments for this config: one mapping for the launch and for `inspect`."""
+                   write_lse: bool, persistent: bool = False) -> dict[str, object]:
+        """The kernel's compile-time arguments for this config (`persistent`: of the persistent kernel, which takes
+        CHAINED too): one mapping for the launch and for `inspect`."""
+        extra = dict(CHAINED=bool(self.chained)) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=recipe.converts_v, POSITIVE_SCALE=positive_scale, OVERLAP=bool(self.overlap),
                     NUM_WG=self.consumers, ACC16=bool(self.acc16) or recipe.pv_acc_dtype == torch.float16,
-                    CONVERT_STEPS=self.convert_steps,
-                    WRITE_LSE=write_lse)
+                    CONVERT_STEPS=self.convert_steps, WRITE_LSE=write_lse, **extra)
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
-                + (f"-p{self.persistent}" if self.persistent else ""))
+                + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained)
 
 
 # Per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups (192-row tiles) and the
