@@ -48,23 +48,18 @@ for part in "${@:-smoke host}"; do
         stage timeout 330 python3 scripts/skinny_tiles.py --json "$OUT/skinny_tiles.json" ;;
       ring)  # needs the 2-GPU kind (nvidia-h200-x2): ring attention against one GPU, with compute and transfers apart
         stage timeout 300 python3 scripts/ring_bench.py --gpus 2 --json "$OUT/ring.json" ;;
-      persistent)  # the persistent Hopper forward: its GPU tests, then the A/B against the dense kernel and cuDNN
-        stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_hopper_persistent.py
-        stage timeout 240 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_gpu_kernels.py -k attention ;;
+      persistent)  # the persistent Hopper forward's GPU tests and the attention kernel tests that name configs
+        stage timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_persistent.py \
+          tests/gpu/test_gpu_kernels.py -k "persistent or attention" ;;
       persistentab) stage timeout 400 python3 scripts/persistent_ab.py --json "$OUT/persistent_ab.json" \
           --md "$OUT/persistent_ab.md" ;;
-      chain)  # chained persistent tiles: one call under a timeout (a phase mistake hangs), the persistent tests, then
-              # the variants against the unchained kernel, the dense one and cuDNN (short rows: where tiles are many)
-        stage timeout 90 python3 -c "import torch, xkernels; from xkernels.testing import attention_inputs as a
-q, k, v = a(4, 16, 1024, 1024, 128, torch.bfloat16, 'cuda', seed=1)
-o = xkernels.attention(q, k, v, is_causal=True, backend='hopper:persistent=2,chained=1'); torch.cuda.synchronize()
-print(xkernels.last_backend(), bool(o.isfinite().all()))"
-        stage timeout 200 python3 -m pytest -q -p no:cacheprovider -x tests/gpu/test_hopper_persistent.py
+      chain)  # the persistent kernel's variants on the short rows (where tiles are many) against the dense one and
+              # cuDNN; the shipped configs chain tiles
         stage timeout 170 python3 scripts/persistent_ab.py --dims 128 --lengths 512 1024 2048 4096 \
-          --variants hopper:persistent=2 hopper:persistent=2,chained=1 --json "$OUT/chain_ab_d128.json" \
+          --variants hopper:persistent=2,chained=0 hopper:persistent=2 --json "$OUT/chain_ab_d128.json" \
           --md "$OUT/chain_ab_d128.md"
         stage timeout 150 python3 scripts/persistent_ab.py --dims 64 --lengths 512 1024 2048 4096 \
-          --variants hopper:persistent=2 hopper:persistent=2,chained=1 hopper:persistent=2,chained=1,consumers=2,overlap=1 \
+          --variants hopper:persistent=2,consumers=3,overlap=0 hopper:persistent=2 \
           --json "$OUT/chain_ab_d64.json" --md "$OUT/chain_ab_d64.md" ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;

@@ -128,7 +128,7 @@ class AttentionPlan:
             self.fn = hopper_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = hopper_attention.launch_spec(
                 b, hq, sq, d, is_causal=is_causal, recipe=recipe, positive_scale=positive_scale,
-                write_lse=return_lse, cfg=choice.config)
+                write_lse=return_lse, cfg=choice.config.dense)
         else:
             self.fn = portable_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = portable_attention.launch_spec(
@@ -143,8 +143,9 @@ class AttentionPlan:
             o_strides = out.stride()[:3] if out is not None else (hq * sq * d, sq * d, d)
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
         self.persistent = None
-        if self.direct and choice.layer == "hopper" and not self.empty:
-            self.persistent = PersistentAttention.make(q, k, v, out, recipe, choice.config, is_causal=is_causal,
+        if self.direct and choice.layer == "hopper" and not self.empty and choice.config.persistent is not None:
+            self.persistent = PersistentAttention.make(q, k, v, out, recipe, choice.config.persistent,
+                                                       is_causal=is_causal,
                                                        return_lse=return_lse, positive_scale=positive_scale)
 
     def run(self, q, k, v, out, scale: float | None):

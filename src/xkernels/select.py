@@ -23,6 +23,7 @@ from xkernels.hopper.configs import (
     ATTENTION_CONFIGS,
     ATTENTION_DQ_CONFIGS,
     GEMM_CONFIG,
+    PERSISTENT_ATTENTION_CONFIGS,
     HopperAttentionBwdConfig,
     HopperAttentionConfig,
     HopperAttentionDqConfig,
@@ -125,6 +126,18 @@ class HopperBackward:
         return f"dKdV {self.dkdv} dQ {self.dq if self.dq else self.portable}"
 
 
+@dataclass(frozen=True)
+class HopperForward:
+    """The Hopper forward's configs: the dense kernel's, and the persistent kernel's where it has one (D64, D128),
+    which serves the shapes `attention_persistent.eligible` accepts. A config override applies to both."""
+
+    dense: HopperAttentionConfig
+    persistent: HopperAttentionConfig | None = None
+
+    def __str__(self) -> str:
+        return str(self.dense)
+
+
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:
     """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, GQA and length); else portable."""
     on_hopper = hopper_available(device)
@@ -133,7 +146,11 @@ def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecip
     if override.layer != "portable" and on_hopper:
         cfg = _configured(ATTENTION_CONFIGS[head_dim], override.config)
         cfg.check(head_dim, recipe)
-        return Choice("hopper", cfg)
+        persistent = None
+        if head_dim in PERSISTENT_ATTENTION_CONFIGS:
+            persistent = _configured(PERSISTENT_ATTENTION_CONFIGS[head_dim], override.config)
+            persistent.check(head_dim, recipe)
+        return Choice("hopper", HopperForward(cfg, persistent))
     return Choice("portable", portable_configs.attention_config(head_dim, recipe, _target(device)))
 
 

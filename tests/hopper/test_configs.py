@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from xkernels.hopper.configs import ATTENTION_CONFIGS as CONFIGS
-from xkernels.hopper.configs import HopperAttentionConfig
+from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS, HopperAttentionConfig
 from xkernels.recipes import ATTENTION_RECIPES
 
 
@@ -68,7 +68,7 @@ def test_persistent_descriptor_views():
     assert hp.descriptor_view(torch.empty(2, 3, 64, 256, device="meta").transpose(2, 3)) is None  # D not unit-stride
     unaligned = torch.empty(2, 3, 256, 68, device="meta", dtype=torch.bfloat16)[..., :60]
     assert hp.descriptor_view(unaligned) is None  # rows not 16-byte multiples
-    cfg = CONFIGS[128]
+    cfg = PERSISTENT_ATTENTION_CONFIGS[128]
     assert cfg.persistent
     rec = ATTENTION_RECIPES["bf16"]
     q = torch.empty(1, 4, 256, 128, device="meta", dtype=torch.bfloat16)

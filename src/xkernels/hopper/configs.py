@@ -68,11 +68,20 @@ class HopperAttentionConfig:
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained)
 
 
-# Per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups (192-row tiles) and the
-# window closed; bf16io at D256: 4 conversion steps per V tile (benchmarks/README.md has the measurements).
-ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, convert_steps=4, persistent=1),
-                     128: HopperAttentionConfig(128, 2, persistent=1),
+# The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
+# (192-row tiles) and the window closed; bf16io at D256: 4 conversion steps per V tile (benchmarks/README.md has
+# the measurements).
+ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, convert_steps=4),
+                     128: HopperAttentionConfig(128, 2),
                      256: HopperAttentionConfig(64, 2, convert_steps=4)}
+
+# The persistent kernel's configs, used where `attention_persistent.eligible` says (persistent=1: the measured rule).
+# Tiles chained; at D64 two consumer warpgroups with the window open: chained, they measured 0.89-1.01x cuDNN at
+# 512-4K keys against 0.61-0.96x for three with the window closed (the dense kernel's choice; run 34 of
+# 2026-11-30). Two Q slots + O buffers + the K/V ring fill 224 KB at D128.
+PERSISTENT_ATTENTION_CONFIGS = {
+    64: HopperAttentionConfig(128, 3, consumers=2, convert_steps=4, persistent=1, chained=1),
+    128: HopperAttentionConfig(128, 2, persistent=1, chained=1)}
 
 
 @dataclass(frozen=True)
