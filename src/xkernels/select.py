@@ -150,7 +150,7 @@ def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecip
         if head_dim in PERSISTENT_ATTENTION_CONFIGS:
             persistent = _configured(PERSISTENT_ATTENTION_CONFIGS[head_dim], override.config)
             persistent.check(head_dim, recipe)
-        return Choice("hopper", HopperForward(cfg, persistent))
+        return Choice("hopper", HopperForward(cfg, persistent if persistent and persistent.persistent else None))
     return Choice("portable", portable_configs.attention_config(head_dim, recipe, _target(device)))
 
 

@@ -24,7 +24,8 @@ class HopperAttentionConfig:
     acc16: int = 0  # fp16 P.V accumulator on an fp32-accumulator recipe: an ablation (the acc16 recipes set it)
     convert_steps: int = 8  # bf16io only (other recipes ignore it): V conversion steps, each load, barrier, store
     persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
-    chained: int = 0  # persistent only: the next tile's first QK^T issued with this tile's last P.V (two Q slots)
+    chained: int = 0  # the next tile's first QK^T issued with this tile's last P.V (two Q slots; the dense kernel,
+    # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
@@ -32,9 +33,8 @@ class HopperAttentionConfig:
         if self.persistent not in (0, 1, 2) or (self.persistent and head_dim > 128):
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2, and a head dim of at most 128 "
                              "(shared memory: its O buffers come on top of Q's)")
-        if self.chained not in (0, 1) or (self.chained and not self.persistent):
-            raise ValueError(f"config: chained={self.chained} needs 0, or 1 with persistent on (it chains the "
-                             "persistent kernel's tiles)")
+        if self.chained not in (0, 1):
+            raise ValueError(f"config: chained={self.chained} must be 0 or 1")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
             raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
         if self.acc16 and recipe.pv_dtype != torch.float16:
