@@ -16,9 +16,17 @@ kernel is used only when Sq is a multiple of a warpgroup's 64 rows (a warpgroup 
 next head or TMA's zero fill, row-wise independent, and stores nothing) and Skv of the key tile (a key past the end
 would multiply its P = 0 by another head's V); the plan checks, other shapes take the dense kernel.
 
-Barriers beyond the dense kernel's (`hopper/barriers.py`):
-  q_free   each consumer, once the last QK^T of its tile retired -> producer, before loading the next tile's Q: nobody
-           reads the Q buffers any more. The window it opens: the next Q lands under this tile's last P.V and epilogue.
+Chained tiles (config `chained`, the shipped default): a tile boundary would drain the tensor cores (the last P.V
+alone, the epilogue, then the next tile's first QK^T alone); instead a consumer issues the next tile's first QK^T
+together with this tile's last P.V, masks and exponentiates the next tile's first scores while that P.V runs, then
+stores this tile's O (`_consumer_chained`). The next tile's Q must be resident by then, so Q has two slots.
+
+Barriers beyond the dense kernel's (`hopper/barriers.py`), one pair per Q slot (tile n of a program uses slot
+n % slots):
+  q_ready  producer's TMA -> each consumer: the tile's Q rows have landed in the slot.
+  q_free   each consumer, once the last QK^T of its tile retired -> producer, before loading a later tile's Q into
+           the slot: nobody reads it any more. The window it opens: that Q lands under the rest of this tile (one slot)
+           or under the whole next tile (two slots).
 O leaves through a buffer per consumer; its TMA store is waited on only before the next tile's epilogue reuses it.
 """
 
