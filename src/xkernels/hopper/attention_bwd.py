@@ -41,6 +41,7 @@ from xkernels.common.dtypes import gl_dtype
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_bwd_barriers, attention_ds_ring
 from xkernels.hopper.configs import HopperAttentionBwdConfig
+from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 
 WG_KEYS = gl.constexpr(64)  # keys per consumer warpgroup (a wgmma's M)
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -77,14 +78,11 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_M, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
+    op_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
     HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ
-    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                        instr_shape=[16, HALF, 16])
+    dq_layout: gl.constexpr = wgmma_acc(HALF)
     dtype: gl.constexpr = k_buf.dtype
     k_w = k_buf.slice(W * WG_KEYS, WG_KEYS)  # [64, D]: this warpgroup's keys
     v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)

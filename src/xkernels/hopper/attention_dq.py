@@ -33,6 +33,7 @@ from xkernels.common.seqlen import kv_bounds
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionDqConfig
+from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (a wgmma's M)
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -60,11 +61,9 @@ def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q
 def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m,
               full_hi, hi, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr):
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, HEAD_DIM, 16])
-    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
+    acc_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
+    op_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     dtype: gl.constexpr = q_bufs.dtype

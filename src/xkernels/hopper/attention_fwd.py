@@ -36,6 +36,7 @@ from xkernels.common.seqlen import kv_bounds
 from xkernels.hopper import configs, tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
+from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.softmax import mask_scores, softmax_step
 from xkernels.recipes import AttentionRecipe
 
@@ -169,11 +170,9 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
     Skv - Sq: bottom-right). EMPTY_ROWS: rows may see no key. FREE_Q: arrive on q_free once the last QK^T retired
     (the persistent producer then loads the next tile's Q under this tile's last P.V and epilogue).
     Returns (O accumulator, row max, row sum, the ring counter after these tiles)."""
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
+    p_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer

@@ -55,6 +55,7 @@ from xkernels.hopper.attention_fwd import (
 )
 from xkernels.hopper.barriers import kv_rings, q_slot_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
+from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.softmax import softmax_step
 from xkernels.recipes import AttentionRecipe
 
@@ -152,11 +153,9 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free,
     before this tile's last P.V, so Q has two slots (q_ready / q_free per slot; tile n of this program uses slot
     n % 2)."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
-    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK_N, 16])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_DIM, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
+    o_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
+    p_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
     rows_s: gl.constexpr = gl.SliceLayout(1, s_layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     pv_dtype: gl.constexpr = v.bufs.dtype
