@@ -91,10 +91,14 @@ DECODE_ROWS = ((8, 32, 8, 8192), (64, 32, 8, 4096), (1, 32, 8, 131072), (16, 64,
 
 
 def decode_suite(quick: bool) -> list[Case]:
-    """Each anchor through the dense API and a dense cache; paged caches (16 and 64 keys a page) in the full suite,
-    and speculative decoding (4 query rows)."""
+    """Each anchor through the dense API and a dense cache, the cache call also with `sync_checks=False` (its checks
+    stay on the device: no host read per call); paged caches (16 and 64 keys a page) in the full suite, and
+    speculative decoding (4 query rows)."""
     caches = ("dense-api", "dense") if quick else ("dense-api", "dense", "paged16", "paged64")
-    cases: list[Case] = [DecodeCase(b, hq, hkv, s, 128, cache=c) for b, hq, hkv, s in DECODE_ROWS for c in caches]
+    cases: list[Case] = []
+    for b, hq, hkv, s in DECODE_ROWS:
+        cases += [DecodeCase(b, hq, hkv, s, 128, cache=c) for c in caches]
+        cases += [DecodeCase(b, hq, hkv, s, 128, cache=c, sync_checks=False) for c in caches if c != "dense-api"]
     if not quick:
         cases += [DecodeCase(8, 32, 8, 8192, 128, cache="paged64", sq=4), DecodeCase(8, 32, 8, 8192, 64),
                   DecodeCase(8, 32, 8, 8192, 256)]

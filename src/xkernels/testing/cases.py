@@ -156,10 +156,13 @@ class DecodeCase:
     cache: str = "dense-api"
     sq: int = 1
     backend: str | None = None
+    sync_checks: bool = True  # cache calls: read the cache checks' flag on the host (False: checks stay on device)
 
     @property
     def shape(self) -> str:
-        return f"B{self.b} H{self.hq}/{self.hkv} {self.sq}x{_k(self.s)} D{self.d} {self.cache}{_forced(self.backend)}"
+        nosync = "" if self.sync_checks or self.cache == "dense-api" else " nosync"
+        return (f"B{self.b} H{self.hq}/{self.hkv} {self.sq}x{_k(self.s)} D{self.d} {self.cache}{nosync}"
+                f"{_forced(self.backend)}")
 
     @property
     def flops(self) -> int:
@@ -215,7 +218,8 @@ class DecodeCase:
                                       return_lse=return_lse, backend=self.backend)
         lengths = torch.full((self.b,), self.s, dtype=torch.int32, device=q.device)
         return xkernels.attention_with_kvcache(q, k, v, cache_seqlens=lengths, block_table=table, is_causal=False,
-                                               precision=self.recipe, return_lse=return_lse, backend=self.backend)
+                                               precision=self.recipe, return_lse=return_lse,
+                                               sync_checks=self.sync_checks, backend=self.backend)
 
     def check(self, inputs) -> Comparison:
         q, k, v = self.dense(inputs)
