@@ -16,7 +16,7 @@ import torch
 import triton
 
 from xkernels import decode, select
-from xkernels.common import launch
+from xkernels.common import launch, scratch
 from xkernels.common.runtime import (
     sm_count,
     strides_ok,
@@ -321,7 +321,8 @@ class MatmulPlan:
             self.fn = gemm_skinny.skinny_gemm_kernel
             self.ints = (self.rows, n, k, a3.stride(1), b3.stride(1), c_strides[1], k_slice)
             # the workspace, in 4-byte words: arrival counters, then the K-slice partials 16-byte aligned
-            self.partials_at = -(-triton.cdiv(n, self.cfg.block_n) // 4) * 4
+            self.counters = triton.cdiv(n, self.cfg.block_n)
+            self.partials_at = -(-self.counters // 4) * 4
             self.workspace_words = self.partials_at + self.slices * self.rows * n
         else:
             self.grid, self.walk_args, self.constexprs, self.options = portable_gemm.launch_spec(
@@ -365,24 +366,21 @@ class MatmulPlan:
             args = (a3, b3, out, *self._workspace(out), *self.ints) if self.skinny else (a3, b3, out, *self.ints)
             self.kernel = launch.compile_kernel(self.fn, self.grid, args, self.constexprs, self.options, a.device)
         if self.skinny:
-            if self.slices == 1:
-                ws = out.data_ptr()
-                partials = arrivals = ws
-            else:  # one zeroed allocation per call (no views): the host cost of the split is one torch call
-                ws = torch.zeros(self.workspace_words, dtype=torch.int32, device=out.device)
-                arrivals = ws.data_ptr()
-                partials = arrivals + 4 * self.partials_at
-            self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), partials, arrivals,
-                                           *self.ints, *self.tail))
+            partials, arrivals = self._workspace(out)
+            self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), partials.data_ptr(),
+                                           arrivals.data_ptr(), *self.ints, *self.tail))
         else:
             self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
 
     def _workspace(self, out):
-        """The few-row kernel's arrival counters (zeroed) and fp32 K-slice partials: one allocation per call,
-        stream-ordered by the caching allocator, so concurrent streams and CUDA graphs each get their own. One slice
-        needs neither (the kernel never reads them: `out` stands in)."""
+        """(fp32 K-slice partials, arrival counters at zero) of the few-row kernel: the current stream's set kept
+        across calls (`common.scratch`), or, under CUDA-graph capture, one zeroed allocation from the graph's pool.
+        One slice needs neither (the kernel never reads them: `out` stands in)."""
         if self.slices == 1:
             return out, out
+        kept = scratch.split_k(out.device, self.counters, self.slices * self.rows * self.n)
+        if kept is not None:
+            return kept[1], kept[0]
         ws = torch.zeros(self.workspace_words, dtype=torch.int32, device=out.device)
         return ws[self.partials_at:].view(torch.float32), ws
 

@@ -126,6 +126,41 @@ def test_few_row_gemm_real_sizes(b_layout, m, n, k):
     assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout))
 
 
+def test_few_row_gemm_kept_workspace_per_stream_and_under_capture():
+    """The split-K workspace kept across calls (`common.scratch`): one set per stream, so two streams running the same
+    plan at once stay correct; a CUDA graph captures a per-call workspace from its own pool (no set for the capture
+    stream), and its replays interleaved with eager calls stay correct."""
+    from xkernels.common import scratch
+
+    a, b = gemm_inputs(16, 6144, 4096, torch.bfloat16, "cuda", "nk", seed=5)
+    want = reference_matmul(a, b, "nk")
+    xkernels.matmul(a, b, b_layout="nk")
+    assert "skinny" in xkernels.last_backend() and "slices=1]" not in xkernels.last_backend()
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    outs = [[poisoned_like(a, shape=(16, 6144)) for _ in range(20)] for _ in streams]
+    for _ in range(2):
+        for i in range(20):
+            for s, o in zip(streams, outs, strict=True):
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    xkernels.matmul(a, b, b_layout="nk", out=o[i])
+    torch.cuda.synchronize()
+    assert all(compare_gemm(c, want, 4096).passed for o in outs for c in o)
+    assert {key for key in scratch._SETS} >= {(0, s.cuda_stream) for s in streams}
+    before = set(scratch._SETS)
+    g, static = torch.cuda.CUDAGraph(), poisoned_like(a, shape=(16, 6144))
+    xkernels.matmul(a, b, b_layout="nk", out=static)  # warm (compiled) outside the capture
+    with torch.cuda.graph(g):
+        xkernels.matmul(a, b, b_layout="nk", out=static)
+    assert set(scratch._SETS) == before, "no set is made for (or used by) a capture"
+    for _ in range(5):
+        static.fill_(float("nan"))
+        g.replay()
+        eager = xkernels.matmul(a, b, b_layout="nk")
+        torch.cuda.synchronize()
+        assert compare_gemm(static, want, 4096).passed and torch.equal(eager, static)
+
+
 @pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])
 def test_hopper_gemm_ablation_configs(overrides):
     a, b = gemm_inputs(1000, 3000, 2000, torch.bfloat16, "cuda", "nk", seed=9)

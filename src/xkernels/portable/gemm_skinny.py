@@ -4,10 +4,9 @@ With few rows the product is bound by reading B (the weight), and the tiled kern
 most SMs idle (N = 4096: 16 programs). Here a program owns BLOCK_N output columns (all rows) and one slice of K;
 there are enough (column block, K slice) programs to keep every SM streaming. Each slice's fp32 partial goes to a
 workspace; the program that finishes a column block last (a per-block arrival counter) sums the partials in slice
-order, so the result is bitwise repeatable, and writes C. The counters start at zero in a per-call workspace
-(`plans.MatmulPlan`); the last arriver also puts its counter back to zero, so a workspace kept across calls would
-work too. With one slice the
-program writes C directly.
+order, so the result is bitwise repeatable, and writes C. The last arriver also puts its counter back to zero, so
+the workspace is zeroed once and kept across calls, one per stream (`common.scratch`; under CUDA-graph capture a
+per-call zeroed one from the graph's pool). With one slice the program writes C directly.
 
 Memory order of the arrival: every thread's partial stores, then a CTA barrier, then one acq_rel atomic at GPU scope
 (release of the stores the barrier ordered before it); the last arriver's acquire, then a barrier, orders its reads
