@@ -61,6 +61,7 @@ for part in "${@:-smoke host}"; do
         stage timeout 150 python3 scripts/persistent_ab.py --dims 64 --lengths 512 1024 2048 4096 \
           --variants hopper:persistent=2,consumers=3,overlap=0 hopper:persistent=2 \
           --json "$OUT/chain_ab_d64.json" --md "$OUT/chain_ab_d64.md" ;;
+      gemmtiles) stage timeout 330 python3 scripts/gemm_tiles.py --json "$OUT/gemm_tiles.json" --md "$OUT/gemm_tiles.md" ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;

@@ -1,0 +1,98 @@
+"""Hopper GEMM tile configs on the shapes where the default 128 x 256 tile leaves SMs idle: cubes from 512 to 2048
+and the M = 128 rows of Llama-8B's layers (B as [N, K], bf16). Each config is a backend override string
+(`hopper:block_m=...`); the default and the few-row/tiled pick of `auto` are recorded too. Device time from
+CUDA-graph replay (`bench.timing.graph_ms`) against torch.matmul in the same process; every output is checked
+against torch's (relative Frobenius error < 1e-2) before it is timed. The summary names, per shape, the fastest
+config and the tile count it launched, so a shape rule (tiles per SM) can be read off it.
+
+    python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+import xkernels
+from xkernels.bench.timing import graph_ms
+
+SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048), (1024, 4096, 4096),
+          (128, 4096, 4096), (128, 6144, 4096), (128, 4096, 14336), (128, 28672, 4096), (256, 4096, 4096)]
+# (block_m, block_n, block_k, stages, num_warps): compiled spill-free for sm_90 (bf16 and fp16, both B layouts)
+CONFIGS = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 64, 5, 8), (64, 128, 64, 4, 4),
+           (64, 128, 64, 6, 4), (64, 256, 64, 3, 4)]
+
+
+def backend(cfg: tuple[int, ...]) -> str:
+    bm, bn, bk, st, w = cfg
+    return f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w}"
+
+
+def row(m: int, n: int, k: int) -> dict:
+    g = torch.Generator(device="cuda").manual_seed(m + n + k)
+    a = (torch.rand(m, k, device="cuda", generator=g) - 0.5).bfloat16()
+    b = (torch.rand(n, k, device="cuda", generator=g) - 0.5).bfloat16()
+    want = (a @ b.T).float()
+    out = {"shape": f"{m}x{n}x{k}", "torch_ms": graph_ms(lambda: a @ b.T), "configs": {}}
+    xkernels.matmul(a, b, b_layout="nk")
+    out["auto_kernel"] = xkernels.last_backend()
+    out["auto_ms"] = graph_ms(lambda: xkernels.matmul(a, b, b_layout="nk"))
+    for cfg in CONFIGS:
+        name = backend(cfg)
+        try:
+            c = xkernels.matmul(a, b, b_layout="nk", backend=name)
+            err = ((c.float() - want).norm() / want.norm()).item()
+            r = {"kernel": xkernels.last_backend(), "rel_err": err}
+            if err < 1e-2:
+                r["ms"] = graph_ms(lambda: xkernels.matmul(a, b, b_layout="nk", backend=name))  # noqa: B023
+                r["x_torch"] = out["torch_ms"] / r["ms"]
+                r["tiles"] = -(-m // cfg[0]) * -(-n // cfg[1])
+        except Exception as e:  # a config that cannot run this shape is recorded, not fatal
+            r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        out["configs"][name] = r
+    timed = {name: r for name, r in out["configs"].items() if "ms" in r}
+    if timed:
+        best = min(timed, key=lambda name: timed[name]["ms"])
+        out["best"] = {"config": best, **timed[best]}
+    out["auto_x_torch"] = out["torch_ms"] / out["auto_ms"]
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    names = [f"{bm}x{bn}x{bk} S{st} W{w}" for bm, bn, bk, st, w in CONFIGS]
+    lines = ["| shape | torch us | auto (x torch) | " + " | ".join(names) + " |",
+             "|---" * (3 + len(names)) + "|"]
+    for r in rows:
+        cells = []
+        for cfg in CONFIGS:
+            c = r["configs"][backend(cfg)]
+            cells.append(f"{c['x_torch']:.2f} ({c['tiles']} tiles)" if "x_torch" in c else
+                         ("FAIL" if "rel_err" in c else "error"))
+        lines.append(f"| {r['shape']} | {r['torch_ms'] * 1e3:.1f} | {r['auto_x_torch']:.2f} | " + " | ".join(cells)
+                     + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md")
+    args = ap.parse_args()
+    rows = []
+    for m, n, k in SHAPES:
+        rows.append(row(m, n, k))
+        r = rows[-1]
+        best = r.get("best", {})
+        print(f"{r['shape']}: torch {r['torch_ms'] * 1e3:.1f} us, auto x{r['auto_x_torch']:.2f} "
+              f"({r['auto_kernel']}), best {best.get('config')} x{best.get('x_torch', 0):.2f}", flush=True)
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
