@@ -1,7 +1,7 @@
-"""The Hopper backward's dQ paths on the backward anchor rows: the portable dQ kernel, the Gluon one, and dQ fused
-into the dK/dV kernel; device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`), the
-three variants and SDPA-cuDNN's backward in the same process, and dQ's (and for the fused variant dK's) error
-against float64 on a small row first.
+"""The Hopper backward's dQ paths on the backward anchor rows: the portable dQ kernel, the Gluon one (also on a side
+stream beside the dK/dV kernel), and dQ fused into the dK/dV kernel; device time of the whole backward (CUDA events
+behind a GPU-side sleep, `time_cuda`), the variants and SDPA-cuDNN's backward in the same process, and dQ's (and for
+the fused variant dK's) error against float64 on a small row first.
 
     python scripts/dq_ab.py --json dq_ab.json
 """
@@ -39,6 +39,7 @@ def variants(cfg, d: int) -> dict:
     plain = dataclasses.replace(cfg.dkdv, fused_dq=False)
     return {"portable_dq": select.HopperBackward(plain, cfg.portable, None),
             "gluon_dq": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d]),
+            "gluon_dq_concurrent": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d], True),
             "fused_dq": select.HopperBackward(dataclasses.replace(plain, fused_dq=True), cfg.portable, None)}
 
 

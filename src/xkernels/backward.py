@@ -53,33 +53,67 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SIDE_STREAMS:
+        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
+    return _SIDE_STREAMS[index]
+
+
 def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,
             cfg: select.HopperBackward) -> None:
     """The Hopper dK/dV kernel, with the portable preprocess kernel and the Gluon or the portable dQ kernel, or with
-    dQ fused into it (`cfg.dkdv.fused_dq`: reduced into an fp32 buffer, then scaled into dq)."""
+    dQ fused into it (`cfg.dkdv.fused_dq`: reduced into an fp32 buffer, then scaled into dq). With
+    `cfg.concurrent_dq` the Gluon dQ kernel runs on a side stream forked after the preprocess and joined before
+    returning, so its CTAs fill the SMs the dK/dV kernel's last wave leaves idle (the two read the same inputs and
+    write disjoint outputs; the join orders every later use and free after both). Capturable: the fork and join
+    become graph edges."""
     from xkernels.common import launch
     from xkernels.hopper import attention_bwd as hopper_bwd
 
     b, hq, sq, d = q.shape
     hkv, skv = k.shape[1], k.shape[2]
-    portable_cfg, dq_cfg, cfg = cfg.portable, cfg.dq, cfg.dkdv
+    portable_cfg, dq_cfg, concurrent_dq, cfg = cfg.portable, cfg.dq, cfg.concurrent_dq, cfg.dkdv
     # fused dQ: an fp32 buffer the preprocess pass zeroes, the dK/dV kernel reduces into, and finish_dq scales
     dq_accum = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device) if cfg.fused_dq else None
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
                                     num_warps=portable_cfg.num_warps, dq_accum=dq_accum)
     qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
+    concurrent = concurrent_dq and dq_cfg is not None and dq_accum is None and q.is_cuda
+    if concurrent:  # the fork point: delta and every input are ready
+        current = torch.cuda.current_stream(q.device)
+        inputs_ready = torch.cuda.Event()
+        inputs_ready.record(current)
     args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg, dq_accum), lse, delta, dk, dv, *dk.stride()[:3],
             *dv.stride()[:3], hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
                           cfg.constexprs(d, causal=is_causal), {})
+    if concurrent:  # dK/dV (the longer kernel) was issued first; dQ's CTAs take the SMs as they free up
+        side = _side_stream(q.device)
+        side.wait_event(inputs_ready)
+        with torch.cuda.stream(side):
+            _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal, scale=scale, dq_cfg=dq_cfg)
+        current.wait_stream(side)  # the join: dq is written before anything later on this stream
+        return
     if dq_accum is not None:
         portable_bwd.finish_dq(dq_accum, dq, scale=scale, block_m=portable_cfg.q_m, num_warps=portable_cfg.num_warps)
         return
     if dq_cfg is None:
         portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)
         return
+    _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal, scale=scale, dq_cfg=dq_cfg)
+
+
+def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float, dq_cfg) -> None:
+    """The Gluon dQ kernel (`hopper/attention_dq.py`) on the current stream."""
+    from xkernels.common import launch
     from xkernels.hopper import attention_dq as hopper_dq
 
+    b, hq, sq, d = qf.shape
+    hkv, skv = kf.shape[1], kf.shape[2]
     args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, *dq.stride()[:3], hq, hq // hkv, sq,
             skv, scale * math.log2(math.e), scale)
     launch.generic_launch(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq), args,

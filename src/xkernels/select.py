@@ -121,9 +121,10 @@ class HopperBackward:
     dkdv: HopperAttentionBwdConfig
     portable: portable_configs.AttentionBwdConfig
     dq: HopperAttentionDqConfig | None = None
+    concurrent_dq: bool = False  # the dQ kernel on a side stream beside dK/dV (their last waves overlap): an A/B
 
     def __str__(self) -> str:
-        return f"dKdV {self.dkdv} dQ {self.dq if self.dq else self.portable}"
+        return f"dKdV {self.dkdv} dQ {self.dq if self.dq else self.portable}" + " concurrent" * self.concurrent_dq
 
 
 @dataclass(frozen=True)

@@ -58,3 +58,39 @@ def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
         assert c.passed, c.reason
     c = compare_grad(dq, refs[0], recipe)
     assert c.passed, c.reason
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_concurrent_dq_equals_the_sequential_backward(causal):
+    """The Gluon dQ kernel on a side stream beside dK/dV (`HopperBackward.concurrent_dq`): the same kernels on the
+    same inputs, so the same bits, eagerly and replayed from a CUDA graph (the fork and join are captured); dQ is
+    complete when the call returns on the caller's stream."""
+    q, k, v = attention_inputs(2, 8, 1000, 1000, 128, torch.bfloat16, "cuda", hkv=2, seed=3)
+    do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
+    import xkernels
+
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+    _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=True, precision="auto",
+                                                  backend="auto")
+    seq = dataclasses.replace(choice.config, dq=ATTENTION_DQ_CONFIGS[128], concurrent_dq=False)
+    conc = dataclasses.replace(seq, concurrent_dq=True)
+
+    def run(cfg, grads):
+        backward._hopper(q, k, v, o.detach(), lse.detach(), do, *grads, None, is_causal=causal,
+                         scale=q.shape[-1] ** -0.5, cfg=cfg)
+        return grads
+
+    want = run(seq, [torch.full_like(t, float("nan")) for t in (q, k, v)])
+    got = run(conc, [torch.full_like(t, float("nan")) for t in (q, k, v)])
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    static = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    run(conc, static)  # compiled outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run(conc, static)
+    for t in static:
+        t.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(static, want, strict=True))
+
