@@ -6,7 +6,8 @@ barrier setup, the first Q and K latencies) for a few key tiles; here the grid i
 walks the same static list of B * m_blocks * Hq tiles (m_blocks from max_seqlen_q), sequence-major so a sequence's
 K/V stay in L2 while its heads run, longest query blocks first within it. A tile past its sequence's end is skipped by
 every partition alike (each reads cu_seqlens); a tile whose rows see no key (Sk = 0, or causal with Sq > Sk) loads
-nothing: its consumers store O = 0 and LSE = -inf directly.
+nothing: its consumers store O = 0 and LSE = -inf directly. The walk is a plain `for` over the list in every
+partition; the consumers chain tiles from the next tile's side (`_consumer`), so none scans ahead.
 
 Descriptors are made once on the host over 2-D views of the packed Q, K, V (`attention_persistent.descriptor_view`
 of (1, H, total, D)), so a tile does not stop at its sequence's end:
@@ -111,28 +112,16 @@ def _epilogue(acc, m_i, l_i, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh,
 
 
 @gluon.jit
-def _next_tile(tile, WG: gl.constexpr, o_buf, O, LSE, CU_Q, CU_K, walk, o_st, o_sh, lse_sh,
-               HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr,
-               WRITE_LSE: gl.constexpr):
-    """The first tile of this program's deal from `tile` on that loads keys (>= n_tiles: none). Tiles on the way
-    that exist but see no key get O = 0 and LSE = -inf for this warpgroup's rows."""
-    BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
-    n_tiles = walk[0]
-    found = gl.to_tensor(0)
-    while (tile < n_tiles) & (found == 0):
-        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL)
-        row0 = start_m + WG * WG_ROWS
-        if (start_m < SQ) & (hi == 0) & (row0 < SQ):
-            zero = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, wgmma_acc(HEAD_DIM))
-            _store_rows(zero, O + (q0 + row0) * o_st + h.to(gl.int64) * o_sh, o_st, SQ - row0, o_buf, HEAD_DIM)
-            if WRITE_LSE:
-                lse_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-                offs = row0 + gl.arange(0, WG_ROWS, lse_layout)
-                gl.store(LSE + h.to(gl.int64) * lse_sh + q0 + offs,
-                         gl.full([WG_ROWS], float("-inf"), gl.float32, lse_layout), mask=offs < SQ)
-        found = ((start_m < SQ) & (hi > 0)).to(gl.int32)
-        tile += gl.num_programs(0) * (1 - found)
-    return tile
+def _store_empty(WG: gl.constexpr, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM: gl.constexpr,
+                 WRITE_LSE: gl.constexpr):
+    """O = 0 and LSE = -inf for a warpgroup's rows of a tile that sees no key."""
+    zero = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, wgmma_acc(HEAD_DIM))
+    _store_rows(zero, O + (q0 + row0) * o_st + h.to(gl.int64) * o_sh, o_st, SQ - row0, o_buf, HEAD_DIM)
+    if WRITE_LSE:
+        lse_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs = row0 + gl.arange(0, WG_ROWS, lse_layout)
+        gl.store(LSE + h.to(gl.int64) * lse_sh + q0 + offs, gl.full([WG_ROWS], float("-inf"), gl.float32, lse_layout),
+                 mask=offs < SQ)
 
 
 @gluon.jit
@@ -156,8 +145,10 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
               NUM_WG: gl.constexpr):
-    """`attention_persistent._consumer_chained` on the varlen walk: tiles chained (the next tile's first QK^T with
-    this tile's last P.V), the tail tile's V rows past the sequence zeroed first, O stored row-masked."""
+    """`attention_persistent._consumer_chained` on the varlen walk, written from the next tile's side: a loaded tile
+    starts by issuing its first QK^T together with the last P.V of the tile before it (pending), runs its first
+    softmax under that P.V, then stores the pending tile's O; the program's last tile ends alone after the walk. The
+    pending tile's V rows past its sequence are zeroed before that P.V."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
     o_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
@@ -171,77 +162,77 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
     m_0 = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
     l_0 = gl.zeros([WG_ROWS], gl.float32, rows_s)
     o_buf = o_bufs.index(WG)
-    n_tiles = walk[0]
 
-    # the first tile's key tile 0: scores and softmax only (its P.V goes out with key tile 1's QK^T)
-    tile = _next_tile(gl.program_id(0), WG, o_buf, O, LSE, CU_Q, CU_K, walk, o_st, o_sh, lse_sh, HEAD_DIM, BLOCK_N,
-                      CAUSAL, NUM_WG, WRITE_LSE)
-    it = gl.to_tensor(0)
-    if tile < n_tiles:
-        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL)
-        offs_m = start_m + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s) + diag
-        mbarrier.wait(q_ready.index(0), 0)
-        s = k.wait(it)
-        qk = warpgroup_mma(q_bufs.index(WG), k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
-        k.release(it)
-        qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-        p, m_i, l_i, _ = softmax_step(qk, m_0, l_0, step_scale, CAUSAL)
-        p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
-    else:
-        p_op = gl.convert_layout(zero_s.to(pv_dtype), p_layout)
-        m_i = m_0
-        l_i = l_0
+    # the pending tile (its last P.V not issued yet): its softmax state and where its rows go
     acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
-    it += 1
+    m_i = m_0
+    l_i = l_0
+    p_op = gl.convert_layout(zero_s.to(pv_dtype), p_layout)
+    pending = gl.to_tensor(0)
+    p_h = gl.to_tensor(0)
+    p_q0 = gl.to_tensor(0).to(gl.int64)
+    p_sq = gl.to_tensor(0)
+    p_row0 = gl.to_tensor(0)
+    p_tail = gl.to_tensor(0)  # rows of its last V tile inside the sequence (BLOCK_N: all)
+    it = gl.to_tensor(0)
     n = gl.to_tensor(0)
-    while tile < n_tiles:
-        slot = n % 2
+    for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
         h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL)
         row0 = start_m + WG * WG_ROWS
-        offs_m = row0 + gl.arange(0, WG_ROWS, rows_s) + diag
-        acc, m_i, l_i, p_op, it = _key_steps(q_bufs.index(slot * NUM_WG + WG), k, v, acc, m_i, l_i, p_op, it,
-                                             BLOCK_N, full_hi, hi, offs_m, SKV, qk_scale, zero_s, BLOCK_N, CAUSAL,
-                                             POSITIVE_SCALE, OVERLAP, CAUSAL)
-        mbarrier.arrive(q_free.index(slot))  # every QK^T reading this tile's Q has retired
-        last = ((hi - 1) // BLOCK_N) * BLOCK_N  # the key tile whose P.V is still to issue
-        v_tile = v.bufs.index(v.wait(it - 1))
-        if SKV - last < BLOCK_N:  # the sequence's tail tile: rows past its end belong to a neighbour
-            _zero_tail(v_tile, SKV - last, HEAD_DIM)
-        nxt = _next_tile(tile + gl.num_programs(0), WG, o_buf, O, LSE, CU_Q, CU_K, walk, o_st, o_sh, lse_sh,
-                         HEAD_DIM, BLOCK_N, CAUSAL, NUM_WG, WRITE_LSE)
-        if nxt < n_tiles:
-            n_h, n_q0, n_sq, n_k0, n_skv, n_start, n_diag, n_full_hi, n_hi = _work(nxt, CU_Q, CU_K, walk, BLOCK_M,
-                                                                                  BLOCK_N, CAUSAL)
-            n_offs = n_start + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s) + n_diag
-            mbarrier.wait(q_ready.index(1 - slot), ((n + 1) // 2) & 1)
+        if (start_m < SQ) & (hi == 0) & (row0 < SQ):  # rows that see no key: nothing loaded
+            _store_empty(WG, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM, WRITE_LSE)
+        if (start_m < SQ) & (hi > 0):
+            slot = n % 2
+            offs_m = row0 + gl.arange(0, WG_ROWS, rows_s) + diag
+            mbarrier.wait(q_ready.index(slot), (n // 2) & 1)
             s = k.wait(it)
-            qk_tok = warpgroup_mma(q_bufs.index((1 - slot) * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
-                                   use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-            # arrive -> independent work -> wait: this tile's last P.V runs while the next tile's first scores are
-            # masked and exponentiated
-            qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
-            k.release(it)
-            qk = _scores(qk, 0, n_full_hi, n_offs, n_skv, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-            p, m_next, l_next, _ = softmax_step(qk, m_0, l_0, step_scale, CAUSAL)
-            acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-            v.release(it - 1)
-            p_next = gl.convert_layout(p.to(pv_dtype), p_layout)
-        else:  # the program's last tile: its last P.V alone
-            acc = warpgroup_mma(p_op, v_tile, acc)
-            v.release(it - 1)
-            p_next = p_op
-            m_next = m_i
-            l_next = l_i
-        if row0 < SQ:
-            _epilogue(acc, m_i, l_i, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM, CAUSAL, WRITE_LSE)
-        acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
-        p_op = p_next
-        m_i = m_next
-        l_i = l_next
-        it += 1
-        n += 1
-        tile = nxt
+            if pending != 0:
+                v_tile = v.bufs.index(v.wait(it - 1))
+                if p_tail < BLOCK_N:  # the pending sequence's tail tile: rows past its end belong to a neighbour
+                    _zero_tail(v_tile, p_tail, HEAD_DIM)
+                qk_tok = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
+                                       use_acc=False, is_async=True)
+                acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                # arrive -> independent work -> wait: the pending tile's last P.V runs while this tile's first
+                # scores are masked and exponentiated
+                qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
+                k.release(it)
+                qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+                p, m_new, l_new, _ = softmax_step(qk, m_0, l_0, step_scale, CAUSAL)
+                acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+                v.release(it - 1)
+                if p_row0 < p_sq:
+                    _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh, HEAD_DIM,
+                              CAUSAL, WRITE_LSE)
+            else:  # the program's first loaded tile
+                qk = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
+                                   use_acc=False)
+                k.release(it)
+                qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+                p, m_new, l_new, _ = softmax_step(qk, m_0, l_0, step_scale, CAUSAL)
+            p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
+            acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
+            it += 1
+            acc, m_i, l_i, p_op, it = _key_steps(q_bufs.index(slot * NUM_WG + WG), k, v, acc, m_new, l_new, p_op, it,
+                                                 BLOCK_N, full_hi, hi, offs_m, SKV, qk_scale, zero_s, BLOCK_N, CAUSAL,
+                                                 POSITIVE_SCALE, OVERLAP, CAUSAL)
+            mbarrier.arrive(q_free.index(slot))  # every QK^T reading this tile's Q has retired
+            pending = gl.to_tensor(1)
+            p_h = h
+            p_q0 = q0
+            p_sq = SQ
+            p_row0 = row0
+            p_tail = SKV - ((hi - 1) // BLOCK_N) * BLOCK_N
+            n += 1
+    if pending != 0:  # the program's last loaded tile: its last P.V alone
+        v_tile = v.bufs.index(v.wait(it - 1))
+        if p_tail < BLOCK_N:
+            _zero_tail(v_tile, p_tail, HEAD_DIM)
+        acc = warpgroup_mma(p_op, v_tile, acc)
+        v.release(it - 1)
+        if p_row0 < p_sq:
+            _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh, HEAD_DIM, CAUSAL,
+                      WRITE_LSE)
 
 
 @gluon.jit(do_not_specialize=["GROUP", "n_tiles", "m_blocks", "HQ"])
