@@ -90,18 +90,22 @@ def _persistent(q, k, v, max_seqlen_k: int, is_causal: bool, recipe, cfg) -> boo
 
 
 def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, qk_scale: float, *,
-                    is_causal: bool, positive_scale: bool, recipe, cfg) -> None:
+                    is_causal: bool, positive_scale: bool, recipe, cfg, knobs: dict | None = None,
+                    grid: int | None = None) -> None:
+    """Launch the persistent varlen kernel. Scripts only: `knobs` (CHAIN, ZERO_TAIL) are its ablation switches,
+    `grid` a program count other than the SMs' (1: one program walks every tile)."""
     from xkernels.common.runtime import sm_count
     from xkernels.hopper import attention_varlen_persistent as hvp
 
     total_q, hq, d = q.shape
     batch = cu_seqlens_q.shape[0] - 1
-    grid, walk, constexprs, options = hvp.launch_spec(batch, hq, max_seqlen_q, d, sm_count(q.device.index),
-                                                      is_causal=is_causal, recipe=recipe,
-                                                      positive_scale=positive_scale, write_lse=lse is not None,
-                                                      cfg=cfg)
+    sms_grid, walk, constexprs, options = hvp.launch_spec(batch, hq, max_seqlen_q, d, sm_count(q.device.index),
+                                                          is_causal=is_causal, recipe=recipe,
+                                                          positive_scale=positive_scale, write_lse=lse is not None,
+                                                          cfg=cfg)
     (_, _, (_, q_rh, q_ch)), (_, _, (_, kv_rh, kv_ch)) = hvp.packed_view(q), hvp.packed_view(k)
     args = (*hvp.descriptors(q, k, v, block_n=cfg.block_n), out, out if lse is None else lse, cu_seqlens_q,
             cu_seqlens_k, q_rh, q_ch, kv_rh, kv_ch, *out.stride()[:2], total_q if lse is not None else 0,
             hq // k.shape[1], *walk, qk_scale)
-    launch.generic_launch(hvp.attention_varlen_persistent_kernel, grid, args, constexprs, options)
+    launch.generic_launch(hvp.attention_varlen_persistent_kernel, grid or sms_grid, args,
+                          constexprs | (knobs or {}), options)

@@ -144,7 +144,7 @@ def _zero_tail(v_tile, valid, HEAD_DIM: gl.constexpr):
 def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, walk, o_st, o_sh, lse_sh,
               qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              NUM_WG: gl.constexpr):
+              NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr):
     """`attention_persistent._consumer_chained` on the varlen walk, written from the next tile's side: a loaded tile
     starts by issuing its first QK^T together with the last P.V of the tile before it (pending), runs its first
     softmax under that P.V, then stores the pending tile's O; the program's last tile ends alone after the walk. The
@@ -188,22 +188,34 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
             s = k.wait(it)
             if pending != 0:
                 v_tile = v.bufs.index(v.wait(it - 1))
-                if p_tail < BLOCK_N:  # the pending sequence's tail tile: rows past its end belong to a neighbour
-                    _zero_tail(v_tile, p_tail, HEAD_DIM)
-                qk_tok = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
-                                       use_acc=False, is_async=True)
-                acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-                # arrive -> independent work -> wait: the pending tile's last P.V runs while this tile's first
-                # scores are masked and exponentiated
-                qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
-                k.release(it)
-                qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-                p, m_new, l_new, _ = softmax_step(qk, m_0, l_0, step_scale, CAUSAL)
-                acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
-                v.release(it - 1)
-                if p_row0 < p_sq:
-                    _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh, HEAD_DIM,
-                              CAUSAL, WRITE_LSE)
+                if ZERO_TAIL and p_tail < BLOCK_N:  # the pending sequence's tail tile: rows past its end belong
+                    _zero_tail(v_tile, p_tail, HEAD_DIM)  # to a neighbour
+                if CHAIN:
+                    qk_tok = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)),
+                                           zero_s, use_acc=False, is_async=True)
+                    acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+                    # arrive -> independent work -> wait: the pending tile's last P.V runs while this tile's first
+                    # scores are masked and exponentiated
+                    qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
+                    k.release(it)
+                    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+                    p, m_new, l_new, _ = softmax_step(qk, m_0, l_0, step_scale, CAUSAL)
+                    acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
+                    v.release(it - 1)
+                    if p_row0 < p_sq:
+                        _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh,
+                                  HEAD_DIM, CAUSAL, WRITE_LSE)
+                else:  # ablation: the pending tile ends (P.V, epilogue) before this tile's first QK^T is issued
+                    acc = warpgroup_mma(p_op, v_tile, acc)
+                    v.release(it - 1)
+                    if p_row0 < p_sq:
+                        _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh,
+                                  HEAD_DIM, CAUSAL, WRITE_LSE)
+                    qk = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
+                                       use_acc=False)
+                    k.release(it)
+                    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+                    p, m_new, l_new, _ = softmax_step(qk, m_0, l_0, step_scale, CAUSAL)
             else:  # the program's first loaded tile
                 qk = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
                                    use_acc=False)
@@ -226,7 +238,7 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
             n += 1
     if pending != 0:  # the program's last loaded tile: its last P.V alone
         v_tile = v.bufs.index(v.wait(it - 1))
-        if p_tail < BLOCK_N:
+        if ZERO_TAIL and p_tail < BLOCK_N:
             _zero_tail(v_tile, p_tail, HEAD_DIM)
         acc = warpgroup_mma(p_op, v_tile, acc)
         v.release(it - 1)
@@ -240,7 +252,8 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
                                        o_sh, lse_sh, GROUP, n_tiles, m_blocks, HQ, qk_scale, HEAD_DIM: gl.constexpr,
                                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                        POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
-                                       ACC16: gl.constexpr, WRITE_LSE: gl.constexpr):
+                                       ACC16: gl.constexpr, WRITE_LSE: gl.constexpr, CHAIN: gl.constexpr = True,
+                                       ZERO_TAIL: gl.constexpr = True):
     """q (total_q, Hq, D), k and v (total_k, Hkv, D) through descriptors over their 2-D views (a head's rows start
     at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides; LSE (Hq, total_q)."""
     at = (q_rh, q_ch, kv_rh, kv_ch)
@@ -256,9 +269,9 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     gl.static_assert(NUM_WG == 2, "two consumer warpgroups")
     gl.warp_specialize([
         (_consumer, (0, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, walk, o_st, o_sh, lse_sh, qk_scale,
-                     HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+                     HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAIN, ZERO_TAIL)),
         (_consumer, (1, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, walk, o_st, o_sh, lse_sh, qk_scale,
-                     HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)),
+                     HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAIN, ZERO_TAIL)),
         (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, at, walk, GROUP,
                      BLOCK_N, CAUSAL, NUM_WG))], [4, 1], [regs, producer_regs])
 
