@@ -67,7 +67,10 @@ for part in "${@:-smoke host}"; do
           tests/test_varlen.py
         stage timeout 100 xkernels bench --suite varlen --iters 20 --out "$OUT/bench-varlen" ;;
       varlendebug)  # the persistent varlen forward's fault localized: every variant and small batch, per 64-row block
-        stage timeout 420 python3 scripts/varlen_persistent_debug.py --json "$OUT/varlen_debug.json" ;;
+        stage timeout 420 python3 scripts/varlen_persistent_debug.py --json "$OUT/varlen_debug.json"
+        # the illegal address of run 36 (D128, full): memcheck names the faulting instruction and address
+        stage timeout 240 compute-sanitizer --tool memcheck --print-limit 10 \
+          python3 scripts/varlen_persistent_debug.py --one 128 0 1 1 ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;
