@@ -45,6 +45,7 @@ from xkernels.hopper.attention_persistent import descriptor_view
 from xkernels.hopper.barriers import kv_rings, q_slot_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
+from xkernels.hopper.pipeline import allocate_barriers
 from xkernels.hopper.softmax import softmax_step
 from xkernels.recipes import AttentionRecipe
 
@@ -141,8 +142,28 @@ def _zero_tail(v_tile, valid, HEAD_DIM: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, walk, o_st, o_sh, lse_sh,
-              qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+def _tail_ready(WG: gl.constexpr, v_tile, valid, v_zeroed, tile_n, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                ZERO_TAIL: gl.constexpr):
+    """The last V tile of this program's loaded tile `tile_n` made safe for its P.V: rows >= valid (another
+    sequence's values) zeroed. ZERO_TAIL 1: both warpgroups rewrite the tile (same values, unsynchronized);
+    2: warpgroup 0 alone zeroes, then arrives on the tile slot's `v_zeroed` barrier, which warpgroup 1 waits on
+    before its P.V reads the tile (every tile arrives, tail or not, so the phases count tiles); 0: no zeroing (an
+    ablation: a neighbour's inf or NaN then reaches the sequence)."""
+    if ZERO_TAIL == 1:
+        if valid < BLOCK_N:
+            _zero_tail(v_tile, valid, HEAD_DIM)
+    elif ZERO_TAIL == 2:
+        if WG == 0:
+            if valid < BLOCK_N:
+                _zero_tail(v_tile, valid, HEAD_DIM)
+            mbarrier.arrive(v_zeroed.index(tile_n % 2))
+        else:
+            mbarrier.wait(v_zeroed.index(tile_n % 2), (tile_n // 2) & 1)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
+              lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
               NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr):
     """`attention_persistent._consumer_chained` on the varlen walk, written from the next tile's side: a loaded tile
@@ -188,8 +209,7 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
             s = k.wait(it)
             if pending != 0:
                 v_tile = v.bufs.index(v.wait(it - 1))
-                if ZERO_TAIL and p_tail < BLOCK_N:  # the pending sequence's tail tile: rows past its end belong
-                    _zero_tail(v_tile, p_tail, HEAD_DIM)  # to a neighbour
+                _tail_ready(WG, v_tile, p_tail, v_zeroed, n - 1, HEAD_DIM, BLOCK_N, ZERO_TAIL)
                 if CHAIN:
                     qk_tok = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)),
                                            zero_s, use_acc=False, is_async=True)
@@ -238,8 +258,7 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
             n += 1
     if pending != 0:  # the program's last loaded tile: its last P.V alone
         v_tile = v.bufs.index(v.wait(it - 1))
-        if ZERO_TAIL and p_tail < BLOCK_N:
-            _zero_tail(v_tile, p_tail, HEAD_DIM)
+        _tail_ready(WG, v_tile, p_tail, v_zeroed, n - 1, HEAD_DIM, BLOCK_N, ZERO_TAIL)
         acc = warpgroup_mma(p_op, v_tile, acc)
         v.release(it - 1)
         if p_row0 < p_sq:
@@ -253,7 +272,7 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
                                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                        POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
                                        ACC16: gl.constexpr, WRITE_LSE: gl.constexpr, CHAIN: gl.constexpr = True,
-                                       ZERO_TAIL: gl.constexpr = True):
+                                       ZERO_TAIL: gl.constexpr = 1):
     """q (total_q, Hq, D), k and v (total_k, Hkv, D) through descriptors over their 2-D views (a head's rows start
     at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides; LSE (Hq, total_q)."""
     at = (q_rh, q_ch, kv_rh, kv_ch)
@@ -264,14 +283,17 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k, v, v_landed = kv_rings(k_bufs, v_bufs, False, NUM_WG)
     q_ready, q_free = q_slot_barriers(2, NUM_WG)
+    v_zeroed = allocate_barriers(2, 1)  # ZERO_TAIL=2: warpgroup 0 -> warpgroup 1, per tile slot (`_tail_ready`)
     regs: gl.constexpr = consumer_registers(NUM_WG, False)
     producer_regs: gl.constexpr = producer_registers(NUM_WG, False, 8)
     gl.static_assert(NUM_WG == 2, "two consumer warpgroups")
     gl.warp_specialize([
-        (_consumer, (0, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, walk, o_st, o_sh, lse_sh, qk_scale,
-                     HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAIN, ZERO_TAIL)),
-        (_consumer, (1, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, walk, o_st, o_sh, lse_sh, qk_scale,
-                     HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAIN, ZERO_TAIL)),
+        (_consumer, (0, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
+                     lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                     CHAIN, ZERO_TAIL)),
+        (_consumer, (1, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
+                     lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                     CHAIN, ZERO_TAIL)),
         (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, at, walk, GROUP,
                      BLOCK_N, CAUSAL, NUM_WG))], [4, 1], [regs, producer_regs])
 
@@ -302,7 +324,7 @@ def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: i
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,
                       POSITIVE_SCALE=positive_scale, OVERLAP=bool(cfg.overlap), NUM_WG=cfg.consumers,
                       ACC16=bool(cfg.acc16) or recipe.pv_acc_dtype == torch.float16, WRITE_LSE=write_lse,
-                      CHAIN=True, ZERO_TAIL=True)
+                      CHAIN=True, ZERO_TAIL=1)
     return min(n_tiles, sms), (n_tiles, m_blocks, heads), constexprs, dict(num_warps=4)
 
 
