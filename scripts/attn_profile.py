@@ -1,10 +1,11 @@
 """Hardware counters for the Hopper attention kernel (and SDPA-cuDNN) on chosen rows; run under ncu:
 
-    bash scripts/attn_profile.sh [targets|bf16io]   (the wrapper: ncu options, sections, metrics)
+    bash scripts/attn_profile.sh [targets|bf16io|persistent]   (the wrapper: ncu options, sections, metrics)
 
 targets: the D128 and D64 bf16 rows, ours then cuDNN. bf16io: bf16 then bf16io at D128 and D256, ours only (where
-does the V conversion's time go). Every kernel is compiled and warmed outside the profiled range; inside it each row
-launches once, so ncu sees exactly those launches (its replays restore memory between passes).
+does the V conversion's time go). persistent: the persistent kernel's weakest rows, ours then cuDNN. Every kernel is
+compiled and warmed outside the profiled range; inside it each row launches once, so ncu sees exactly those launches
+(its replays restore memory between passes).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ SETS = {
                  AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16")], True),
     "bf16io": ([AttentionCase(1, 32, 32, 8192, 8192, 128, False, r) for r in ("bf16", "bf16io")]
                + [AttentionCase(1, 16, 16, 8192, 8192, 256, False, r) for r in ("bf16", "bf16io")], False),
+    # the persistent kernel's weakest sweep rows (run 35, 16K tokens per call): D128 full MHA and D64 causal at 2K
+    "persistent": ([AttentionCase(8, 32, 32, 2048, 2048, 128, False, "bf16"),
+                    AttentionCase(8, 32, 32, 2048, 2048, 64, True, "bf16")], True),
 }
 
 
