@@ -11,7 +11,7 @@ import math
 import torch
 
 from xkernels import plans, select
-from xkernels.common.runtime import unit_last_stride
+from xkernels.common.runtime import side_stream, unit_last_stride
 from xkernels.portable import attention_bwd as portable_bwd
 
 
@@ -53,16 +53,6 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE_STREAMS:
-        _SIDE_STREAMS[index] = torch.cuda.Stream(device=index)
-    return _SIDE_STREAMS[index]
-
-
 def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,
             cfg: select.HopperBackward) -> None:
     """The Hopper dK/dV kernel, with the portable preprocess kernel and the Gluon or the portable dQ kernel, or with
@@ -92,7 +82,7 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
     launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
                           cfg.constexprs(d, causal=is_causal), {})
     if concurrent:  # dK/dV (the longer kernel) was issued first; dQ's CTAs take the SMs as they free up
-        side = _side_stream(q.device)
+        side = side_stream(q.device.index)
         side.wait_event(inputs_ready)
         with torch.cuda.stream(side):
             _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal, scale=scale, dq_cfg=dq_cfg)

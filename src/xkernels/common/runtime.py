@@ -37,6 +37,13 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.cache
+def side_stream(device_index: int) -> torch.cuda.Stream:
+    """The library's own CUDA stream on a device, beside the caller's: for work forked off the current stream and
+    joined back (the concurrent dQ kernel) and for buffers allocated outside the current stream's memory pool."""
+    return torch.cuda.Stream(device=device_index)
+
+
 def hopper_available(device: torch.device) -> bool:
     """The Gluon fast path runs here: compiled (not interpreted) kernels on sm_90 with a tested triton."""
     return (not INTERPRET and device.type == "cuda" and TRITON_TESTED

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from xkernels.common.runtime import side_stream
+
 MAX_BYTES = 64 << 20  # fp32 partials per stream; larger splits allocate per call
 MAX_STREAMS = 16  # sets kept per device; the oldest is released (after its stream's work) beyond that
 
@@ -34,7 +36,6 @@ class _Set:
 
 
 _SETS: dict[tuple, _Set] = {}
-_SIDE: dict[int, torch.cuda.Stream] = {}
 
 
 def _alloc(device: torch.device, counters: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,9 +45,7 @@ def _alloc(device: torch.device, counters: int, partials: int) -> tuple[torch.Te
         return (torch.zeros(counters, dtype=torch.int32, device=device),
                 torch.empty(partials, dtype=torch.float32, device=device))
     index = device.index if device.index is not None else torch.cuda.current_device()
-    side = _SIDE.get(index)
-    if side is None:
-        side = _SIDE[index] = torch.cuda.Stream(device=index)
+    side = side_stream(index)
     current = torch.cuda.current_stream(index)
     side.wait_stream(current)
     with torch.cuda.stream(side):
