@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import product
 from pathlib import Path
 
 import torch
@@ -264,7 +265,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.common.runtime import TRITON_TESTED
     from xkernels.hopper import attention_fwd as attn
     from xkernels.hopper import gemm
-    from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, PERSISTENT_ATTENTION_CONFIGS
+    from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, PERSISTENT_ATTENTION_CONFIGS, SMALL_GEMM_CONFIG
     from xkernels.recipes import ATTENTION_RECIPES
 
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
@@ -354,15 +355,14 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{' causal' if causal else ''} {qc}",
                                    dq.attention_dq_kernel, types, qc.constexprs(d, causal=causal), 4, gluon=True)
 
-    c = GEMM_CONFIG
-    for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
-        for lay in ("kn", "nk"):
-            for walk in ("row", "grouped", "zorder"):
-                descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
-                               f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"
-                         for name, shape in zip(("a_desc", "b_desc", "c_desc"), c.blocks(lay), strict=True)}
-                yield KernelConfig(f"hopper.gemm {dt} {lay} {walk} {c}", gemm.persistent_gemm_kernel, descs,
-                                   c.constexprs(lay, walk), c.num_warps, gluon=True)
+    for c in (GEMM_CONFIG, SMALL_GEMM_CONFIG):
+        for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"),
+                                            ("row", "grouped", "zorder")):
+            descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
+                           f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"
+                     for name, shape in zip(("a_desc", "b_desc", "c_desc"), c.blocks(lay), strict=True)}
+            yield KernelConfig(f"hopper.gemm {dt} {lay} {walk} {c}", gemm.persistent_gemm_kernel, descs,
+                               c.constexprs(lay, walk), c.num_warps, gluon=True)
 
 
 def all_configs(target: Target = TARGETS["sm_90"]) -> Iterator[KernelConfig]:

@@ -16,18 +16,18 @@ from dataclasses import dataclass
 
 import torch
 
-from xkernels.common.runtime import INTERPRET, check_device, hopper_available
+from xkernels.common.runtime import INTERPRET, check_device, hopper_available, sm_count
 from xkernels.common.targets import TARGETS, Target, device_target
 from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
     ATTENTION_CONFIGS,
     ATTENTION_DQ_CONFIGS,
-    GEMM_CONFIG,
     PERSISTENT_ATTENTION_CONFIGS,
     HopperAttentionBwdConfig,
     HopperAttentionConfig,
     HopperAttentionDqConfig,
     HopperGemmConfig,
+    gemm_config,
 )
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
@@ -250,14 +250,15 @@ def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str, walk: s
     rows = m * math.prod(batch) if folds else m
     if a.device.type == "meta" or m * n * math.prod(batch) == 0 or k == 0:
         return shape, Choice("none", None)
-    return shape, select_matmul(a.device, problems, rows, a.dtype, dtype, override, walk)
+    return shape, select_matmul(a.device, problems, rows, a.dtype, dtype, override, walk, cols=n)
 
 
 def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.dtype, out_dtype: torch.dtype,
-                  override: Override, walk: str = "auto") -> Choice:
+                  override: Override, walk: str = "auto", *, cols: int = 0) -> Choice:
     """One 2-D problem of at most SKINNY_MAX_M rows: the few-row kernel (`gemm_skinny`, any device) unless "hopper"
     is forced or a walk order asked for (it has no output tiles to walk). Else the Hopper kernel for one 2-D problem
-    with a 16-bit output on sm_90; batched and fp32-output calls portable."""
+    with a 16-bit output on sm_90, its tile from the output's `rows` x `cols` and the SM count
+    (`hopper.configs.gemm_config`; an override's fields apply on top); batched and fp32-output calls portable."""
     if override.layer != "hopper" and problems == 1 and rows <= portable_configs.SKINNY_MAX_M and walk == "auto":
         return Choice("portable", portable_configs.skinny_gemm_config(_target(device)), "skinny")
     fits_hopper = hopper_available(device) and problems == 1 and out_dtype != torch.float32
@@ -265,7 +266,8 @@ def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.d
         raise ValueError("backend: 'hopper' was forced, but this call needs sm_90, a tested triton, one 2-D problem "
                          "and a 16-bit output")
     if override.layer != "portable" and fits_hopper:
-        cfg = _configured(GEMM_CONFIG, override.config)
+        cfg = _configured(gemm_config(rows, cols, sm_count(device.index if device.index is not None
+                                                           else torch.cuda.current_device())), override.config)
         cfg.check(dtype)
         return Choice("hopper", cfg)
     return Choice("portable", portable_configs.gemm_config(out_dtype, _target(device)))

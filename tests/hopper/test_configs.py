@@ -86,3 +86,18 @@ def test_persistent_descriptor_views():
     assert hp.eligible(q, long_kv, long_kv, dataclasses.replace(cfg, persistent=2), rec, causal=True)
     with pytest.raises(ValueError, match="persistent"):
         dataclasses.replace(CONFIGS[256], persistent=1).check(256, rec)
+
+
+@pytest.mark.parametrize("m,n,small", [
+    (512, 512, True), (1024, 1024, True), (1536, 1536, True), (128, 4096, True), (256, 4096, True),
+    (2048, 2048, False), (1024, 4096, False), (128, 28672, False), (8192, 8192, False),
+])
+def test_gemm_tile_follows_the_wave(m, n, small):
+    """The 128 x 256 tile serves shapes whose tiles make about a wave on 132 SMs; smaller outputs get 64 x 128
+    tiles (4x as many); the choice depends on the output shape and SM count only."""
+    from xkernels.hopper.configs import GEMM_CONFIG, SMALL_GEMM_CONFIG, gemm_config
+
+    assert gemm_config(m, n, 132) is (SMALL_GEMM_CONFIG if small else GEMM_CONFIG)
+    assert gemm_config(m, n, 10_000) is SMALL_GEMM_CONFIG  # on more SMs every one of these shapes is small
+    assert SMALL_GEMM_CONFIG.num_warps == 4 and SMALL_GEMM_CONFIG.block_m * SMALL_GEMM_CONFIG.block_n * 4 == (
+        GEMM_CONFIG.block_m * GEMM_CONFIG.block_n)

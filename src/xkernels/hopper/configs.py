@@ -154,3 +154,16 @@ class HopperGemmConfig:
 
 
 GEMM_CONFIG = HopperGemmConfig()
+# One warpgroup on a 64 x 128 tile, six stages deep: four times the tiles of GEMM_CONFIG, for the shapes where those
+# would leave SMs idle (cubes up to ~1.5K, a few hundred rows against Llama-size weights).
+SMALL_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=128, stages=6, num_warps=4)
+FULL_WAVE = 0.8  # GEMM_CONFIG serves a shape whose 128 x 256 tiles fill at least this share of the SMs
+
+
+def gemm_config(m: int, n: int, sms: int) -> HopperGemmConfig:
+    """The Hopper GEMM config for an M x N output on `sms` SMs: GEMM_CONFIG where its tiles make about a wave or
+    more, else SMALL_GEMM_CONFIG (benchmarks/results/h200/2026-12-01/01-varlen-fixed-gemm-tiles/gemm_tiles.md:
+    at 1024^3 0.43x -> 0.93x torch.matmul, at M = 128 x 4096 x 4096 0.34x -> 1.07x; from 2048^3 and
+    1024 x 4096 x 4096 up the big tile stays ahead)."""
+    big_tiles = -(-m // GEMM_CONFIG.block_m) * -(-n // GEMM_CONFIG.block_n)
+    return GEMM_CONFIG if big_tiles >= FULL_WAVE * sms else SMALL_GEMM_CONFIG
