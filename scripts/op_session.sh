@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [acc16]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [acc16]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -62,6 +62,16 @@ for part in "${@:-smoke host}"; do
           --variants hopper:persistent=2,consumers=3,overlap=0 hopper:persistent=2 \
           --json "$OUT/chain_ab_d64.json" --md "$OUT/chain_ab_d64.md" ;;
       gemmtiles) stage timeout 330 python3 scripts/gemm_tiles.py --json "$OUT/gemm_tiles.json" --md "$OUT/gemm_tiles.md" ;;
+      varlenp)  # the persistent varlen forward: its GPU tests and the varlen tests, then the packed-batch bench
+        stage timeout 140 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_varlen_persistent.py \
+          tests/test_varlen.py
+        stage timeout 100 xkernels bench --suite varlen --iters 20 --out "$OUT/bench-varlen" ;;
+      varlendebug)  # the persistent varlen forward's faults localized: every variant and small batch, per 64-row block
+        stage timeout 420 python3 scripts/varlen_persistent_debug.py --json "$OUT/varlen_debug.json"
+        # the illegal address of run 36 (D128, full): memcheck names the faulting instruction and address
+        stage timeout 240 compute-sanitizer --tool memcheck --print-limit 10 \
+          python3 scripts/varlen_persistent_debug.py --one 128 0 1 2 ;;
+      varlenab) stage timeout 200 python3 scripts/varlen_ab.py --json "$OUT/varlen_ab.json" --md "$OUT/varlen_ab.md" ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;

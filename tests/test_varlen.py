@@ -159,3 +159,23 @@ def test_scale_default_is_one_over_sqrt_d(device):
     a = xkernels.attention_varlen(q, k, v, cq, ck, 9, 9)
     b = xkernels.attention_varlen(q, k, v, cq, ck, 9, 9, scale=1 / math.sqrt(64))
     assert torch.equal(a, b)
+
+
+def test_persistent_varlen_rule():
+    """The persistent Hopper varlen kernel serves causal, GQA and short (<= 2K keys) batches; full MHA over longer
+    sequences stays on the per-sequence kernel; persistent=2 forces it, and the V-converting recipe never gets it."""
+    import dataclasses
+
+    from xkernels import varlen
+    from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS
+    from xkernels.recipes import ATTENTION_RECIPES
+
+    cfg, bf16 = PERSISTENT_ATTENTION_CONFIGS[128], ATTENTION_RECIPES["bf16"]
+    q, kv, kv_gqa = (torch.empty(100, h, 128, dtype=torch.bfloat16, device="meta") for h in (32, 32, 8))
+    assert not varlen._persistent(q, kv, kv, 4096, False, bf16, cfg)
+    assert varlen._persistent(q, kv, kv, 4096, True, bf16, cfg)
+    assert varlen._persistent(q, kv_gqa, kv_gqa, 4096, False, bf16, cfg)
+    assert varlen._persistent(q, kv, kv, 2048, False, bf16, cfg)
+    assert varlen._persistent(q, kv, kv, 4096, False, bf16, dataclasses.replace(cfg, persistent=2))
+    assert not varlen._persistent(q, kv, kv, 2048, True, bf16, dataclasses.replace(cfg, persistent=0))
+    assert not varlen._persistent(q, kv, kv, 2048, True, ATTENTION_RECIPES["bf16io"], cfg)

@@ -319,6 +319,29 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     4, gluon=True, divisible=divisible,
                     spill_free=TRITON_TESTED or not (recipe.converts_v and d == 128))
 
+    from xkernels.hopper import attention_varlen_persistent as hvp
+
+    for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
+        for recipe in ATTENTION_RECIPES.values():
+            if recipe.converts_v:  # bf16io stays on the per-sequence kernel
+                continue
+            dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
+            gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
+            for causal in (False, True):
+                descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
+                         for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n))}
+                _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
+                                                      positive_scale=True, write_lse=True, cfg=ac)
+                # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the
+                # key loop
+                yield KernelConfig(
+                    f"hopper.attention_varlen persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
+                    hvp.attention_varlen_persistent_kernel,
+                    descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32"},
+                    constexprs, 4, gluon=True, spill_free=d != 128,
+                    divisible=("O", "LSE", "CU_Q", "CU_K", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
+                               "kv_ch"))
+
     from xkernels.hopper import attention_bwd as bwd
     from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS
 

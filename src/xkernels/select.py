@@ -121,7 +121,9 @@ class HopperBackward:
     dkdv: HopperAttentionBwdConfig
     portable: portable_configs.AttentionBwdConfig
     dq: HopperAttentionDqConfig | None = None
-    concurrent_dq: bool = False  # the dQ kernel on a side stream beside dK/dV (their last waves overlap): an A/B
+    # the Gluon dQ kernel on a side stream beside dK/dV, so its CTAs fill the SMs dK/dV's last wave leaves idle
+    # (benchmarks/results/h200/2026-12-01/03-*/dq_ab.json: 1-7% off the backward on every anchor row)
+    concurrent_dq: bool = True
 
     def __str__(self) -> str:
         return f"dKdV {self.dkdv} dQ {self.dq if self.dq else self.portable}" + " concurrent" * self.concurrent_dq
@@ -139,19 +141,25 @@ class HopperForward:
         return str(self.dense)
 
 
+def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) -> HopperForward:
+    """The Hopper forward's configs with the override's fields, checked; the persistent one is dropped where the head
+    dim has none or the override turns it off."""
+    cfg = _configured(ATTENTION_CONFIGS[head_dim], override.config)
+    cfg.check(head_dim, recipe)
+    persistent = None
+    if head_dim in PERSISTENT_ATTENTION_CONFIGS:
+        persistent = _configured(PERSISTENT_ATTENTION_CONFIGS[head_dim], override.config)
+        persistent.check(head_dim, recipe)
+    return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
+
+
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:
     """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, GQA and length); else portable."""
     on_hopper = hopper_available(device)
     if override.layer == "hopper" and not on_hopper:
         raise ValueError("backend: 'hopper' was forced, but attention there needs sm_90 and a tested triton")
     if override.layer != "portable" and on_hopper:
-        cfg = _configured(ATTENTION_CONFIGS[head_dim], override.config)
-        cfg.check(head_dim, recipe)
-        persistent = None
-        if head_dim in PERSISTENT_ATTENTION_CONFIGS:
-            persistent = _configured(PERSISTENT_ATTENTION_CONFIGS[head_dim], override.config)
-            persistent.check(head_dim, recipe)
-        return Choice("hopper", HopperForward(cfg, persistent if persistent and persistent.persistent else None))
+        return Choice("hopper", _hopper_forward(head_dim, recipe, override))
     return Choice("portable", portable_configs.attention_config(head_dim, recipe, _target(device)))
 
 
@@ -210,9 +218,7 @@ def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:
         raise ValueError(f"backend: 'hopper' was forced, but attention_varlen there needs sm_90, a tested triton and "
                          f"a head dim in {HOPPER_VARLEN_HEAD_DIMS}")
     if override.layer != "portable" and hopper:
-        cfg = _configured(ATTENTION_CONFIGS[d], override.config)
-        cfg.check(d, recipe)
-        return Choice("hopper", cfg)
+        return Choice("hopper", _hopper_forward(d, recipe, override))
     return Choice("portable", portable_configs.attention_config(d, recipe, _target(q.device)))
 
 

@@ -42,32 +42,72 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     if total_q == 0 or batch == 0 or max_seqlen_q == 0:
         plans._record("empty")
         return out, lse
-    run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, is_causal=is_causal,
-        scale=scale, recipe=recipe, choice=choice)
-    plans._record(f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}]")
+    plans._record(run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                      max_seqlen_k, is_causal=is_causal, scale=scale, recipe=recipe, choice=choice))
     return out, lse
 
 
-def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, *, is_causal: bool, scale: float | None,
-        recipe, choice) -> None:
-    """Launch the varlen kernel `choice` names. `lse` (Hq, total_q) or None."""
+def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool,
+        scale: float | None, recipe, choice) -> str:
+    """Launch the varlen kernel `choice` names (on Hopper the persistent one where it serves the call); returns the
+    kernel's name for `last_backend()`. `lse` (Hq, total_q) or None."""
     total_q, hq, d = q.shape
     q, k, v = _tiled(q), _tiled(k), _tiled(v)
     batch = cu_seqlens_q.shape[0] - 1
+    qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
+    if choice.layer == "hopper" and _persistent(q, k, v, max_seqlen_k, is_causal, recipe, choice.config.persistent):
+        _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, qk_scale, is_causal=is_causal,
+                        positive_scale=scale is None or scale > 0, recipe=recipe, cfg=choice.config.persistent)
+        return f"hopper.attention_varlen[{recipe.name} {choice.config.persistent} persistent]"
     if choice.layer == "hopper":
         from xkernels.hopper import attention_varlen as hopper_kernel  # Gluon: imported where it can run
 
         fn = hopper_kernel.attention_varlen_kernel
         grid, constexprs, options = hopper_kernel.launch_spec(
             batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe, positive_scale=scale is None or scale > 0,
-            write_lse=lse is not None, cfg=choice.config)
+            write_lse=lse is not None, cfg=choice.config.dense)
         if recipe.converts_v:  # the producer converts V's bf16 bits, read as fp16, in shared memory
             v = v.view(torch.float16)
     else:
         fn = kernel.attention_varlen_kernel
         grid, constexprs, options = kernel.launch_spec(batch, hq, max_seqlen_q, d, is_causal=is_causal,
                                                        recipe=recipe, write_lse=lse is not None, cfg=choice.config)
-    qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
     args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
             *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
     launch.generic_launch(fn, grid, args, constexprs, options)
+    return f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}]"
+
+
+def _persistent(q, k, v, max_seqlen_k: int, is_causal: bool, recipe, cfg) -> bool:
+    """Whether the persistent varlen kernel serves the call: its config and layouts (`eligible`), then the measured
+    rule (persistent=1; 2 forces it): causal batches, whose query blocks differ in length, GQA, whose group's heads
+    share K/V in L2, and batches of at most 2K keys per sequence, where the per-sequence grid's prologues dominate.
+    Full MHA over longer sequences stays on the per-sequence kernel
+    (benchmarks/results/h200/2026-12-01/03-*/varlen_ab.md: 1.80x padded cuDNN against 1.63-1.68x at D128)."""
+    from xkernels.hopper import attention_varlen_persistent
+
+    if not attention_varlen_persistent.eligible(q, k, v, cfg, recipe):
+        return False
+    return cfg.persistent == 2 or is_causal or q.shape[1] > k.shape[1] or max_seqlen_k <= 2048
+
+
+def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, qk_scale: float, *,
+                    is_causal: bool, positive_scale: bool, recipe, cfg, knobs: dict | None = None,
+                    grid: int | None = None) -> None:
+    """Launch the persistent varlen kernel. Scripts only: `knobs` (CHAIN, ZERO_TAIL) are its ablation switches,
+    `grid` a program count other than the SMs' (1: one program walks every tile)."""
+    from xkernels.common.runtime import sm_count
+    from xkernels.hopper import attention_varlen_persistent as hvp
+
+    total_q, hq, d = q.shape
+    batch = cu_seqlens_q.shape[0] - 1
+    sms_grid, walk, constexprs, options = hvp.launch_spec(batch, hq, max_seqlen_q, d, sm_count(q.device.index),
+                                                          is_causal=is_causal, recipe=recipe,
+                                                          positive_scale=positive_scale, write_lse=lse is not None,
+                                                          cfg=cfg)
+    (_, _, (_, q_rh, q_ch)), (_, _, (_, kv_rh, kv_ch)) = hvp.packed_view(q), hvp.packed_view(k)
+    args = (*hvp.descriptors(q, k, v, block_n=cfg.block_n), out, out if lse is None else lse, cu_seqlens_q,
+            cu_seqlens_k, q_rh, q_ch, kv_rh, kv_ch, *out.stride()[:2], total_q if lse is not None else 0,
+            hq // k.shape[1], *walk, qk_scale)
+    launch.generic_launch(hvp.attention_varlen_persistent_kernel, grid or sms_grid, args,
+                          constexprs | (knobs or {}), options)

@@ -1,0 +1,68 @@
+"""The persistent Hopper varlen forward (`hopper/attention_varlen_persistent.py`) on an H100/H200: against float64
+per sequence and bitwise against the per-sequence Hopper varlen kernel (the same per-row arithmetic), over many tiles
+per program (both Q slots turn over), empty sequences, sequences without keys, causal Sq > Sk, GQA and MQA, D64 and
+D128; and a neighbour's inf in V never reaching a sequence (the tail tile's rows past the end are zeroed)."""
+
+import pytest
+import torch
+
+import xkernels
+from tests.test_varlen import packed
+from xkernels.common.runtime import hopper_available
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import compare_attention, compare_lse, reference_attention_varlen
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available()
+                                                       and hopper_available(torch.device("cuda"))),
+                                                  reason="needs sm_90 with a tested triton")]
+
+
+def _run(q, k, v, cq, ck, causal, backend="auto"):
+    lq, lk = (cq[1:] - cq[:-1]).max().item(), (ck[1:] - ck[:-1]).max().item()
+    o, lse = xkernels.attention_varlen(q, k, v, cq, ck, lq, lk, is_causal=causal, return_lse=True, backend=backend)
+    return o, lse, xkernels.last_backend()
+
+
+def _lengths(n, lo, hi, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(lo, hi + 1, (n,), generator=g).tolist()
+
+
+CASES = [  # (lens_q, lens_k, hq, hkv)
+    (_lengths(24, 1, 700, 1), None, 8, 2),  # many tiles per program, ragged tails
+    ([0, 7, 300, 3, 129], [5, 0, 120, 3, 129], 4, 4),  # empty sequences, no keys, causal Sq > Sk
+    ([64, 128, 65], [512, 130, 1], 4, 1),  # MQA, Sk > Sq, a one-key sequence
+]
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_persistent_varlen_matches_float64_and_per_sequence_kernel(dtype, causal, case, d):
+    lens_q, lens_k, hq, hkv = CASES[case]
+    lens_k = lens_k or lens_q
+    q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, d, dtype, "cuda", seed=case + d)
+    o, lse, name = _run(q, k, v, cq, ck, causal)
+    assert "persistent" in name, name
+    ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
+    c = compare_attention(o, ref_o, ATTENTION_RECIPES["bf16" if dtype == torch.bfloat16 else "fp16"])
+    assert c.passed, c
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), empty) and (o.transpose(0, 1)[empty] == 0).all()
+    assert compare_lse(lse[~empty], ref_lse[~empty]).passed
+    o_seq, lse_seq, seq_name = _run(q, k, v, cq, ck, causal, backend="hopper:persistent=0")
+    assert "persistent" not in seq_name, seq_name
+    assert torch.equal(o, o_seq) and torch.equal(lse, lse_seq), "persistent and per-sequence tiles differ"
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_neighbours_inf_does_not_reach_a_sequence(causal):
+    """Sequence 0 ends mid key tile; sequence 1's V holds inf. Sequence 0's tail tile reads those rows through the
+    packed descriptor: they must be zeroed before P.V, or 0 * inf = NaN lands in sequence 0."""
+    q, k, v, cq, ck = packed([100, 50], [100, 50], 4, 4, 128, torch.bfloat16, "cuda", seed=5)
+    v[100:] = float("inf")
+    o, _, name = _run(q, k, v, cq, ck, causal)
+    assert "persistent" in name, name
+    ref_o, _ = reference_attention_varlen(q[:100], k[:100], v[:100], cq[:2], ck[:2], is_causal=causal)
+    assert compare_attention(o[:100], ref_o, ATTENTION_RECIPES["bf16"]).passed
