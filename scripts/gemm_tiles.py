@@ -1,9 +1,9 @@
 """Hopper GEMM tile configs on the shapes where the default 128 x 256 tile leaves SMs idle: cubes from 512 to 2048
-and the M = 128 rows of Llama-8B's layers (B as [N, K], bf16). Each config is a backend override string
-(`hopper:block_m=...`); the default and the few-row/tiled pick of `auto` are recorded too. Device time from
-CUDA-graph replay (`bench.timing.graph_ms`) against torch.matmul in the same process; every output is checked
-against torch's (relative Frobenius error < 1e-2) before it is timed. The summary names, per shape, the fastest
-config and the tile count it launched, so a shape rule (tiles per SM) can be read off it.
+and the M = 64-256 rows of Llama-8B's layers (B as [N, K], bf16), with K split 2 or 4 ways on the small tile. Each
+config is a backend override string (`hopper:block_m=...`); the default and the few-row/tiled pick of `auto` are
+recorded too. Device time from CUDA-graph replay (`bench.timing.graph_ms`) against torch.matmul in the same process;
+every output is checked against torch's (relative Frobenius error < 1e-2) before it is timed. The summary names,
+per shape, the fastest config and the work units it launched, so a shape rule (units per SM) can be read off it.
 
     python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md]
 """
@@ -19,15 +19,17 @@ import xkernels
 from xkernels.bench.timing import graph_ms
 
 SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048), (1024, 4096, 4096),
-          (128, 4096, 4096), (128, 6144, 4096), (128, 4096, 14336), (128, 28672, 4096), (256, 4096, 4096)]
-# (block_m, block_n, block_k, stages, num_warps): compiled spill-free for sm_90 (bf16 and fp16, both B layouts)
-CONFIGS = [(128, 256, 64, 3, 8), (128, 128, 64, 4, 8), (128, 128, 64, 5, 8), (64, 128, 64, 4, 4),
-           (64, 128, 64, 6, 4), (64, 256, 64, 3, 4)]
+          (128, 4096, 4096), (64, 4096, 4096), (64, 4096, 14336), (128, 6144, 4096), (128, 4096, 14336),
+          (128, 28672, 4096), (256, 4096, 4096)]
+# (block_m, block_n, block_k, stages, num_warps, split_k): compiled spill-free for sm_90 (bf16 and fp16, both B
+# layouts); every field is named in the override, so none is inherited from the shape's default pick
+CONFIGS = [(128, 256, 64, 3, 8, 1), (128, 128, 64, 4, 8, 1), (128, 128, 64, 5, 8, 1), (64, 128, 64, 4, 4, 1),
+           (64, 128, 64, 6, 4, 1), (64, 256, 64, 3, 4, 1), (64, 128, 64, 6, 4, 2), (64, 128, 64, 6, 4, 4)]
 
 
 def backend(cfg: tuple[int, ...]) -> str:
-    bm, bn, bk, st, w = cfg
-    return f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w}"
+    bm, bn, bk, st, w, split = cfg
+    return f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w},split_k={split}"
 
 
 def row(m: int, n: int, k: int) -> dict:
@@ -48,7 +50,7 @@ def row(m: int, n: int, k: int) -> dict:
             if err < 1e-2:
                 r["ms"] = graph_ms(lambda: xkernels.matmul(a, b, b_layout="nk", backend=name))  # noqa: B023
                 r["x_torch"] = out["torch_ms"] / r["ms"]
-                r["tiles"] = -(-m // cfg[0]) * -(-n // cfg[1])
+                r["tiles"] = -(-m // cfg[0]) * -(-n // cfg[1]) * cfg[5]  # work units
         except Exception as e:  # a config that cannot run this shape is recorded, not fatal
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         out["configs"][name] = r
@@ -61,7 +63,7 @@ def row(m: int, n: int, k: int) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    names = [f"{bm}x{bn}x{bk} S{st} W{w}" for bm, bn, bk, st, w in CONFIGS]
+    names = [f"{bm}x{bn}x{bk} S{st} W{w}" + (f" SK{sk}" if sk > 1 else "") for bm, bn, bk, st, w, sk in CONFIGS]
     lines = ["| shape | torch us | auto (x torch) | " + " | ".join(names) + " |",
              "|---" * (3 + len(names)) + "|"]
     for r in rows:

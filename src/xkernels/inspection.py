@@ -378,14 +378,16 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{' causal' if causal else ''} {qc}",
                                    dq.attention_dq_kernel, types, qc.constexprs(d, causal=causal), 4, gluon=True)
 
-    for c in (GEMM_CONFIG, SMALL_GEMM_CONFIG):
-        for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"),
-                                            ("row", "grouped", "zorder")):
+    split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)  # the split-K epilogue (any split count compiles alike)
+    for c, walks in ((GEMM_CONFIG, ("row", "grouped", "zorder")), (SMALL_GEMM_CONFIG, ("row", "grouped", "zorder")),
+                     (split, ("grouped",))):
+        for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"), walks):
             descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"
                      for name, shape in zip(("a_desc", "b_desc", "c_desc"), c.blocks(lay), strict=True)}
-            yield KernelConfig(f"hopper.gemm {dt} {lay} {walk} {c}", gemm.persistent_gemm_kernel, descs,
-                               c.constexprs(lay, walk), c.num_warps, gluon=True)
+            yield KernelConfig(f"hopper.gemm {dt} {lay} {walk} {c}", gemm.persistent_gemm_kernel,
+                               descs | {"WS": "*fp32", "CNT": "*i32"}, c.constexprs(lay, walk), c.num_warps,
+                               gluon=True)
 
 
 def all_configs(target: Target = TARGETS["sm_90"]) -> Iterator[KernelConfig]:

@@ -310,6 +310,13 @@ class MatmulPlan:
             self.grid, self.ints, self.constexprs, self.options = hopper_gemm.launch_spec(
                 self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
             self.fn, self.descriptors = hopper_gemm.persistent_gemm_kernel, hopper_gemm.descriptors
+            # split-K workspace, in 4-byte words: a counter per output tile, then (split, tile rows, tile cols)
+            # fp32 partials per tile
+            self.slices = self.cfg.split_k
+            self.counters = triton.cdiv(self.rows, self.cfg.block_m) * triton.cdiv(n, self.cfg.block_n)
+            self.partial_words = self.slices * self.counters * self.cfg.block_m * self.cfg.block_n
+            self.partials_at = -(-self.counters // 4) * 4
+            self.workspace_words = self.partials_at + self.partial_words
             b_shape = (n, k) if b_layout == "nk" else (k, n)
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
@@ -322,8 +329,9 @@ class MatmulPlan:
             self.ints = (self.rows, n, k, a3.stride(1), b3.stride(1), c_strides[1], k_slice)
             # the workspace, in 4-byte words: arrival counters, then the K-slice partials 16-byte aligned
             self.counters = triton.cdiv(n, self.cfg.block_n)
+            self.partial_words = self.slices * self.rows * n
             self.partials_at = -(-self.counters // 4) * 4
-            self.workspace_words = self.partials_at + self.slices * self.rows * n
+            self.workspace_words = self.partials_at + self.partial_words
         else:
             self.grid, self.walk_args, self.constexprs, self.options = portable_gemm.launch_spec(
                 self.problems, self.rows, n, b_layout=b_layout, walk=self.walk, cfg=self.cfg)
@@ -351,14 +359,15 @@ class MatmulPlan:
         if self.kernel is None:
             a2, b2, c2 = a.reshape(-1, self.k), b.reshape(b.shape[-2:]), _out_3d(out, self.rows, self.n)[0]
             descs = self.descriptors(a2, b2, c2, b_layout=self.b_layout, cfg=self.cfg)
-            self.kernel = launch.compile_kernel(self.fn, self.grid, (*descs, *self.ints), self.constexprs,
-                                                self.options, a.device)
+            self.kernel = launch.compile_kernel(self.fn, self.grid, (*descs, *self._workspace(out), *self.ints),
+                                                self.constexprs, self.options, a.device)
             self.descriptors = [launch.DescriptorSlot(meta, shape, strides)
                                 for meta, (shape, strides) in zip(self.kernel.descriptor_meta, self.geometry,
                                                                   strict=True)]
         da, db, dc = self.descriptors
+        partials, arrivals = self._workspace(out)
         self.kernel.launch(self.grid, (*da.at(a.data_ptr()), *db.at(b.data_ptr()), *dc.at(out.data_ptr()),
-                                       *self.ints, *self.tail))
+                                       partials.data_ptr(), arrivals.data_ptr(), *self.ints, *self.tail))
 
     def _portable_direct(self, a, b, out):
         if self.kernel is None:
@@ -373,12 +382,13 @@ class MatmulPlan:
             self.kernel.launch(self.grid, (a.data_ptr(), b.data_ptr(), out.data_ptr(), *self.ints, *self.tail))
 
     def _workspace(self, out):
-        """(fp32 K-slice partials, arrival counters at zero) of the few-row kernel: the current stream's set kept
-        across calls (`common.scratch`), or, under CUDA-graph capture, one zeroed allocation from the graph's pool.
-        One slice needs neither (the kernel never reads them: `out` stands in)."""
+        """(fp32 K-slice partials, arrival counters at zero) of a split-K launch (the few-row kernel, or the Hopper
+        kernel with split_k > 1): the current stream's set kept across calls (`common.scratch`), or, under
+        CUDA-graph capture, one zeroed allocation from the graph's pool. One slice needs neither (the kernel never
+        reads them: `out` stands in)."""
         if self.slices == 1:
             return out, out
-        kept = scratch.split_k(out.device, self.counters, self.slices * self.rows * self.n)
+        kept = scratch.split_k(out.device, self.counters, self.partial_words)
         if kept is not None:
             return kept[1], kept[0]
         ws = torch.zeros(self.workspace_words, dtype=torch.int32, device=out.device)
@@ -402,7 +412,7 @@ class MatmulPlan:
             a2 = a3[0, :, :k] if a3.shape[2] != k else a3[0]
             b2 = b3[0, :n, :k] if self.b_layout == "nk" else b3[0, :k, :n]
             descs = self.descriptors(a2, b2, c3[0, :, :n], b_layout=self.b_layout, cfg=self.cfg)
-            args = (*descs, *self.ints)
+            args = (*descs, *self._workspace(out), *self.ints)
         else:
             args = (a3, b3, c3, self.rows, n, k, a3.stride(0), a3.stride(1), b3.stride(0), b3.stride(1),
                     c3.stride(0), c3.stride(1), *self.walk_args)

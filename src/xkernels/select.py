@@ -256,14 +256,14 @@ def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str, walk: s
     rows = m * math.prod(batch) if folds else m
     if a.device.type == "meta" or m * n * math.prod(batch) == 0 or k == 0:
         return shape, Choice("none", None)
-    return shape, select_matmul(a.device, problems, rows, a.dtype, dtype, override, walk, cols=n)
+    return shape, select_matmul(a.device, problems, rows, a.dtype, dtype, override, walk, cols=n, depth=k)
 
 
 def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.dtype, out_dtype: torch.dtype,
-                  override: Override, walk: str = "auto", *, cols: int = 0) -> Choice:
+                  override: Override, walk: str = "auto", *, cols: int = 0, depth: int = 0) -> Choice:
     """One 2-D problem of at most SKINNY_MAX_M rows: the few-row kernel (`gemm_skinny`, any device) unless "hopper"
     is forced or a walk order asked for (it has no output tiles to walk). Else the Hopper kernel for one 2-D problem
-    with a 16-bit output on sm_90, its tile from the output's `rows` x `cols` and the SM count
+    with a 16-bit output on sm_90, its tile and K split from the `rows` x `cols` x `depth` problem and the SM count
     (`hopper.configs.gemm_config`; an override's fields apply on top); batched and fp32-output calls portable."""
     if override.layer != "hopper" and problems == 1 and rows <= portable_configs.SKINNY_MAX_M and walk == "auto":
         return Choice("portable", portable_configs.skinny_gemm_config(_target(device)), "skinny")
@@ -272,8 +272,10 @@ def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.d
         raise ValueError("backend: 'hopper' was forced, but this call needs sm_90, a tested triton, one 2-D problem "
                          "and a 16-bit output")
     if override.layer != "portable" and fits_hopper:
-        cfg = _configured(gemm_config(rows, cols, sm_count(device.index if device.index is not None
+        cfg = _configured(gemm_config(rows, cols, depth, sm_count(device.index if device.index is not None
                                                            else torch.cuda.current_device())), override.config)
+        if cfg.acc_fp16 and "split_k" not in dict(override.config):  # fp16 accumulation: no fp32 partials to sum
+            cfg = dataclasses.replace(cfg, split_k=1)
         cfg.check(dtype)
         return Choice("hopper", cfg)
     return Choice("portable", portable_configs.gemm_config(out_dtype, _target(device)))

@@ -88,16 +88,39 @@ def test_persistent_descriptor_views():
         dataclasses.replace(CONFIGS[256], persistent=1).check(256, rec)
 
 
-@pytest.mark.parametrize("m,n,small", [
-    (512, 512, True), (1024, 1024, True), (1536, 1536, True), (128, 4096, True), (256, 4096, True),
-    (2048, 2048, False), (1024, 4096, False), (128, 28672, False), (8192, 8192, False),
+@pytest.mark.parametrize("m,n,k,small,split", [
+    (512, 512, 512, True, 1), (1024, 1024, 1024, True, 1), (1536, 1536, 1536, True, 1), (256, 4096, 4096, True, 1),
+    (128, 6144, 4096, True, 1), (128, 4096, 4096, True, 2), (128, 4096, 14336, True, 2), (64, 4096, 4096, True, 4),
+    (64, 4096, 1024, True, 1),  # 16 k-steps: too short to split
+    (2048, 2048, 2048, False, 1), (1024, 4096, 4096, False, 1), (128, 28672, 4096, False, 1),
+    (8192, 8192, 8192, False, 1),
 ])
-def test_gemm_tile_follows_the_wave(m, n, small):
+def test_gemm_tile_follows_the_wave(m, n, k, small, split):
     """The 128 x 256 tile serves shapes whose tiles make about a wave on 132 SMs; smaller outputs get 64 x 128
-    tiles (4x as many); the choice depends on the output shape and SM count only."""
+    tiles (4x as many), and where those fill at most half the SMs, K is split (at least 16 k-steps per split); the
+    choice depends on the problem's shape and the SM count only."""
+    import dataclasses
+
     from xkernels.hopper.configs import GEMM_CONFIG, SMALL_GEMM_CONFIG, gemm_config
 
-    assert gemm_config(m, n, 132) is (SMALL_GEMM_CONFIG if small else GEMM_CONFIG)
-    assert gemm_config(m, n, 10_000) is SMALL_GEMM_CONFIG  # on more SMs every one of these shapes is small
+    want = SMALL_GEMM_CONFIG if small else GEMM_CONFIG
+    assert gemm_config(m, n, k, 132) == dataclasses.replace(want, split_k=split)
+    assert gemm_config(m, n, k, 10_000).block_m == SMALL_GEMM_CONFIG.block_m  # more SMs: every one of these is small
     assert SMALL_GEMM_CONFIG.num_warps == 4 and SMALL_GEMM_CONFIG.block_m * SMALL_GEMM_CONFIG.block_n * 4 == (
         GEMM_CONFIG.block_m * GEMM_CONFIG.block_n)
+
+
+def test_gemm_split_k_checks():
+    import dataclasses
+
+    from xkernels.hopper import gemm
+    from xkernels.hopper.configs import SMALL_GEMM_CONFIG
+
+    for bad, match in ((dict(split_k=0), "split_k=0 must be 1 to 8"), (dict(split_k=2, acc_fp16=True), "acc_fp16")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(SMALL_GEMM_CONFIG, **bad).check(torch.float16)
+    assert str(dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)) == "BM64-BN128-BK64-S6-W4-SK2"
+    with pytest.raises(ValueError, match="split_k=4 leaves a split of K=192 empty"):  # 3 k-steps over 4 splits
+        gemm.launch_spec(64, 128, 192, b_layout="nk", walk="grouped", cfg=dataclasses.replace(SMALL_GEMM_CONFIG,
+                                                                                                  split_k=4),
+                         device_index=0)

@@ -6,6 +6,7 @@ no constexpr is spelled twice.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -134,10 +135,15 @@ class HopperGemmConfig:
     num_warps: int = 8  # two consumer warpgroups: 64 x 256 fp32 accumulator rows each, 128 registers
     group_m: int = 8
     acc_fp16: bool = False  # the seeds' fp16-accumulate variant (fp16 inputs only): an ablation, off the contract
+    split_k: int = 1  # work units per output tile over consecutive K ranges (`hopper/gemm.py`)
 
     def check(self, dtype: torch.dtype) -> None:
         if self.acc_fp16 and dtype != torch.float16:
             raise ValueError("config: acc_fp16 needs fp16 inputs (wgmma accumulates bf16 products in fp32 only)")
+        if not 1 <= self.split_k <= 8:
+            raise ValueError(f"config: split_k={self.split_k} must be 1 to 8")
+        if self.split_k > 1 and self.acc_fp16:
+            raise ValueError("config: split_k > 1 sums fp32 partials; acc_fp16 has none")
 
     def blocks(self, b_layout: str) -> tuple[list[int], list[int], list[int]]:
         """Descriptor boxes of A, B and C."""
@@ -146,11 +152,12 @@ class HopperGemmConfig:
 
     def constexprs(self, b_layout: str, walk: str) -> dict[str, object]:
         return dict(B_NK=b_layout == "nk", WALK=walk, GROUP_M=self.group_m, STAGES=self.stages,
-                    ACC_FP16=self.acc_fp16, num_warps=self.num_warps)
+                    ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, num_warps=self.num_warps)
 
     def __str__(self) -> str:
         acc = "-acc16" if self.acc_fp16 else ""
-        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}"
+        split = f"-SK{self.split_k}" if self.split_k > 1 else ""
+        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}{split}"
 
 
 GEMM_CONFIG = HopperGemmConfig()
@@ -158,12 +165,19 @@ GEMM_CONFIG = HopperGemmConfig()
 # would leave SMs idle (cubes up to ~1.5K, a few hundred rows against Llama-size weights).
 SMALL_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=128, stages=6, num_warps=4)
 FULL_WAVE = 0.8  # GEMM_CONFIG serves a shape whose 128 x 256 tiles fill at least this share of the SMs
+MAX_SPLIT_K = 4
+MIN_SPLIT_STEPS = 16  # k-steps (of block_k) per split at least
 
 
-def gemm_config(m: int, n: int, sms: int) -> HopperGemmConfig:
-    """The Hopper GEMM config for an M x N output on `sms` SMs: GEMM_CONFIG where its tiles make about a wave or
-    more, else SMALL_GEMM_CONFIG (benchmarks/results/h200/2026-12-01/01-varlen-fixed-gemm-tiles/gemm_tiles.md:
+def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
+    """The Hopper GEMM config for an M x N x K problem on `sms` SMs: GEMM_CONFIG where its tiles make about a wave
+    or more, else SMALL_GEMM_CONFIG (benchmarks/results/h200/2026-12-01/01-varlen-fixed-gemm-tiles/gemm_tiles.md:
     at 1024^3 0.43x -> 0.93x torch.matmul, at M = 128 x 4096 x 4096 0.34x -> 1.07x; from 2048^3 and
-    1024 x 4096 x 4096 up the big tile stays ahead)."""
+    1024 x 4096 x 4096 up the big tile stays ahead). Where even the small tiles fill at most half the SMs, K is
+    split so the work units do (each split at least MIN_SPLIT_STEPS k-steps long): a few hundred rows against a
+    long-K weight stream it from more SMs."""
     big_tiles = -(-m // GEMM_CONFIG.block_m) * -(-n // GEMM_CONFIG.block_n)
-    return GEMM_CONFIG if big_tiles >= FULL_WAVE * sms else SMALL_GEMM_CONFIG
+    cfg = GEMM_CONFIG if big_tiles >= FULL_WAVE * sms else SMALL_GEMM_CONFIG
+    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
+    split = min(sms // tiles, MAX_SPLIT_K, -(-k // cfg.block_k) // MIN_SPLIT_STEPS)
+    return dataclasses.replace(cfg, split_k=split) if split >= 2 else cfg

@@ -11,6 +11,13 @@ Split-barrier windows (arrive -> independent work -> wait):
     the store of tile i drains while tile i+1's main loop runs.
 B is read as [K, N] or, for the "nk" layout, as [N, K] tiles viewed transposed in shared memory: no copy. The
 barriers are listed in `hopper/barriers.py`.
+
+Split-K (SPLIT_K > 1, for outputs of too few tiles to fill the SMs, e.g. a few hundred rows against a Llama weight):
+each output tile is SPLIT_K work units over consecutive K ranges. A unit stores its fp32 partial in the workspace
+and counts itself in the tile's arrival counter; the last arriver sums the SPLIT_K partials in split order (bitwise
+repeatable whatever the arrival order), writes C and puts the counter back to zero (the workspace is reused:
+`common/scratch.py`). Memory order as in `portable/gemm_skinny.py`: every thread's partial stores, a barrier of the
+partition's warps, one acq_rel atomic at GPU scope; the last arriver's acquire, then a barrier, before its reads.
 """
 
 from __future__ import annotations
@@ -48,24 +55,62 @@ def _load_stage(a_desc, b_desc, a, b, s, off_m, off_n, k, B_NK: gl.constexpr):
 
 
 @gluon.jit
+def _k_range(unit, K, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
+    """(output tile's walk index, split, first K, end K) of a work unit: split j of a tile covers k-steps
+    [j * per, (j + 1) * per) with per = ceil(k-steps / SPLIT_K) (`launch_spec` keeps every split non-empty)."""
+    if SPLIT_K == 1:
+        return unit, 0, 0, K
+    per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    split = unit % SPLIT_K
+    k_lo = split * per
+    return unit // SPLIT_K, split, k_lo, gl.minimum(K, k_lo + per)
+
+
+@gluon.jit
 def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
-            WALK: gl.constexpr, GROUP_M: gl.constexpr):
+            WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_NK else b_desc.block_type.shape[1]
     it = 0
-    for tile in range(gl.program_id(0), walk_len, gl.num_programs(0)):
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, _, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):  # Z-order walks a power-of-two grid
-            for k in range(0, K, BLOCK_K):
+            for k in range(k_lo, k_hi, BLOCK_K):
                 s = a.acquire(it)
                 _load_stage(a_desc, b_desc, a, b, s, tile_m * BLOCK_M, tile_n * BLOCK_N, k, B_NK)
                 it += 1
 
 
 @gluon.jit
-def _mma_epilogue(a_desc, c_desc, a, b, c_smem, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
-                  WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr, num_warps: gl.constexpr):
+def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
+    """Split-K: store this unit's partial, count it; (whether this unit arrived last, the sum of every split's
+    partial in split order: only meaningful to the last arriver, which also resets the counter)."""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
+    cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
+    at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
+    tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)  # (SPLIT_K, BLOCK_M, BLOCK_N) fp32
+    gl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + at, acc)
+    gl.thread_barrier()
+    arrived = gl.atomic_add(CNT + tile_id, 1, sem="acq_rel", scope="gpu")
+    last = arrived == SPLIT_K - 1
+    total = acc
+    if last:
+        gl.thread_barrier()
+        total = gl.zeros_like(acc)
+        for j in gl.static_range(SPLIT_K):
+            total += gl.load(tile_ws + j * (BLOCK_M * BLOCK_N) + at, cache_modifier=".cg")
+        gl.atomic_xchg(CNT + tile_id, 0, sem="relaxed", scope="gpu")  # the workspace is reused
+    return last, total
+
+
+@gluon.jit
+def _mma_epilogue(a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
+                  B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
+                  SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
     STAGES: gl.constexpr = a.bufs.shape[0]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -73,13 +118,14 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, K, tiles_m, tiles_n, walk_len, z
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
     it = 0
-    for tile in range(gl.program_id(0), walk_len, gl.num_programs(0)):
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, split, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):
             acc = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float16 if ACC_FP16 else gl.float32,
                                               layout=acc_layout))
             first = it
-            for _ in range(gl.cdiv(K, BLOCK_K)):
+            for _ in range(gl.cdiv(k_hi - k_lo, BLOCK_K)):
                 s = a.wait(it)
                 if B_NK:
                     b_tile = b.bufs.index(s).permute((1, 0))
@@ -91,37 +137,48 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, K, tiles_m, tiles_n, walk_len, z
                 a.release(it + STAGES - 1, pred=it > first)
                 it += 1
             acc = warpgroup_mma_wait(0, deps=(acc,))
-            a.release(it + STAGES - 1)
-            # the previous tile's TMA store overlapped this tile's main loop; wait for it only now that c_smem is
-            # about to be overwritten
-            tma.store_wait(0)
-            c_smem.store(acc.to(c_desc.dtype))
-            fence_async_shared()
-            tma.async_store(c_desc, [tile_m * BLOCK_M, tile_n * BLOCK_N], c_smem)
+            a.release(it + STAGES - 1, pred=it > first)
+            write = True
+            if SPLIT_K > 1:
+                write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
+            if write:
+                # the previous tile's TMA store overlapped this tile's main loop; wait for it only now that c_smem
+                # is about to be overwritten
+                tma.store_wait(0)
+                c_smem.store(acc.to(c_desc.dtype))
+                fence_async_shared()
+                tma.async_store(c_desc, [tile_m * BLOCK_M, tile_n * BLOCK_N], c_smem)
     tma.store_wait(0)
 
 
 @gluon.jit
-def persistent_gemm_kernel(a_desc, b_desc, c_desc, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
-                           WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr, ACC_FP16: gl.constexpr,
-                           num_warps: gl.constexpr):
+def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
+                           B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
+                           ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
+    """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero); unread when SPLIT_K == 1."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
     a, b = gemm_barriers(a_bufs, b_bufs)  # one ring: A and B stages share their barriers
     gl.warp_specialize([
-        (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
-                         GROUP_M, ACC_FP16, num_warps)),
-        (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M)),
+        (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
+                         B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, num_warps)),
+        (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
+                   SPLIT_K)),
     ], [1], [24])
 
 
 def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: HopperGemmConfig,
                 device_index: int) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
-    """(grid, runtime ints after the three descriptors, constexprs, launch options): one CTA per SM at most."""
+    """(grid, runtime ints after the three descriptors and the split-K workspace, constexprs, launch options): one
+    CTA per SM at most."""
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     walk_len, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
-    grid = min(sm_count(device_index), tiles_m * tiles_n)
+    k_steps = triton.cdiv(k, cfg.block_k)
+    if cfg.split_k > 1 and (triton.cdiv(k_steps, cfg.split_k) * (cfg.split_k - 1) >= k_steps):
+        raise ValueError(f"config: split_k={cfg.split_k} leaves a split of K={k} empty "
+                         f"({k_steps} steps of {cfg.block_k})")
+    grid = min(sm_count(device_index), tiles_m * tiles_n * cfg.split_k)
     constexprs = cfg.constexprs(b_layout, walk)
     return grid, (k, tiles_m, tiles_n, walk_len, z_bits, z_tall), constexprs, {}
 
