@@ -90,15 +90,16 @@ def test_persistent_descriptor_views():
 
 @pytest.mark.parametrize("m,n,k,small,split", [
     (512, 512, 512, True, 1), (1024, 1024, 1024, True, 1), (1536, 1536, 1536, True, 1), (256, 4096, 4096, True, 1),
-    (128, 6144, 4096, True, 1), (128, 4096, 4096, True, 2), (128, 4096, 14336, True, 2), (64, 4096, 4096, True, 4),
-    (64, 4096, 1024, True, 1),  # 16 k-steps: too short to split
+    (128, 6144, 4096, True, 1), (128, 4096, 4096, True, 1), (128, 4096, 14336, True, 2), (64, 4096, 14336, True, 2),
+    (64, 4096, 4096, True, 1),  # 64 k-steps: too short to split
+    (1, 4096, 8192, True, 2),  # forced onto the Hopper kernel: 32 tiles
     (2048, 2048, 2048, False, 1), (1024, 4096, 4096, False, 1), (128, 28672, 4096, False, 1),
     (8192, 8192, 8192, False, 1),
 ])
 def test_gemm_tile_follows_the_wave(m, n, k, small, split):
     """The 128 x 256 tile serves shapes whose tiles make about a wave on 132 SMs; smaller outputs get 64 x 128
-    tiles (4x as many), and where those fill at most half the SMs, K is split (at least 16 k-steps per split); the
-    choice depends on the problem's shape and the SM count only."""
+    tiles (4x as many), and where those fill at most half the SMs, a long K is split in two (at least 64 k-steps
+    per split); the choice depends on the problem's shape and the SM count only."""
     import dataclasses
 
     from xkernels.hopper.configs import GEMM_CONFIG, SMALL_GEMM_CONFIG, gemm_config

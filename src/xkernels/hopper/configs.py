@@ -165,17 +165,18 @@ GEMM_CONFIG = HopperGemmConfig()
 # would leave SMs idle (cubes up to ~1.5K, a few hundred rows against Llama-size weights).
 SMALL_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=128, stages=6, num_warps=4)
 FULL_WAVE = 0.8  # GEMM_CONFIG serves a shape whose 128 x 256 tiles fill at least this share of the SMs
-MAX_SPLIT_K = 4
-MIN_SPLIT_STEPS = 16  # k-steps (of block_k) per split at least
+MAX_SPLIT_K = 2  # 4 splits never beat 2 where measured
+MIN_SPLIT_STEPS = 64  # k-steps per split at least: shorter splits lose more to the partials' traffic than they gain
 
 
 def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
     """The Hopper GEMM config for an M x N x K problem on `sms` SMs: GEMM_CONFIG where its tiles make about a wave
     or more, else SMALL_GEMM_CONFIG (benchmarks/results/h200/2026-12-01/01-varlen-fixed-gemm-tiles/gemm_tiles.md:
     at 1024^3 0.43x -> 0.93x torch.matmul, at M = 128 x 4096 x 4096 0.34x -> 1.07x; from 2048^3 and
-    1024 x 4096 x 4096 up the big tile stays ahead). Where even the small tiles fill at most half the SMs, K is
-    split so the work units do (each split at least MIN_SPLIT_STEPS k-steps long): a few hundred rows against a
-    long-K weight stream it from more SMs."""
+    1024 x 4096 x 4096 up the big tile stays ahead). Where even the small tiles fill at most half the SMs and K is
+    long, K is split in two (each split at least MIN_SPLIT_STEPS k-steps): 64-128 rows against a 4096 x 14336
+    weight stream it from twice the SMs (06-gemm-split-k/gemm_tiles.md: 0.69-0.74x -> 0.88-0.89x torch.matmul;
+    at K = 4096 the split costs more than it gains, 1.05x -> 0.90x at M = 128)."""
     big_tiles = -(-m // GEMM_CONFIG.block_m) * -(-n // GEMM_CONFIG.block_n)
     cfg = GEMM_CONFIG if big_tiles >= FULL_WAVE * sms else SMALL_GEMM_CONFIG
     tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
