@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [acc16]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [l2chunk] [acc16]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -61,6 +61,10 @@ for part in "${@:-smoke host}"; do
         stage timeout 150 python3 scripts/persistent_ab.py --dims 64 --lengths 512 1024 2048 4096 \
           --variants hopper:persistent=2,consumers=3,overlap=0 hopper:persistent=2 \
           --json "$OUT/chain_ab_d64.json" --md "$OUT/chain_ab_d64.md" ;;
+      l2chunk)  # the persistent walk's head chunk (K/V bytes walked together) on the sweep's 1K-4K rows
+        stage timeout 300 python3 scripts/persistent_ab.py --dims 128 64 --lengths 1024 2048 4096 \
+          --variants hopper:persistent=2 hopper:persistent=2,l2_budget_kib=8192 \
+          hopper:persistent=2,l2_budget_kib=4096 --json "$OUT/l2chunk_ab.json" --md "$OUT/l2chunk_ab.md" ;;
       gemmtiles) stage timeout 330 python3 scripts/gemm_tiles.py --json "$OUT/gemm_tiles.json" --md "$OUT/gemm_tiles.md" ;;
       varlenp)  # the persistent varlen forward: its GPU tests and the varlen tests, then the packed-batch bench
         stage timeout 140 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_varlen_persistent.py \

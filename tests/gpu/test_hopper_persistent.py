@@ -61,11 +61,11 @@ def test_persistent_sequence_outer_layout(causal):
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_persistent_head_chunks(monkeypatch, causal):
-    """Head chunks of 8 query heads (4 K/V heads, groups of 2) over B*H = 12: a whole chunk, then a partial one."""
-    monkeypatch.setattr(attention_persistent, "L2_BUDGET", 4 * (2 * 1280 * 128 * 2))
+def test_persistent_head_chunks(causal):
+    """Head chunks of 8 query heads (4 K/V heads of 640 KiB, groups of 2) over B*H = 12: a whole chunk, then a
+    partial one."""
     q, k, v = attention_inputs(2, 6, 384, 1280, 128, torch.bfloat16, "cuda", hkv=3, seed=11)
-    _check(q, k, v, causal, "bf16")
+    assert "-l2c2560" in _check(q, k, v, causal, "bf16", backend="hopper:persistent=2,l2_budget_kib=2560")
 
 
 @pytest.mark.parametrize("sq,skv", [(1000, 1024), (1024, 1000), (256, 8192)])

@@ -125,3 +125,22 @@ def test_gemm_split_k_checks():
         gemm.launch_spec(64, 128, 192, b_layout="nk", walk="grouped", cfg=dataclasses.replace(SMALL_GEMM_CONFIG,
                                                                                                   split_k=4),
                          device_index=0)
+
+
+def test_persistent_walk_head_chunks():
+    """The persistent walk's head chunk: query heads whose K/V fit the config's L2 budget together, whole GQA groups,
+    at least one group; the budget is a config field (an A/B switch) and shows in the name off its default."""
+    from xkernels.hopper import attention_persistent as hp
+    from xkernels.recipes import ATTENTION_RECIPES
+
+    kv_2k_d128 = 2 * 2048 * 128 * 2  # 1 MiB of K and V per head
+    assert hp.heads_per_chunk(2048, 128, 1, 2, 32 << 20) == 32
+    assert hp.heads_per_chunk(2048, 128, 4, 2, 8 * kv_2k_d128) == 32  # 8 K/V heads, each shared by 4 query heads
+    assert hp.heads_per_chunk(65536, 128, 2, 2, 32 << 20) == 2  # one group even over budget
+    cfg = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], l2_budget_kib=8 << 10)
+    assert str(cfg).endswith("-l2c8192") and not str(PERSISTENT_ATTENTION_CONFIGS[128]).endswith("l2c32768")
+    _, walk, _, _ = hp.launch_spec(8, 32, 2048, 2048, 128, 1, 2, 132, is_causal=False,
+                                   recipe=ATTENTION_RECIPES["bf16"], positive_scale=True, write_lse=False, cfg=cfg)
+    assert walk == (16 * 256, 16, 256, 8)
+    with pytest.raises(ValueError, match="l2_budget_kib=0 must be positive"):
+        dataclasses.replace(cfg, l2_budget_kib=0).check(128, ATTENTION_RECIPES["bf16"])

@@ -60,7 +60,6 @@ from xkernels.hopper.softmax import softmax_step
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = gl.constexpr(configs.WG_ROWS)
-L2_BUDGET = 32 << 20  # bytes of K/V per head chunk: about two thirds of an H100/H200 L2
 
 
 @gluon.jit
@@ -305,10 +304,11 @@ def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], 
     return (rows, cols), (ss, 1), (rows_b, rows_h, cols_h)
 
 
-def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int) -> int:
-    """Query heads whose K/V (shared by `group` of them) fit the L2 budget together; at least one."""
+def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int, budget: int) -> int:
+    """Query heads whose K/V (shared by `group` of them) fit `budget` bytes together (the config's l2_budget_kib:
+    by default 32 MiB, about two thirds of an H100/H200 L2); at least one group."""
     kv_bytes = 2 * skv * head_dim * elem
-    return max(1, L2_BUDGET // kv_bytes) * group
+    return max(1, budget // kv_bytes) * group
 
 
 def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group: int, elem: int, sms: int, *,
@@ -319,7 +319,8 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
     cfg.check(head_dim, recipe)
     m_blocks = -(-sq // cfg.block_m)
     n_tiles = m_blocks * batch * heads
-    walk = (n_tiles, m_blocks, batch * heads, min(batch * heads, heads_per_chunk(skv, head_dim, group, elem)))
+    chunk = heads_per_chunk(skv, head_dim, group, elem, cfg.l2_budget_kib << 10)
+    walk = (n_tiles, m_blocks, batch * heads, min(batch * heads, chunk))
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
                                 write_lse=write_lse, persistent=True)
     return min(n_tiles, sms), walk, constexprs, dict(num_warps=4)

@@ -27,6 +27,7 @@ class HopperAttentionConfig:
     persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
     chained: int = 0  # the next tile's first QK^T issued with this tile's last P.V (two Q slots; the dense kernel,
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
+    l2_budget_kib: int = 32 << 10  # persistent walk: K/V bytes (KiB) of the heads walked together (`heads_per_chunk`)
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
@@ -36,6 +37,8 @@ class HopperAttentionConfig:
                              "(shared memory: its O buffers come on top of Q's)")
         if self.chained not in (0, 1):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1")
+        if self.l2_budget_kib < 1:
+            raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} must be positive")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
             raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
         if self.acc16 and recipe.pv_dtype != torch.float16:
@@ -66,7 +69,8 @@ class HopperAttentionConfig:
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
-                + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained)
+                + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
+                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib != 32 << 10 else ""))
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
