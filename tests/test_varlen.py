@@ -128,6 +128,35 @@ def test_bad_input_names_the_argument(device, change, exc, match):
         assert torch.equal(b, t)
 
 
+def test_unsynced_checks(device, monkeypatch):
+    """sync_checks=False: good values give the synced call's result bitwise; each bad value (the cases the synced
+    checks raise on) gives NaN in every output and LSE element instead of an error, with nothing read to the host and
+    the inputs untouched. The output is not poisoned here, so the NaN must come from the check."""
+    monkeypatch.setattr(varlen, "output_like", lambda q: torch.zeros_like(q, memory_format=torch.contiguous_format))
+    q, k, v, cq, ck = packed([4, 6], [5, 7], 4, 2, 64, torch.float16, device)
+    want = xkernels.attention_varlen(q, k, v, cq, ck, 6, 7, is_causal=True, return_lse=True)
+
+    def read_to_host(*args, **kwargs):
+        raise AssertionError("a cu_seqlens value was read to the host")
+
+    with monkeypatch.context() as m:
+        m.setattr(varlen, "check_cu_seqlens", read_to_host)
+        got = xkernels.attention_varlen(q, k, v, cq, ck, 6, 7, is_causal=True, return_lse=True, sync_checks=False)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    bad = {"offset": (cq + 1, ck, 6, 7), "decreasing": (cq, torch.tensor([0, 13, 12], dtype=torch.int32,
+                                                                          device=device), 6, 7),
+           "total": (torch.tensor([0, 4, 9], dtype=torch.int32, device=device), ck, 6, 7),
+           "too long": (cq, ck, 6, 3)}
+    for name, (cq_bad, ck_bad, mq, mk) in bad.items():
+        before = [t.clone() for t in (q, k, v, cq_bad, ck_bad)]
+        o, lse = xkernels.attention_varlen(q, k, v, cq_bad, ck_bad, mq, mk, is_causal=True, return_lse=True,
+                                           sync_checks=False)
+        assert o.isnan().all() and lse.isnan().all(), name
+        assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v, cq_bad, ck_bad), strict=True)), name
+    with pytest.raises(TypeError, match="sync_checks"):
+        xkernels.attention_varlen(q, k, v, cq, ck, 6, 7, sync_checks=1)
+
+
 def test_strided_cu_seqlens_are_read_as_their_values(device):
     """A cu_seqlens view with a stride (every other element) means the values it shows, as in the checks."""
     q, k, v, cq, ck = packed([5, 17], [9, 17], 2, 2, 64, torch.float16, device)
@@ -146,8 +175,9 @@ def test_inputs_requiring_grad_are_refused(device):
 def test_opcheck_and_compile(device):
     q, k, v, cq, ck = packed([5, 17], [9, 17], 4, 2, 64, torch.float16, device)
     for return_lse in (False, True):
-        torch.library.opcheck(ops.attention_varlen_op, (q, k, v, cq, ck, 17, 17, True, None, "auto", return_lse,
-                                                         "auto"))
+        for sync_checks in (True, False):
+            torch.library.opcheck(ops.attention_varlen_op, (q, k, v, cq, ck, 17, 17, True, None, "auto", return_lse,
+                                                             sync_checks, "auto"))
     fn = lambda q, k, v: xkernels.attention_varlen(q, k, v, cq, ck, 17, 17, is_causal=True)  # noqa: E731
     torch._dynamo.reset()
     compiled = torch.compile(fn, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")

@@ -87,6 +87,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
                      scale: float | None = None, precision: str = "auto", return_lse: bool = False,
+                     sync_checks: bool = True,
                      backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a packed batch of variable-length sequences, like flash_attn_varlen_func.
 
@@ -95,15 +96,19 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     v (int32, (batch + 1,), starting at 0); max_seqlen_q / max_seqlen_k bound the lengths. No padding is computed.
     **Causal is aligned bottom-right** per sequence, as FlashAttention >= 2.1 and KV caches (query i sees keys
     j <= i + Sk - Sq), unlike `attention`'s top-left; rows that see no key return 0 (LSE -inf). The cu_seqlens values
-    are checked (one read to the host) except while a CUDA graph is being captured. Returns O (total_q, Hq, D), or
+    are checked (0 first, non-decreasing, the packed total last, no sequence over max_seqlen): with `sync_checks`
+    (the default) they are read to the host (one synchronization) and a bad value raises a ValueError naming the
+    argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and
+    writes nothing outside the packed tensors and returns NaN in every output (a few small device ops). During
+    CUDA-graph capture nothing is checked (as flash_attn_varlen_func never does). Returns O (total_q, Hq, D), or
     (O, LSE) with LSE (Hq, total_q) fp32 natural log. Forward only: inputs that require grad are refused.
     """
     tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
-    flag(is_causal, "is_causal"), flag(return_lse, "return_lse")
+    flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
     no_grad({"q": q, "k": k, "v": v}, "attention_varlen has no backward yet")
     o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-                                     scale, precision, return_lse, backend)
+                                     scale, precision, return_lse, sync_checks, backend)
     return (o, lse) if return_lse else o
 
 

@@ -11,7 +11,7 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::attention_out(q, k, v, out!, ...same..., return_lse) -> LSE          (writes O into `out`)
   xkernels::attention_backward(grad_out, q, k, v, out, lse, grad_lse?, ...same...) -> (dQ, dK, dV)
   xkernels::attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-                             precision, return_lse, backend) -> (O, LSE (Hq, total_q) or empty)
+                             precision, return_lse, sync_checks, backend) -> (O, LSE (Hq, total_q) or empty)
   xkernels::attention_with_kvcache(q, k_cache!, v_cache!, cache_seqlens, k?, v?, block_table?, cache_leftpad?,
                                    is_causal, scale,
                                    precision, return_lse, num_splits, sync_checks, backend)
@@ -53,7 +53,7 @@ _lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, T
             f"Tensor? grad_lse, {_ATTN_ARGS}) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float? scale, str precision, bool return_lse, "
-            "str backend) -> (Tensor, Tensor)")
+            "bool sync_checks, str backend) -> (Tensor, Tensor)")
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
             "str precision, bool return_lse, "
@@ -91,10 +91,10 @@ def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale,
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision,
-                      return_lse, backend):
+                      return_lse, sync_checks, backend):
     return varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    is_causal=is_causal, scale=scale, precision=precision, return_lse=return_lse,
-                                   backend=backend)
+                                   sync_checks=sync_checks, backend=backend)
 
 
 def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale,
@@ -156,7 +156,7 @@ def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, preci
 
 @torch.library.register_fake("xkernels::attention_varlen")
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
-      backend):
+      sync_checks, backend):
     resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
                              precision=precision, backend=backend)
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
