@@ -267,7 +267,7 @@ def test_selection_is_a_pure_function():
                                                                                            ("overlap", 0)))
     with pytest.raises(ValueError, match="'hopper' was forced"):
         select.select_attention(cpu, 128, recipe, select.parse_backend("hopper"))
-    assert select.select_matmul(cpu, 1, 256, torch.float16, torch.float16, auto).layer == "portable"
+    assert select.select_matmul(cpu, 1, 256, torch.float16, torch.float16, auto, cols=64, depth=64).layer == "portable"
 
 
 @pytest.mark.parametrize("m,n,k,b_layout,out_cols,direct", [

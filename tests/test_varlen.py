@@ -146,7 +146,9 @@ def test_unsynced_checks(device, monkeypatch):
     bad = {"offset": (cq + 1, ck, 6, 7), "decreasing": (cq, torch.tensor([0, 13, 12], dtype=torch.int32,
                                                                           device=device), 6, 7),
            "total": (torch.tensor([0, 4, 9], dtype=torch.int32, device=device), ck, 6, 7),
-           "too long": (cq, ck, 6, 3)}
+           "too long": (cq, ck, 6, 3),
+           "no work launched": (cq, ck, 0, 7),  # max_seqlen_q = 0: the call returns before any launch
+           "no sequences": (cq[:1], ck[:1], 6, 7)}  # batch 0 over 10 packed tokens
     for name, (cq_bad, ck_bad, mq, mk) in bad.items():
         before = [t.clone() for t in (q, k, v, cq_bad, ck_bad)]
         o, lse = xkernels.attention_varlen(q, k, v, cq_bad, ck_bad, mq, mk, is_causal=True, return_lse=True,

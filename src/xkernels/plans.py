@@ -391,7 +391,8 @@ class MatmulPlan:
         kept = scratch.split_k(out.device, self.counters, self.partial_words)
         if kept is not None:
             return kept[1], kept[0]
-        ws = torch.zeros(self.workspace_words, dtype=torch.int32, device=out.device)
+        ws = torch.empty(self.workspace_words, dtype=torch.int32, device=out.device)
+        ws[:self.counters].zero_()  # the counters start at zero; the partials are written before they are read
         return ws[self.partials_at:].view(torch.float32), ws
 
     def _general(self, a, b, out):

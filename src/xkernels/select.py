@@ -260,7 +260,7 @@ def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str, walk: s
 
 
 def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.dtype, out_dtype: torch.dtype,
-                  override: Override, walk: str = "auto", *, cols: int = 0, depth: int = 0) -> Choice:
+                  override: Override, walk: str = "auto", *, cols: int, depth: int) -> Choice:
     """One 2-D problem of at most SKINNY_MAX_M rows: the few-row kernel (`gemm_skinny`, any device) unless "hopper"
     is forced or a walk order asked for (it has no output tiles to walk). Else the Hopper kernel for one 2-D problem
     with a 16-bit output on sm_90, its tile and K split from the `rows` x `cols` x `depth` problem and the SM count

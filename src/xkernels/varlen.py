@@ -49,7 +49,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         if sync_checks:
             check_cu_seqlens(cu_seqlens_q.tolist(), total_q, max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
             check_cu_seqlens(cu_seqlens_k.tolist(), k.shape[0], max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
-        elif cu_seqlens_q.shape[0] > 1:
+        else:
             bad = (_bad_cu_seqlens(cu_seqlens_q, total_q, max_seqlen_q)
                    | _bad_cu_seqlens(cu_seqlens_k, k.shape[0], max_seqlen_k))
             cu_seqlens_q = cu_seqlens_q.masked_fill(bad, 0)  # every sequence empty: the kernel touches nothing
@@ -59,10 +59,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0 or max_seqlen_q == 0:
         plans._record("empty")
-        return out, lse
-    plans._record(run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                      max_seqlen_k, is_causal=is_causal, scale=scale, recipe=recipe, choice=choice))
-    if bad is not None:
+    else:
+        plans._record(run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                          max_seqlen_k, is_causal=is_causal, scale=scale, recipe=recipe, choice=choice))
+    if bad is not None:  # after the early outs too: a bad call with no work to launch still answers NaN
         out.masked_fill_(bad, float("nan"))
         lse.masked_fill_(bad, float("nan"))
     return out, lse

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 
 import torch
 import triton
@@ -37,11 +38,18 @@ def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-@functools.cache
+_THREAD = threading.local()
+
+
 def side_stream(device_index: int) -> torch.cuda.Stream:
     """The library's own CUDA stream on a device, beside the caller's: for work forked off the current stream and
-    joined back (the concurrent dQ kernel) and for buffers allocated outside the current stream's memory pool."""
-    return torch.cuda.Stream(device=device_index)
+    joined back (the concurrent dQ kernel) and for buffers allocated outside the current stream's memory pool. One
+    per thread: a thread capturing a CUDA graph forks onto a stream no other thread's eager work or capture uses."""
+    streams = _THREAD.__dict__.setdefault("side_streams", {})
+    stream = streams.get(device_index)
+    if stream is None:
+        stream = streams[device_index] = torch.cuda.Stream(device=device_index)
+    return stream
 
 
 def hopper_available(device: torch.device) -> bool:
