@@ -284,8 +284,9 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     k, v, v_landed = kv_rings(k_bufs, v_bufs, False, NUM_WG)
     q_ready, q_free = q_slot_barriers(2, NUM_WG)
     # ZERO_TAIL=2: warpgroup 0 -> warpgroup 1, "tile n's tail V rows are zero" (`_tail_ready`), on slot n % 4.
-    # Warpgroup 0 arrives for tile n while holding Q(n), which the producer loaded only after warpgroup 1 released
-    # Q(n - 2), past its wait for tile n - 3: so a slot's earlier phase is always consumed before it is re-armed.
+    # Warpgroup 0 arrives for tile n when it takes tile n + 1 (or after its walk), so after it held Q(n), which the
+    # producer loaded only after warpgroup 1 released Q(n - 2), past its wait for tile n - 3: a slot's earlier phase
+    # (tile n - 4) is always consumed before it is re-armed.
     v_zeroed = allocate_barriers(4, 1)
     regs: gl.constexpr = consumer_registers(NUM_WG, False)
     producer_regs: gl.constexpr = producer_registers(NUM_WG, False, 8)
