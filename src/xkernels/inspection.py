@@ -333,12 +333,12 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
                                                       positive_scale=True, write_lse=True, cfg=ac)
                 # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the
-                # key loop
+                # key loop (triton 3.9, compiled, never run: 136-344 bytes); on 3.9 the D64 causal variants reload 8
                 yield KernelConfig(
                     f"hopper.attention_varlen persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                     hvp.attention_varlen_persistent_kernel,
                     descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32"},
-                    constexprs, 4, gluon=True, spill_free=d != 128,
+                    constexprs, 4, gluon=True, spill_free=d != 128 and (TRITON_TESTED or not causal),
                     divisible=("O", "LSE", "CU_Q", "CU_K", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
                                "kv_ch"))
 

@@ -42,10 +42,9 @@ from xkernels.hopper.attention_fwd import (
     producer_registers,
 )
 from xkernels.hopper.attention_persistent import descriptor_view
-from xkernels.hopper.barriers import kv_rings, q_slot_barriers
+from xkernels.hopper.barriers import kv_rings, q_slot_barriers, tail_zeroed_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
-from xkernels.hopper.pipeline import allocate_barriers
 from xkernels.hopper.softmax import softmax_step
 from xkernels.recipes import AttentionRecipe
 
@@ -283,11 +282,7 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k, v, v_landed = kv_rings(k_bufs, v_bufs, False, NUM_WG)
     q_ready, q_free = q_slot_barriers(2, NUM_WG)
-    # ZERO_TAIL=2: warpgroup 0 -> warpgroup 1, "tile n's tail V rows are zero" (`_tail_ready`), on slot n % 4.
-    # Warpgroup 0 arrives for tile n when it takes tile n + 1 (or after its walk), so after it held Q(n), which the
-    # producer loaded only after warpgroup 1 released Q(n - 2), past its wait for tile n - 3: a slot's earlier phase
-    # (tile n - 4) is always consumed before it is re-armed.
-    v_zeroed = allocate_barriers(4, 1)
+    v_zeroed = tail_zeroed_barriers()  # ZERO_TAIL=2: warpgroup 0 -> warpgroup 1 (`_tail_ready`), slot n % 4
     regs: gl.constexpr = consumer_registers(NUM_WG, False)
     producer_regs: gl.constexpr = producer_registers(NUM_WG, False, 8)
     gl.static_assert(NUM_WG == 2, "two consumer warpgroups")

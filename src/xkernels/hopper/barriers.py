@@ -17,6 +17,10 @@ with its own pair; tile n of a program uses slot n % slots:
   q_ready[s]   producer's TMA (every consumer's Q bytes of the tile) -> each consumer, once per tile in slot s.
   q_free[s]    each of NUM_WG consumers, once the last QK^T of its tile in slot s retired -> producer, before loading
                a later tile's Q into slot s: nobody reads it any more (O leaves through buffers of its own).
+The persistent varlen forward (`attention_varlen_persistent.py`) has the same Q slots, plus:
+  v_zeroed[n % 4]  consumer 0, after zeroing the rows of tile n's last V tile that lie past its sequence (every
+               tile arrives, tail or not) -> consumer 1, before its last P.V of tile n: no store into the tile races
+               its read (4 slots: `tail_zeroed_barriers`).
 
 Attention backward, dQ (`attention_dq.py`), per CTA: the forward's set, without the conversion.
   q_ready      producer's TMA (Q and dO bytes of both consumers) -> each consumer, once.
@@ -39,6 +43,8 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
 GEMM (`gemm.py`), per CTA: one ring of A+B stages.
   ready[s]     loader's TMA (A and B tile bytes) -> MMA partition, per k-step: stage s's tiles have landed.
   empty[s]     MMA partition, once the wgmma reading stage s retired -> loader, before refilling stage s.
+  With split-K, across CTAs (global memory, not an mbarrier): an arrival counter per output tile, one acq_rel add
+  per split after its partial is stored; the split that reads SPLIT_K - 1 sums the partials and resets it to 0.
 """
 
 from triton.experimental import gluon
@@ -82,6 +88,14 @@ def attention_ds_ring(ds_bufs):
     """The FUSED_DQ dS^T ring of the table above: both barriers of each stage count the two consumers."""
     STAGES: gl.constexpr = ds_bufs.shape[0]
     return Ring(ds_bufs, allocate_barriers(STAGES, 2), allocate_barriers(STAGES, 2))
+
+
+@gluon.jit
+def tail_zeroed_barriers():
+    """`v_zeroed` of the persistent varlen forward (table above): 4 slots, each completing on consumer 0's arrive.
+    Consumer 0 arrives for tile n after it held Q(n), which the producer loaded only after consumer 1 released
+    Q(n - 2), past its wait for tile n - 3: a slot's phase of tile n - 4 is always consumed before it is re-armed."""
+    return allocate_barriers(4, 1)
 
 
 @gluon.jit

@@ -40,6 +40,7 @@ from xkernels.common.tile_walk import tile_coords, zorder_grid
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import gemm_barriers
 from xkernels.hopper.configs import HopperGemmConfig
+from xkernels.hopper.pipeline import partition_barrier
 
 
 @gluon.jit
@@ -94,12 +95,12 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
     at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
     tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)  # (SPLIT_K, BLOCK_M, BLOCK_N) fp32
     gl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + at, acc)
-    gl.thread_barrier()
+    partition_barrier()
     arrived = gl.atomic_add(CNT + tile_id, 1, sem="acq_rel", scope="gpu")
     last = arrived == SPLIT_K - 1
     total = acc
     if last:
-        gl.thread_barrier()
+        partition_barrier()
         total = gl.zeros_like(acc)
         for j in gl.static_range(SPLIT_K):
             total += gl.load(tile_ws + j * (BLOCK_M * BLOCK_N) + at, cache_modifier=".cg")
