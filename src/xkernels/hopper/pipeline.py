@@ -13,7 +13,7 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from triton.language.core import _aggregate as aggregate
 
-# A barrier of the calling partition's warps (bar.sync over its threads): Triton 3.9 renamed Gluon's
+# A barrier of the calling partition's warps (bar.sync over its threads): Triton 3.7 renamed Gluon's
 # `thread_barrier` to `barrier`; both take no argument here.
 partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 
