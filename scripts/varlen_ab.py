@@ -5,7 +5,7 @@ against SDPA-cuDNN on the batch padded to its longest sequence, in the same proc
 alone behind a barrier), the same with both warpgroups zeroing unsynchronized (ZERO_TAIL=1) and the default's pick.
 Each output is compared bitwise with the per-sequence kernel's first (the same per-row arithmetic in another order).
 
-    python scripts/varlen_ab.py --json varlen_ab.json [--md varlen_ab.md]
+    python scripts/varlen_ab.py --json varlen_ab.json [--md varlen_ab.md] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ CASES = [VarlenCase(32, 256, 4096, 32, 32, 128, False), VarlenCase(32, 256, 4096
          VarlenCase(32, 256, 4096, 32, 32, 64, False), VarlenCase(32, 256, 4096, 32, 32, 64, True)]
 
 
-def row(case: VarlenCase) -> dict:
+def row(case: VarlenCase, rounds: int) -> dict:
     inputs = case.inputs("cuda")
     q, k, v, cu, longest = inputs
     gqa = case.hq != case.hkv
@@ -54,19 +55,30 @@ def row(case: VarlenCase) -> dict:
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         def cudnn():  # the padded rows' outputs are what a caller without varlen throws away
             return F.scaled_dot_product_attention(pq, pk, pv, is_causal=case.causal, enable_gqa=gqa)
-        out["cudnn_padded_ms"] = graph_ms(cudnn)
+        cudnn()
     base = ours("hopper:persistent=0")()
-    for name, fn in (("per-sequence", ours("hopper:persistent=0")), ("persistent", ours("hopper:persistent=2")),
-                     ("persistent ZERO_TAIL=1", zero_tail_1), ("auto", ours("auto"))):
+    fns = {"cuDNN padded": cudnn, "per-sequence": ours("hopper:persistent=0"),
+           "persistent": ours("hopper:persistent=2"), "persistent ZERO_TAIL=1": zero_tail_1, "auto": ours("auto")}
+    for name, fn in list(fns.items())[1:]:
         try:
             o = fn()
-            r = {"bitwise_equal": bool(torch.equal(o, base)), "ms": graph_ms(fn)}
+            out["variants"][name] = {"bitwise_equal": bool(torch.equal(o, base))}
         except Exception as e:  # a variant that cannot run this row is recorded
-            r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        else:
-            r["tflops"] = case.flops / r["ms"] / 1e9
-            r["x_cudnn_padded"] = out["cudnn_padded_ms"] / r["ms"]
-        out["variants"][name] = r
+            out["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            del fns[name]
+    # rounds interleave every variant and the peer, so a drift of the clock between calls hits them all alike;
+    # each one's time is its median over the rounds
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                times[name].append(graph_ms(fn))
+    out["cudnn_padded_ms"] = statistics.median(times.pop("cuDNN padded"))
+    for name, ts in times.items():
+        r = out["variants"][name]
+        r["ms"], r["rounds_ms"] = statistics.median(ts), ts
+        r["tflops"] = case.flops / r["ms"] / 1e9
+        r["x_cudnn_padded"] = out["cudnn_padded_ms"] / r["ms"]
     print(out["shape"], f"cuDNN padded {out['cudnn_padded_ms']:.3f} ms;", "; ".join(
         f"{n} {r['ms']:.3f} ms x{r['x_cudnn_padded']:.2f}{'' if r['bitwise_equal'] else ' (not bitwise)'}"
         if "ms" in r else f"{n} {r['error']}" for n, r in out["variants"].items()), flush=True)
@@ -87,8 +99,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json")
     ap.add_argument("--md")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
     args = ap.parse_args()
-    rows = [row(c) for c in CASES]
+    rows = [row(c, args.rounds) for c in CASES]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
