@@ -310,13 +310,11 @@ class MatmulPlan:
             self.grid, self.ints, self.constexprs, self.options = hopper_gemm.launch_spec(
                 self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
             self.fn, self.descriptors = hopper_gemm.persistent_gemm_kernel, hopper_gemm.descriptors
-            # split-K workspace, in 4-byte words: a counter per output tile, then (split, tile rows, tile cols)
-            # fp32 partials per tile
+            # split-K workspace (`_workspace`): a counter per output tile, (split, tile rows, tile cols) fp32
+            # partials per tile
             self.slices = self.cfg.split_k
             self.counters = triton.cdiv(self.rows, self.cfg.block_m) * triton.cdiv(n, self.cfg.block_n)
             self.partial_words = self.slices * self.counters * self.cfg.block_m * self.cfg.block_n
-            self.partials_at = -(-self.counters // 4) * 4
-            self.workspace_words = self.partials_at + self.partial_words
             b_shape = (n, k) if b_layout == "nk" else (k, n)
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
@@ -327,11 +325,9 @@ class MatmulPlan:
             self.name = f"portable.gemm[{b_layout} {self.cfg} slices={self.slices}]"
             self.fn = gemm_skinny.skinny_gemm_kernel
             self.ints = (self.rows, n, k, a3.stride(1), b3.stride(1), c_strides[1], k_slice)
-            # the workspace, in 4-byte words: arrival counters, then the K-slice partials 16-byte aligned
+            # split-K workspace (`_workspace`): a counter per column block, (slice, M, N) fp32 partials
             self.counters = triton.cdiv(n, self.cfg.block_n)
             self.partial_words = self.slices * self.rows * n
-            self.partials_at = -(-self.counters // 4) * 4
-            self.workspace_words = self.partials_at + self.partial_words
         else:
             self.grid, self.walk_args, self.constexprs, self.options = portable_gemm.launch_spec(
                 self.problems, self.rows, n, b_layout=b_layout, walk=self.walk, cfg=self.cfg)
@@ -391,9 +387,10 @@ class MatmulPlan:
         kept = scratch.split_k(out.device, self.counters, self.partial_words)
         if kept is not None:
             return kept[1], kept[0]
-        ws = torch.empty(self.workspace_words, dtype=torch.int32, device=out.device)
+        partials_at = -(-self.counters // 4) * 4  # in 4-byte words: the partials 16-byte aligned after the counters
+        ws = torch.empty(partials_at + self.partial_words, dtype=torch.int32, device=out.device)
         ws[:self.counters].zero_()  # the counters start at zero; the partials are written before they are read
-        return ws[self.partials_at:].view(torch.float32), ws
+        return ws[partials_at:].view(torch.float32), ws
 
     def _general(self, a, b, out):
         """Descriptor-ready copies where needed, then Triton's own launcher (the interpreter's path too)."""

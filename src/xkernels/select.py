@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xkernels.common.runtime import INTERPRET, check_device, hopper_available, sm_count
+from xkernels.common.runtime import INTERPRET, check_device, device_index, hopper_available, sm_count
 from xkernels.common.targets import TARGETS, Target, device_target
 from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
@@ -97,7 +97,7 @@ def _target(device: torch.device) -> Target | None:
         return TARGETS["xe2"]
     if device.type != "cuda":
         return None
-    return device_target(device.index if device.index is not None else torch.cuda.current_device())
+    return device_target(device_index(device))
 
 
 @dataclass(frozen=True)
@@ -272,8 +272,7 @@ def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.d
         raise ValueError("backend: 'hopper' was forced, but this call needs sm_90, a tested triton, one 2-D problem "
                          "and a 16-bit output")
     if override.layer != "portable" and fits_hopper:
-        cfg = _configured(gemm_config(rows, cols, depth, sm_count(device.index if device.index is not None
-                                                           else torch.cuda.current_device())), override.config)
+        cfg = _configured(gemm_config(rows, cols, depth, sm_count(device_index(device))), override.config)
         if cfg.acc_fp16 and "split_k" not in dict(override.config):  # fp16 accumulation: no fp32 partials to sum
             cfg = dataclasses.replace(cfg, split_k=1)
         cfg.check(dtype)

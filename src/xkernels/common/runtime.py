@@ -33,6 +33,11 @@ def capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
+def device_index(device: torch.device) -> int:
+    """The CUDA device index `device` names (an index-less "cuda" is the current device)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 @functools.cache
 def sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -55,7 +60,7 @@ def side_stream(device_index: int) -> torch.cuda.Stream:
 def hopper_available(device: torch.device) -> bool:
     """The Gluon fast path runs here: compiled (not interpreted) kernels on sm_90 with a tested triton."""
     return (not INTERPRET and device.type == "cuda" and TRITON_TESTED
-            and capability(device.index if device.index is not None else torch.cuda.current_device()) == (9, 0))
+            and capability(device_index(device)) == (9, 0))
 
 
 def check_device(device: torch.device, name: str) -> None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xkernels.common.runtime import side_stream
+from xkernels.common.runtime import device_index, side_stream
 
 MAX_BYTES = 64 << 20  # fp32 partials per stream; larger splits allocate per call
 MAX_STREAMS = 16  # sets kept per device; the oldest is released (after its stream's work) beyond that
@@ -44,7 +44,7 @@ def _alloc(device: torch.device, counters: int, partials: int) -> tuple[torch.Te
     if device.type != "cuda":
         return (torch.zeros(counters, dtype=torch.int32, device=device),
                 torch.empty(partials, dtype=torch.float32, device=device))
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = device_index(device)
     side = side_stream(index)
     current = torch.cuda.current_stream(index)
     side.wait_stream(current)

@@ -305,8 +305,8 @@ def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], 
 
 
 def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int, budget: int) -> int:
-    """Query heads whose K/V (shared by `group` of them) fit `budget` bytes together (the config's l2_budget_kib:
-    by default 32 MiB, about two thirds of an H100/H200 L2); at least one group."""
+    """Query heads whose K/V (shared by `group` of them) fit `budget` bytes together (the config's l2_budget_kib,
+    by default `configs.L2_BUDGET_KIB`); at least one group."""
     kv_bytes = 2 * skv * head_dim * elem
     return max(1, budget // kv_bytes) * group
 

@@ -14,6 +14,7 @@ import torch
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = 64  # query rows per attention consumer warpgroup: S and O accumulators of 64 x N fit its registers
+L2_BUDGET_KIB = 32 << 10  # K/V of the heads the persistent walk runs together: about two thirds of an H100/H200 L2
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class HopperAttentionConfig:
     persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
     chained: int = 0  # the next tile's first QK^T issued with this tile's last P.V (two Q slots; the dense kernel,
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
-    l2_budget_kib: int = 32 << 10  # persistent walk: K/V bytes (KiB) of the heads walked together (`heads_per_chunk`)
+    l2_budget_kib: int = L2_BUDGET_KIB  # persistent walk: K/V KiB of the heads walked together (`heads_per_chunk`)
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
@@ -70,7 +71,7 @@ class HopperAttentionConfig:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
-                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib != 32 << 10 else ""))
+                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib != L2_BUDGET_KIB else ""))
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
