@@ -1,5 +1,7 @@
 """Hopper GEMM tile configs on the shapes where the default 128 x 256 tile leaves SMs idle: cubes from 512 to 2048
-and the M = 64-256 rows of Llama-8B's layers (B as [N, K], bf16), with K split 2 or 4 ways on the small tile. Each
+and the M = 64-256 rows of Llama-8B's layers (B as [N, K], bf16), with K split 2 or 4 ways on the small tile, and
+deeper rings (8 stages, or 128-deep k-steps) for the memory-bound few-row shapes, where the bytes in flight per SM
+bound the rate at which the weight streams. Each
 config is a backend override string (`hopper:block_m=...`); the default and the few-row/tiled pick of `auto` are
 recorded too. Device time from CUDA-graph replay (`bench.timing.graph_ms`) against torch.matmul in the same process;
 every output is checked against torch's (relative Frobenius error < 1e-2) before it is timed. The summary names,
@@ -23,8 +25,9 @@ SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 
           (128, 28672, 4096), (256, 4096, 4096), (1024, 6144, 4096)]  # the last: 1.45 waves of 128 x 256 tiles
 # (block_m, block_n, block_k, stages, num_warps, split_k): compiled spill-free for sm_90 (bf16 and fp16, both B
 # layouts); every field is named in the override, so none is inherited from the shape's default pick
-CONFIGS = [(128, 256, 64, 3, 8, 1), (128, 128, 64, 4, 8, 1), (128, 128, 64, 5, 8, 1), (64, 128, 64, 4, 4, 1),
-           (64, 128, 64, 6, 4, 1), (64, 256, 64, 3, 4, 1), (64, 128, 64, 6, 4, 2), (64, 128, 64, 6, 4, 4)]
+CONFIGS = [(128, 256, 64, 3, 8, 1), (128, 128, 64, 5, 8, 1), (128, 128, 64, 6, 8, 1), (64, 128, 64, 6, 4, 1),
+           (64, 128, 64, 8, 4, 1), (64, 128, 128, 4, 4, 1), (64, 64, 64, 8, 4, 1), (64, 256, 64, 3, 4, 1),
+           (64, 128, 64, 6, 4, 2), (64, 128, 64, 8, 4, 2), (64, 128, 64, 6, 4, 4)]
 
 
 def backend(cfg: tuple[int, ...]) -> str:
