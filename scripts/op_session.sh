@@ -63,8 +63,8 @@ for part in "${@:-smoke host}"; do
           --json "$OUT/chain_ab_d64.json" --md "$OUT/chain_ab_d64.md" ;;
       l2chunk)  # the persistent walk's head chunk (K/V bytes walked together) on the sweep's 1K-4K rows
         stage timeout 300 python3 scripts/persistent_ab.py --dims 128 64 --lengths 1024 2048 4096 \
-          --variants hopper:persistent=2 hopper:persistent=2,l2_budget_kib=8192 \
-          hopper:persistent=2,l2_budget_kib=4096 --json "$OUT/l2chunk_ab.json" --md "$OUT/l2chunk_ab.md" ;;
+          --variants hopper:persistent=2 hopper:persistent=2,l2_budget_kib=32768 \
+          hopper:persistent=2,l2_budget_kib=8192 --json "$OUT/l2chunk_ab.json" --md "$OUT/l2chunk_ab.md" ;;
       gemmtiles) stage timeout 330 python3 scripts/gemm_tiles.py --json "$OUT/gemm_tiles.json" --md "$OUT/gemm_tiles.md" ;;
       varlenp)  # the persistent varlen forward: its GPU tests and the varlen tests, then the packed-batch bench
         stage timeout 140 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_varlen_persistent.py \

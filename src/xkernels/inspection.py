@@ -265,7 +265,14 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.common.runtime import TRITON_TESTED
     from xkernels.hopper import attention_fwd as attn
     from xkernels.hopper import gemm
-    from xkernels.hopper.configs import ATTENTION_CONFIGS, GEMM_CONFIG, PERSISTENT_ATTENTION_CONFIGS, SMALL_GEMM_CONFIG
+    from xkernels.hopper.configs import (
+        ATTENTION_CONFIGS,
+        GEMM_CONFIG,
+        MID_GEMM_CONFIG,
+        PERSISTENT_ATTENTION_CONFIGS,
+        SMALL_GEMM_CONFIG,
+        TINY_GEMM_CONFIG,
+    )
     from xkernels.recipes import ATTENTION_RECIPES
 
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
@@ -379,8 +386,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                    dq.attention_dq_kernel, types, qc.constexprs(d, causal=causal), 4, gluon=True)
 
     split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)  # the split-K epilogue (any split count compiles alike)
-    for c, walks in ((GEMM_CONFIG, ("row", "grouped", "zorder")), (SMALL_GEMM_CONFIG, ("row", "grouped", "zorder")),
-                     (split, ("grouped",))):
+    every_walk = ("row", "grouped", "zorder")
+    for c, walks in ((GEMM_CONFIG, every_walk), (MID_GEMM_CONFIG, every_walk), (SMALL_GEMM_CONFIG, every_walk),
+                     (TINY_GEMM_CONFIG, every_walk), (split, ("grouped",))):
         for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"), walks):
             descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"

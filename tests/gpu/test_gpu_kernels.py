@@ -201,6 +201,20 @@ def test_hopper_gemm_split_k_picked_and_captured():
         assert torch.equal(static, eager) and torch.equal(again, eager)
 
 
+@pytest.mark.parametrize("m,n,k,tile", [(100, 4000, 4096, "BM64-BN64-BK64-S8-W4"),  # tails in M, N
+                                        (1000, 6000, 4000, "BM128-BN128-BK64-S6-W8"),
+                                        (250, 4096, 3000, "BM64-BN128-BK64-S8-W4"),
+                                        (2000, 2048, 1000, "BM128-BN256-BK64-S3-W8")])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_hopper_gemm_tile_picked(b_layout, m, n, k, tile):
+    """Each tile of the shape rule (`hopper.configs.gemm_config`), picked by the default on a shape with tails."""
+    a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n)
+    c = xkernels.matmul(a, b, b_layout=b_layout, out=poisoned_like(a, shape=(m, n)))
+    assert f"{tile}]" in xkernels.last_backend(), xkernels.last_backend()
+    r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
+    assert r.passed, r
+
+
 @pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])
 def test_hopper_gemm_ablation_configs(overrides):
     a, b = gemm_inputs(1000, 3000, 2000, torch.bfloat16, "cuda", "nk", seed=9)

@@ -88,27 +88,29 @@ def test_persistent_descriptor_views():
         dataclasses.replace(CONFIGS[256], persistent=1).check(256, rec)
 
 
-@pytest.mark.parametrize("m,n,k,small,split", [
-    (512, 512, 512, True, 1), (1024, 1024, 1024, True, 1), (1536, 1536, 1536, True, 1), (256, 4096, 4096, True, 1),
-    (128, 6144, 4096, True, 1), (128, 4096, 4096, True, 1), (128, 4096, 14336, True, 2), (64, 4096, 14336, True, 2),
-    (64, 4096, 4096, True, 1),  # 64 k-steps: too short to split
-    (1, 4096, 8192, True, 2),  # forced onto the Hopper kernel: 32 tiles
-    (2048, 2048, 2048, False, 1), (1024, 4096, 4096, False, 1), (128, 28672, 4096, False, 1),
-    (8192, 8192, 8192, False, 1),
+@pytest.mark.parametrize("m,n,k,tile,split", [
+    (512, 512, 512, "tiny", 1), (1024, 1024, 1024, "small", 1), (1536, 1536, 1536, "small", 1),
+    (256, 4096, 4096, "small", 1), (128, 6144, 4096, "small", 1), (128, 4096, 4096, "tiny", 1),
+    (128, 4096, 14336, "small", 2), (64, 4096, 14336, "small", 2),
+    (64, 4096, 4096, "tiny", 1),  # 64 k-steps: too short to split
+    (1, 4096, 8192, "small", 2),  # forced onto the Hopper kernel: 32 tiles
+    (1024, 6144, 4096, "mid", 1), (3000, 3000, 3000, "mid", 1),  # 1.45 and 2.2 waves of 128 x 256 tiles
+    (2048, 2048, 2048, "big", 1), (1024, 4096, 4096, "big", 1), (128, 28672, 4096, "big", 1),
+    (8192, 8192, 8192, "big", 1),
 ])
-def test_gemm_tile_follows_the_wave(m, n, k, small, split):
-    """The 128 x 256 tile serves shapes whose tiles make about a wave on 132 SMs; smaller outputs get 64 x 128
-    tiles (4x as many), and where those fill at most half the SMs, a long K is split in two (at least 64 k-steps
-    per split); the choice depends on the problem's shape and the SM count only."""
+def test_gemm_tile_follows_the_wave(m, n, k, tile, split):
+    """The largest tile whose work units fill 80 % of their waves on 132 SMs; below that, a long K split in two over
+    64 x 128 tiles that fill at most half the SMs, else 64 x 64 tiles where they fit one wave, else 64 x 128. The
+    choice depends on the problem's shape and the SM count only."""
     import dataclasses
 
-    from xkernels.hopper.configs import GEMM_CONFIG, SMALL_GEMM_CONFIG, gemm_config
+    from xkernels.hopper import configs
 
-    want = SMALL_GEMM_CONFIG if small else GEMM_CONFIG
-    assert gemm_config(m, n, k, 132) == dataclasses.replace(want, split_k=split)
-    assert gemm_config(m, n, k, 10_000).block_m == SMALL_GEMM_CONFIG.block_m  # more SMs: every one of these is small
-    assert SMALL_GEMM_CONFIG.num_warps == 4 and SMALL_GEMM_CONFIG.block_m * SMALL_GEMM_CONFIG.block_n * 4 == (
-        GEMM_CONFIG.block_m * GEMM_CONFIG.block_n)
+    want = dict(big=configs.GEMM_CONFIG, mid=configs.MID_GEMM_CONFIG, small=configs.SMALL_GEMM_CONFIG,
+                tiny=configs.TINY_GEMM_CONFIG)[tile]
+    assert configs.gemm_config(m, n, k, 132) == dataclasses.replace(want, split_k=split)
+    assert configs.gemm_config(m, n, k, 10_000).block_m == 64  # more SMs: every one of these is small
+    assert configs.wave_fill(132, 132) == configs.wave_fill(264, 132) == 1.0 and configs.wave_fill(192, 132) < 0.73
 
 
 def test_gemm_split_k_checks():
@@ -120,7 +122,7 @@ def test_gemm_split_k_checks():
     for bad, match in ((dict(split_k=0), "split_k=0 must be 1 to 8"), (dict(split_k=2, acc_fp16=True), "acc_fp16")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(SMALL_GEMM_CONFIG, **bad).check(torch.float16)
-    assert str(dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)) == "BM64-BN128-BK64-S6-W4-SK2"
+    assert str(dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)) == "BM64-BN128-BK64-S8-W4-SK2"
     with pytest.raises(ValueError, match="split_k=4 leaves a split of K=192 empty"):  # 3 k-steps over 4 splits
         gemm.launch_spec(64, 128, 192, b_layout="nk", walk="grouped", cfg=dataclasses.replace(SMALL_GEMM_CONFIG,
                                                                                                   split_k=4),
@@ -128,19 +130,30 @@ def test_gemm_split_k_checks():
 
 
 def test_persistent_walk_head_chunks():
-    """The persistent walk's head chunk: query heads whose K/V fit the config's L2 budget together, whole GQA groups,
-    at least one group; the budget is a config field (an A/B switch) and shows in the name off its default."""
+    """The persistent walk's head chunk: query heads whose K/V fit the L2 budget together, whole GQA groups, at least
+    one group. The budget follows the shape (8 MiB for full MHA at D128, else 32) unless the config names one (an A/B
+    switch, shown in the name)."""
     from xkernels.hopper import attention_persistent as hp
+    from xkernels.hopper import configs
     from xkernels.recipes import ATTENTION_RECIPES
 
     kv_2k_d128 = 2 * 2048 * 128 * 2  # 1 MiB of K and V per head
     assert hp.heads_per_chunk(2048, 128, 1, 2, 32 << 20) == 32
     assert hp.heads_per_chunk(2048, 128, 4, 2, 8 * kv_2k_d128) == 32  # 8 K/V heads, each shared by 4 query heads
     assert hp.heads_per_chunk(65536, 128, 2, 2, 32 << 20) == 2  # one group even over budget
-    cfg = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], l2_budget_kib=8 << 10)
-    assert str(cfg).endswith("-l2c8192") and not str(PERSISTENT_ATTENTION_CONFIGS[128]).endswith("l2c32768")
-    _, walk, _, _ = hp.launch_spec(8, 32, 2048, 2048, 128, 1, 2, 132, is_causal=False,
-                                   recipe=ATTENTION_RECIPES["bf16"], positive_scale=True, write_lse=False, cfg=cfg)
-    assert walk == (16 * 256, 16, 256, 8)
-    with pytest.raises(ValueError, match="l2_budget_kib=0 must be positive"):
-        dataclasses.replace(cfg, l2_budget_kib=0).check(128, ATTENTION_RECIPES["bf16"])
+
+    def walk(cfg, causal=False, group=1, d=128):
+        return hp.launch_spec(8, 32, 2048, 2048, d, group, 2, 132, is_causal=causal,
+                              recipe=ATTENTION_RECIPES["bf16"], positive_scale=True, write_lse=False, cfg=cfg)[1]
+
+    default = PERSISTENT_ATTENTION_CONFIGS[128]
+    assert "l2c" not in str(default) and default.l2_budget_kib == 0
+    assert walk(default) == (16 * 256, 16, 256, 8)  # full MHA: 8 MiB of K/V, 8 heads
+    assert walk(default, causal=True) == (16 * 256, 16, 256, 32)
+    assert walk(default, group=4) == (16 * 256, 16, 256, 128)  # 32 K/V heads' worth of query heads
+    assert walk(PERSISTENT_ATTENTION_CONFIGS[64], d=64)[3] == 64
+    assert configs.l2_budget_kib(128, causal=False, group=1) == configs.FULL_MHA_L2_BUDGET_KIB
+    cfg = dataclasses.replace(default, l2_budget_kib=32 << 10)
+    assert str(cfg).endswith("-l2c32768") and walk(cfg) == (16 * 256, 16, 256, 32)
+    with pytest.raises(ValueError, match="l2_budget_kib=-1 must be positive"):
+        dataclasses.replace(cfg, l2_budget_kib=-1).check(128, ATTENTION_RECIPES["bf16"])

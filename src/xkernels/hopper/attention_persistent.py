@@ -306,7 +306,7 @@ def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], 
 
 def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int, budget: int) -> int:
     """Query heads whose K/V (shared by `group` of them) fit `budget` bytes together (the config's l2_budget_kib,
-    by default `configs.L2_BUDGET_KIB`); at least one group."""
+    by default `configs.l2_budget_kib`'s); at least one group."""
     kv_bytes = 2 * skv * head_dim * elem
     return max(1, budget // kv_bytes) * group
 
@@ -319,7 +319,8 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
     cfg.check(head_dim, recipe)
     m_blocks = -(-sq // cfg.block_m)
     n_tiles = m_blocks * batch * heads
-    chunk = heads_per_chunk(skv, head_dim, group, elem, cfg.l2_budget_kib << 10)
+    budget = cfg.l2_budget_kib or configs.l2_budget_kib(head_dim, causal=is_causal, group=group)
+    chunk = heads_per_chunk(skv, head_dim, group, elem, budget << 10)
     walk = (n_tiles, m_blocks, batch * heads, min(batch * heads, chunk))
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
                                 write_lse=write_lse, persistent=True)

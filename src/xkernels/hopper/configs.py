@@ -15,6 +15,16 @@ from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = 64  # query rows per attention consumer warpgroup: S and O accumulators of 64 x N fit its registers
 L2_BUDGET_KIB = 32 << 10  # K/V of the heads the persistent walk runs together: about two thirds of an H100/H200 L2
+# Full (non-causal) MHA at D128 walks fewer heads together: every CTA streams its heads' whole K/V, and with 32 MiB
+# in flight the L2 hit rate fell to 59 % (cuDNN's: 74 %) and the SM clock with the DRAM traffic
+# (benchmarks/results/h200/2026-12-01/07-ncu-persistent); 8 MiB measured 1.00-1.05x cuDNN on the 1K-4K rows
+# against 0.95-0.98x, where causal, GQA and D64 rows lost 2-13 % with it (09-l2chunk-gemm-tiles-bwd/l2chunk_ab.md).
+FULL_MHA_L2_BUDGET_KIB = 8 << 10
+
+
+def l2_budget_kib(head_dim: int, *, causal: bool, group: int) -> int:
+    """The persistent walk's K/V budget (KiB) for a call whose config leaves `l2_budget_kib` at 0 (the default)."""
+    return FULL_MHA_L2_BUDGET_KIB if head_dim == 128 and not causal and group == 1 else L2_BUDGET_KIB
 
 
 @dataclass(frozen=True)
@@ -28,7 +38,7 @@ class HopperAttentionConfig:
     persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
     chained: int = 0  # the next tile's first QK^T issued with this tile's last P.V (two Q slots; the dense kernel,
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
-    l2_budget_kib: int = L2_BUDGET_KIB  # persistent walk: K/V KiB of the heads walked together (`heads_per_chunk`)
+    l2_budget_kib: int = 0  # persistent walk: K/V KiB of the heads walked together; 0: `l2_budget_kib()`
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
@@ -38,8 +48,8 @@ class HopperAttentionConfig:
                              "(shared memory: its O buffers come on top of Q's)")
         if self.chained not in (0, 1):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1")
-        if self.l2_budget_kib < 1:
-            raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} must be positive")
+        if self.l2_budget_kib < 0:
+            raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} must be positive (or 0: by the shape)")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
             raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
         if self.acc16 and recipe.pv_dtype != torch.float16:
@@ -71,7 +81,7 @@ class HopperAttentionConfig:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
-                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib != L2_BUDGET_KIB else ""))
+                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else ""))
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
@@ -166,24 +176,38 @@ class HopperGemmConfig:
 
 
 GEMM_CONFIG = HopperGemmConfig()
-# One warpgroup on a 64 x 128 tile, six stages deep: four times the tiles of GEMM_CONFIG, for the shapes where those
-# would leave SMs idle (cubes up to ~1.5K, a few hundred rows against Llama-size weights).
-SMALL_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=128, stages=6, num_warps=4)
-FULL_WAVE = 0.8  # GEMM_CONFIG serves a shape whose 128 x 256 tiles fill at least this share of the SMs
+# Smaller tiles for the shapes where GEMM_CONFIG's would leave SMs idle or end on a thin last wave:
+MID_GEMM_CONFIG = HopperGemmConfig(block_n=128, stages=6)  # two warpgroups, half the columns, a deeper ring
+# one warpgroup on a 64 x 128 tile; 8 stages keep 192 KB of A and B in flight per SM, which the few-row shapes need
+# to stream a weight at HBM speed from the SMs they occupy (Little's law: 8 stages beat 6 by up to 13 %)
+SMALL_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=128, stages=8, num_warps=4)
+TINY_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=64, stages=8, num_warps=4)  # 64-128-row outputs: twice the CTAs
+FULL_WAVE = 0.8  # a tile serves a shape whose work units fill at least this share of the SMs' waves
 MAX_SPLIT_K = 2  # 4 splits never beat 2 where measured
 MIN_SPLIT_STEPS = 64  # k-steps per split at least: shorter splits lose more to the partials' traffic than they gain
 
 
+def wave_fill(units: int, sms: int) -> float:
+    """Share of the SM-slots of the waves `units` work units take that hold work (1.0: whole waves)."""
+    return units / (-(-units // sms) * sms)
+
+
 def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
-    """The Hopper GEMM config for an M x N x K problem on `sms` SMs: GEMM_CONFIG where its tiles make about a wave
-    or more, else SMALL_GEMM_CONFIG (benchmarks/results/h200/2026-12-01/01-varlen-fixed-gemm-tiles/gemm_tiles.md:
-    at 1024^3 0.43x -> 0.93x torch.matmul, at M = 128 x 4096 x 4096 0.34x -> 1.07x; from 2048^3 and
-    1024 x 4096 x 4096 up the big tile stays ahead). Where even the small tiles fill at most half the SMs and K is
-    long, K is split in two (each split at least MIN_SPLIT_STEPS k-steps): 64-128 rows against a 4096 x 14336
-    weight stream it from twice the SMs (06-gemm-split-k/gemm_tiles.md: 0.69-0.74x -> 0.88-0.89x torch.matmul;
-    at K = 4096 the split costs more than it gains, 1.05x -> 0.90x at M = 128)."""
-    big_tiles = -(-m // GEMM_CONFIG.block_m) * -(-n // GEMM_CONFIG.block_n)
-    cfg = GEMM_CONFIG if big_tiles >= FULL_WAVE * sms else SMALL_GEMM_CONFIG
-    tiles = -(-m // cfg.block_m) * -(-n // cfg.block_n)
-    split = min(sms // tiles, MAX_SPLIT_K, -(-k // cfg.block_k) // MIN_SPLIT_STEPS)
-    return dataclasses.replace(cfg, split_k=split) if split >= 2 else cfg
+    """The Hopper GEMM config for an M x N x K problem on `sms` SMs, largest tile first:
+      - GEMM_CONFIG (128 x 256), then MID_GEMM_CONFIG (128 x 128), where its tiles fill FULL_WAVE of their waves
+        (1024 x 6144 x 4096: 1.45 waves of 128 x 256 tiles, 0.79x torch.matmul; 2.9 waves of 128 x 128, 0.99x);
+      - where even SMALL_GEMM_CONFIG's tiles fill at most half the SMs and K is long, those tiles with K split in
+        two (each split at least MIN_SPLIT_STEPS k-steps: 64-128 rows against a 4096 x 14336 weight, 0.95-0.99x);
+      - TINY_GEMM_CONFIG (64 x 64) where its tiles fit one wave (512^3, 64-128 rows against 4096 x 4096: 0.76-1.20x
+        where 64 x 128 tiles gave 0.58-1.02x), else SMALL_GEMM_CONFIG.
+    Measured on the H200: benchmarks/results/h200/2026-12-01/09-l2chunk-gemm-tiles-bwd/gemm_tiles.md."""
+    def tiles(cfg: HopperGemmConfig) -> int:
+        return -(-m // cfg.block_m) * -(-n // cfg.block_n)
+
+    for cfg in (GEMM_CONFIG, MID_GEMM_CONFIG):
+        if wave_fill(tiles(cfg), sms) >= FULL_WAVE:
+            return cfg
+    split = min(sms // tiles(SMALL_GEMM_CONFIG), MAX_SPLIT_K, -(-k // SMALL_GEMM_CONFIG.block_k) // MIN_SPLIT_STEPS)
+    if split >= 2:
+        return dataclasses.replace(SMALL_GEMM_CONFIG, split_k=split)
+    return TINY_GEMM_CONFIG if tiles(TINY_GEMM_CONFIG) <= sms else SMALL_GEMM_CONFIG
