@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [l2chunk] [acc16]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [l2chunk] [acc16] [bwd256] [gputests]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -75,6 +75,13 @@ for part in "${@:-smoke host}"; do
         # the illegal address of run 36 (D128, full): memcheck names the faulting instruction and address
         stage timeout 240 compute-sanitizer --tool memcheck --print-limit 10 \
           python3 scripts/varlen_persistent_debug.py --one 128 0 1 2 ;;
+      bwd256)  # the D256 backward (split_d dK/dV tiles, the Gluon dQ): its GPU tests, then variants vs portable, cuDNN
+        stage timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_dq.py \
+          tests/test_backward.py -k "256 or larger"
+        stage timeout 300 python3 scripts/bwd_d256_ab.py --json "$OUT/bwd_d256_ab.json" --md "$OUT/bwd_d256_ab.md" ;;
+      gputests)  # every GPU test, the op, backward and varlen tests on the device
+        stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu tests/test_varlen.py \
+          tests/test_backward.py tests/test_ops.py ;;
       varlenab) stage timeout 200 python3 scripts/varlen_ab.py --json "$OUT/varlen_ab.json" --md "$OUT/varlen_ab.md" ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;

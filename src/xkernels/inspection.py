@@ -363,14 +363,15 @@ def hopper_configs() -> Iterator[KernelConfig]:
             fused_types = types | {
                 "dq_desc": f"tensordesc<fp32[{dq_box[0]}, {dq_box[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32)}>"}
-            for fused, cfg_types in ((bc, types), (dataclasses.replace(bc, fused_dq=True), fused_types)):
+            variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=True), fused_types)])
+            for fused, cfg_types in variants:
                 for causal in (False, True):
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal. The fused-dQ variant (not selected: it awaits its GPU run) may spill.
+                    # D128 causal. The fused-dQ variant (not selected) spills; so does D256 causal, 8 bytes.
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{' causal' if causal else ''} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types, fused.constexprs(d, causal=causal), 4,
-                                       gluon=True, spill_free=not fused.fused_dq and (TRITON_TESTED
-                                                                                       or not (d == 128 and causal)))
+                                       gluon=True, spill_free=not fused.fused_dq and not (d == 256 and causal)
+                                       and (TRITON_TESTED or not (d == 128 and causal)))
 
     from xkernels.hopper import attention_dq as dq
     from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS

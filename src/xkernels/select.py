@@ -182,10 +182,10 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
                                backend: str):
     """The backward's checks and kernel choice, for the real and the fake kernel alike: on sm_90 with a tested triton
-    the Hopper dK/dV and dQ kernels at D64 and D128, else the portable kernels. `backend`
-    "portable" forces those; "hopper" where the Hopper backward has no kernel (D256, other GPUs) runs the portable
-    one (`last_backend()` names it), and config overrides ("hopper:stages=3") apply to the forward only. Returns
-    (recipe, Choice)."""
+    the Hopper dK/dV and dQ kernels (every head dim: D256 splits dK's and dV's columns across the warpgroups), else
+    the portable kernels. `backend` "portable" forces those; "hopper" where the Hopper backward has no kernel (other
+    GPUs, an untested triton) runs the portable one (`last_backend()` names it), and config overrides
+    ("hopper:stages=3") apply to the forward only. Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
     check_device(q.device, "q")

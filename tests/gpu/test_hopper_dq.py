@@ -36,12 +36,15 @@ def _run(q, k, v, do, dlse, *, causal, dq_path):
     return grads
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 777),
                                            (False, 130, 65), (True, 1, 200)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("dq_path", ["gluon", "fused"])
 def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
+    """D256 (the dK/dV kernel's split_d tiles) takes the Gluon dQ kernel only."""
+    if d == 256 and dq_path == "fused":
+        pytest.skip("split_d has no fused dQ")
     q, k, v = attention_inputs(2, 8, sq, skv, d, dtype, "cuda", hkv=2, seed=sq + skv)
     g = torch.Generator(device="cuda").manual_seed(7)
     do = (torch.rand(q.shape, generator=g, device="cuda") - 0.5).to(dtype)

@@ -19,6 +19,10 @@ warpgroup's half, and computes its half of the head dim of dQ's partial over the
 dQ[:, half] = dS K[:, half]; the partial leaves through shared memory by a TMA reduce-add into an fp32 buffer
 (`store_wait` before the buffer is reused, a step later). The additions from different key blocks land in any order,
 so dQ is not bitwise repeatable; the separate dQ kernel is.
+SPLIT_D (D256, where 64 x D fp32 dK and dV do not fit one warpgroup's registers): BLOCK_N = 64 keys, both
+warpgroups on all of them, warpgroup w owning columns [w D/2, (w + 1) D/2) of dK and dV; each computes the whole
+S^T and dP^T (the same products, twice: 1.5x the tensor work of an exchange through shared memory, none of its
+synchronization), then dV[:, half] += P^T dO[:, half] and dK[:, half] += dS^T Q[:, half].
 Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S, D) tensors: tiles past a head's
 last row read the next head's rows (or zeros at the end), which the masks (LSE = +inf for queries past SQ, keys past
 SKV) turn into exact zeros of P^T and dS^T. Causal is top-left aligned, as in the forward. Barriers: `barriers.py`.
@@ -77,19 +81,27 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 @gluon.jit
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr):
+              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
+              SPLIT_D: gl.constexpr):
+    HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
+    COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
     s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
-    acc_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
-    op_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
-    HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ
+    acc_layout: gl.constexpr = wgmma_acc(COLS)
+    op_layout: gl.constexpr = wgmma_operand(COLS)
     dq_layout: gl.constexpr = wgmma_acc(HALF)
     dtype: gl.constexpr = k_buf.dtype
-    k_w = k_buf.slice(W * WG_KEYS, WG_KEYS)  # [64, D]: this warpgroup's keys
-    v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)
-    keys = start_n + W * WG_KEYS + gl.arange(0, WG_KEYS, gl.SliceLayout(1, s_layout))
+    if SPLIT_D:  # both warpgroups on the program's 64 keys
+        key0 = start_n
+        k_w = k_buf
+        v_w = v_buf
+    else:  # [64, D]: this warpgroup's keys
+        key0 = start_n + W * WG_KEYS
+        k_w = k_buf.slice(W * WG_KEYS, WG_KEYS)
+        v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)
+    keys = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, s_layout))
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # queries
-    dk = gl.zeros([WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
-    dv = gl.zeros([WG_KEYS, HEAD_DIM], gl.float32, acc_layout)
+    dk = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
+    dv = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
     zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
     it = 0
@@ -98,6 +110,12 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
             s = qdo.wait(it)
             q = qdo.bufs.index(s)
             do = do_bufs.index(s)
+            if SPLIT_D:  # the columns of Q and dO that this warpgroup's dK and dV columns take
+                q_w = q.slice(W * HALF, HALF, dim=1)
+                do_w = do.slice(W * HALF, HALF, dim=1)
+            else:
+                q_w = q
+                do_w = do
             s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
             dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
             lse = stats.index(2 * s).load(cols)
@@ -110,7 +128,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
             p_t = gl.where(keep, p_t, 0.0)
             p_op = gl.convert_layout(p_t.to(dtype), op_layout)
-            dv_tok = warpgroup_mma(p_op, do, dv, is_async=True)  # dV += P^T dO
+            dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
             dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
             ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
             if FUSED_DQ:
@@ -138,14 +156,14 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 tma.async_reduce_add(dq_desc, [(row0 + start_m).to(gl.int32), W * HALF], dq_buf)
             else:
                 ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
-                dk_tok = warpgroup_mma(ds_op, q, dk, is_async=True)  # dK += dS^T Q
+                dk_tok = warpgroup_mma(ds_op, q_w, dk, is_async=True)  # dK += dS^T Q
                 dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
                 qdo.release(it)
             it += 1
     if FUSED_DQ:
         tma.store_wait(0)
-    rows = start_n + W * WG_KEYS + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
-    d = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
+    rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
+    d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < SKV, 1)
     dk_ptrs = DK + b * dk_sb + hk * dk_sh + gl.expand_dims(rows, 1) * dk_ss + gl.expand_dims(d, 0)
     dv_ptrs = DV + b * dv_sb + hk * dv_sh + gl.expand_dims(rows, 1) * dv_ss + gl.expand_dims(d, 0)
@@ -157,8 +175,11 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
 def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb,
                           dv_sh, dv_ss, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                          FUSED_DQ: gl.constexpr):
-    gl.static_assert(BLOCK_N == 2 * WG_KEYS, "two consumer warpgroups of 64 keys")
+                          FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr = False):
+    gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
+                     "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
+    gl.static_assert(not (SPLIT_D and FUSED_DQ), "SPLIT_D takes the separate dQ kernel")
+    PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)
     start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
     bhk = (gl.program_id(0) // n_blocks).to(gl.int64)
@@ -181,13 +202,13 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.warp_specialize([
         (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
                      dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
-                     BLOCK_M, CAUSAL, FUSED_DQ)),
+                     BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
         (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
                      dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
-                     BLOCK_M, CAUSAL, FUSED_DQ)),
+                     BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,
                      hk, bhk, start_n, lo, HQ, GROUP, SQ, SKV, BLOCK_M)),
-    ], [4, 1], [240, 24])
+    ], [4, 1], [240, PRODUCER_REGS])
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,

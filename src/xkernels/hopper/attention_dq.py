@@ -16,8 +16,6 @@ rows past a head's sequence read the next head's rows (or zeros at the end); key
 dS), and queries there get LSE = +inf (P = 0) and are never stored. Causal is top-left aligned, row blocks longest
 first. Barriers: `barriers.attention_barriers` (the forward's set), listed in `barriers.py`.
 
-This kernel awaits its first GPU run (it compiles spill-free, `xkernels inspect`); until then the backward's dQ is
-the portable kernel and `select.HopperBackward.dq` stays None.
 """
 
 from __future__ import annotations

@@ -109,17 +109,20 @@ class HopperAttentionBwdConfig:
     block_n: int = 128
     stages: int = 2
     fused_dq: bool = False  # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable)
+    split_d: bool = False  # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns
 
     def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    CAUSAL=causal, FUSED_DQ=self.fused_dq)
+                    CAUSAL=causal, FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d)
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq
+        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + "-sd" * self.split_d
 
 
-# the Hopper backward covers D64 and D128 (D256's dK + dV accumulators do not fit a warpgroup's registers: portable)
-ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwdConfig()}
+# D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns
+# (split_d) over 64 keys, with 32-query steps (64 spills 240 bytes) in a 3-deep ring
+ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwdConfig(),
+                         256: HopperAttentionBwdConfig(block_m=32, block_n=64, stages=3, split_d=True)}
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,9 @@ class HopperAttentionDqConfig:
 
 
 # run on the H200 (runs 20, 21, 26 of 2026-11-30): passes its float64 tests, 3-29 % faster than the portable dQ
-ATTENTION_DQ_CONFIGS = {64: HopperAttentionDqConfig(128, 2), 128: HopperAttentionDqConfig(64, 2)}
+# D256: 32-key tiles (64 x 256 Q and dO of two warpgroups take 128 KB of shared memory; 64-key tiles spill)
+ATTENTION_DQ_CONFIGS = {64: HopperAttentionDqConfig(128, 2), 128: HopperAttentionDqConfig(64, 2),
+                        256: HopperAttentionDqConfig(32, 2)}
 
 
 @dataclass(frozen=True)
