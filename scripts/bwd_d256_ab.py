@@ -1,5 +1,6 @@
 """The D256 backward on the H200: the Hopper dK/dV kernel with its head-dim split across the two warpgroups
-(`split_d`) and the Gluon dQ kernel, in a few tile variants, against the portable backward and SDPA-cuDNN's in the
+(`split_d` 1: each computes S^T and dP^T; 2: one each, exchanged through shared memory) and the Gluon dQ kernel, in a
+few tile variants, against the portable backward and SDPA-cuDNN's in the
 same process. Every variant's dQ, dK and dV are first checked against float64 autograd on small shapes (tails,
 causal with Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep,
 `time_cuda`), median of 30.
@@ -30,13 +31,13 @@ CHECKS = ((1, 4, 2, 777, 777, False), (1, 4, 2, 300, 777, True), (2, 2, 2, 130, 
 
 def variants(portable_cfg) -> dict:
     """name -> HopperBackward, or None for the portable backward (the shipped config first)."""
-    def hb(bm, st, dq_bn=32, dq_st=2, concurrent=True, dq=True):
-        return select.HopperBackward(HopperAttentionBwdConfig(bm, 64, st, split_d=True), portable_cfg,
+    def hb(bm, st, split=1, dq_bn=32, dq_st=2, concurrent=True, dq=True):
+        return select.HopperBackward(HopperAttentionBwdConfig(bm, 64, st, split_d=split), portable_cfg,
                                      HopperAttentionDqConfig(dq_bn, dq_st) if dq else None, concurrent)
 
-    return {"sd32-s3 dq32-s2 conc": hb(32, 3), "sd32-s2 dq32-s2 conc": hb(32, 2),
-            "sd64-s2 dq32-s2 conc": hb(64, 2), "sd32-s3 dq32-s3 conc": hb(32, 3, dq_st=3),
-            "sd32-s3 dq32-s2 seq": hb(32, 3, concurrent=False), "sd32-s3 portable-dq": hb(32, 3, dq=False),
+    return {"sd1-32-s3 dq32-s2 conc": hb(32, 3), "sd2-32-s3 dq32-s2 conc": hb(32, 3, 2),
+            "sd2-32-s2 dq32-s2 conc": hb(32, 2, 2), "sd2-32-s3 dq32-s3 conc": hb(32, 3, 2, dq_st=3),
+            "sd2-32-s3 dq32-s2 seq": hb(32, 3, 2, concurrent=False), "sd2-32-s3 portable-dq": hb(32, 3, 2, dq=False),
             "portable": None}
 
 

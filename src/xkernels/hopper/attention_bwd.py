@@ -43,9 +43,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from xkernels.common.dtypes import gl_dtype
 from xkernels.hopper import tma
-from xkernels.hopper.barriers import attention_bwd_barriers, attention_ds_ring
+from xkernels.hopper.barriers import attention_bwd_barriers, attention_ds_ring, score_exchange
 from xkernels.hopper.configs import HopperAttentionBwdConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
+from xkernels.hopper.pipeline import partition_barrier
 
 WG_KEYS = gl.constexpr(64)  # keys per consumer warpgroup (a wgmma's M)
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -79,7 +80,50 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
-def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb,
+def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, queries, dk, dv, qk_scale,
+                   SKV, zero_s, CAUSAL: gl.constexpr):
+    """One query block of SPLIT_D = 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
+    SPLIT_D = 1 computes both in both), exchanged through slot it % 2 of `x` (`barriers.ScoreExchange`); then each
+    adds its columns' dV += P^T dO and dK += dS^T Q with P^T and dS^T read from shared memory. Returns (dk, dv)."""
+    slot = it % 2
+    lap = (it // 2) & 1
+    dtype: gl.constexpr = k_w.dtype
+    if W == 0:
+        s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
+    else:
+        dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
+    # arrive -> wait window: the product above runs while this waits for step it - 2's readers of the slot
+    mbarrier.wait(x.free.index(slot), lap ^ 1)  # each slot's first use passes at once
+    if W == 0:
+        s_t = warpgroup_mma_wait(0, deps=[s_tok])
+        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
+        keep = gl.expand_dims(keys < SKV, 1)
+        if CAUSAL:
+            keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
+        p_t = gl.where(keep, p_t, 0.0)
+        x.p.index(slot).store(p_t.to(dtype))
+        # arrive -> wait window: consumer 1's dP^T lands while P^T was computed and stored
+        mbarrier.wait(x.dp_ready.index(slot), lap)
+        dp_t = x.dp.index(slot).load(p_t.type.layout)
+        x.ds.index(slot).store((p_t * (dp_t - gl.expand_dims(delta, 0))).to(dtype))
+        fence_async_shared()  # generic-proxy stores -> both consumers' wgmmas (async proxy)
+        partition_barrier()  # every thread's P^T and dS^T rows are stored before the one arrive
+        mbarrier.arrive(x.pds_ready.index(slot))
+    else:
+        dp_t = warpgroup_mma_wait(0, deps=[dp_tok])
+        x.dp.index(slot).store(dp_t)
+        partition_barrier()
+        mbarrier.arrive(x.dp_ready.index(slot))
+        mbarrier.wait(x.pds_ready.index(slot), lap)
+    dv_tok = warpgroup_mma(x.p.index(slot), do_w, dv, is_async=True)  # dV[:, half] += P^T dO[:, half]
+    dk_tok = warpgroup_mma(x.ds.index(slot), q_w, dk, is_async=True)  # dK[:, half] += dS^T Q[:, half]
+    dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+    mbarrier.arrive(x.free.index(slot))
+    return dk, dv
+
+
+@gluon.jit
+def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale,
               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
               SPLIT_D: gl.constexpr):
@@ -116,49 +160,56 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
             else:
                 q_w = q
                 do_w = do
-            s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
-            dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
-            lse = stats.index(2 * s).load(cols)
-            delta = stats.index(2 * s + 1).load(cols)
             queries = start_m + gl.arange(0, BLOCK_M, cols)
-            s_t = warpgroup_mma_wait(1, deps=[s_tok])
-            p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
-            keep = gl.expand_dims(keys < SKV, 1)
-            if CAUSAL:
-                keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
-            p_t = gl.where(keep, p_t, 0.0)
-            p_op = gl.convert_layout(p_t.to(dtype), op_layout)
-            dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
-            dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
-            ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-            if FUSED_DQ:
-                # dV's wgmma ran under dS's arithmetic; retiring it here frees P^T's registers for dQ's accumulator
-                dv, _ = warpgroup_mma_wait(0, deps=[dv_tok, p_op])
-                d = ds.acquire(it)  # both warpgroups' dQ products of two steps ago have retired
-                ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
-                ds_w.store(ds_t.to(dtype))
-                fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
-                mbarrier.arrive(ds.ready.index(d))
-                dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
-                # arrive -> dK's wgmma -> wait: the other warpgroup's dS^T rows land while dK runs
-                ds.wait(it)
-                dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
-                                       gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
-                                       is_async=True)  # dQ[:, half] = dS K[:, half] over the program's 128 keys
-                dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
-                ds.release(it)
+            if SPLIT_D == 2:
+                lse = stats.index(2 * s).load(cols)
+                delta = stats.index(2 * s + 1).load(cols)
+                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, queries, dk, dv,
+                                        qk_scale, SKV, zero_s, CAUSAL)
                 qdo.release(it)
-                dq_buf = dq_bufs.index(W)
-                tma.store_wait(0)  # the previous step's reduction has read dq_buf (it had a whole step to drain)
-                dq_buf.store(dq)
-                fence_async_shared()
-                row0 = (b * HQ + hk * GROUP + g) * SQ
-                tma.async_reduce_add(dq_desc, [(row0 + start_m).to(gl.int32), W * HALF], dq_buf)
             else:
-                ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
-                dk_tok = warpgroup_mma(ds_op, q_w, dk, is_async=True)  # dK += dS^T Q
-                dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
-                qdo.release(it)
+                s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
+                dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
+                lse = stats.index(2 * s).load(cols)
+                delta = stats.index(2 * s + 1).load(cols)
+                s_t = warpgroup_mma_wait(1, deps=[s_tok])
+                p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
+                keep = gl.expand_dims(keys < SKV, 1)
+                if CAUSAL:
+                    keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
+                p_t = gl.where(keep, p_t, 0.0)
+                p_op = gl.convert_layout(p_t.to(dtype), op_layout)
+                dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
+                dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
+                ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+                if FUSED_DQ:
+                    # dV's wgmma ran under dS's arithmetic; retiring it here frees P^T's registers for dQ's accumulator
+                    dv, _ = warpgroup_mma_wait(0, deps=[dv_tok, p_op])
+                    d = ds.acquire(it)  # both warpgroups' dQ products of two steps ago have retired
+                    ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
+                    ds_w.store(ds_t.to(dtype))
+                    fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
+                    mbarrier.arrive(ds.ready.index(d))
+                    dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
+                    # arrive -> dK's wgmma -> wait: the other warpgroup's dS^T rows land while dK runs
+                    ds.wait(it)
+                    dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
+                                           gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
+                                           is_async=True)  # dQ[:, half] = dS K[:, half] over the program's 128 keys
+                    dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
+                    ds.release(it)
+                    qdo.release(it)
+                    dq_buf = dq_bufs.index(W)
+                    tma.store_wait(0)  # the previous step's reduction has read dq_buf (it had a whole step to drain)
+                    dq_buf.store(dq)
+                    fence_async_shared()
+                    row0 = (b * HQ + hk * GROUP + g) * SQ
+                    tma.async_reduce_add(dq_desc, [(row0 + start_m).to(gl.int32), W * HALF], dq_buf)
+                else:
+                    ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
+                    dk_tok = warpgroup_mma(ds_op, q_w, dk, is_async=True)  # dK += dS^T Q
+                    dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
+                    qdo.release(it)
             it += 1
     if FUSED_DQ:
         tma.store_wait(0)
@@ -175,7 +226,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
 def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb,
                           dv_sh, dv_ss, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
                           BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                          FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr = False):
+                          FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr = 0):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert(not (SPLIT_D and FUSED_DQ), "SPLIT_D takes the separate dQ kernel")
@@ -199,11 +250,21 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     else:  # placeholders the consumers never touch
         ds = qdo
         dq_bufs = stats
+    if SPLIT_D == 2:
+        xs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_KEYS, BLOCK_M], k_desc.dtype)
+        x_dtype: gl.constexpr = k_desc.dtype
+        x = score_exchange(gl.allocate_shared_memory(x_dtype, [2, WG_KEYS, BLOCK_M], xs_layout),
+                           gl.allocate_shared_memory(x_dtype, [2, WG_KEYS, BLOCK_M], xs_layout),
+                           gl.allocate_shared_memory(gl.float32, [2, WG_KEYS, BLOCK_M],
+                                                     gl.NVMMASharedLayout.get_default_for([WG_KEYS, BLOCK_M],
+                                                                                          gl.float32)))
+    else:
+        x = stats  # a placeholder the consumers never touch
     gl.warp_specialize([
-        (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
+        (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
                      dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
                      BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
-        (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
+        (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
                      dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
                      BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,

@@ -39,6 +39,12 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
                wgmma: both halves of the tile are in shared memory.
   ds.empty[s]  each of the 2 consumers, once its dK and dQ wgmmas (the readers of the tile) retired -> each
                consumer, before writing its rows of stage s two steps later.
+  With SPLIT_D = 2 (D256: both consumers on the same 64 keys, each owning half of dK's and dV's columns), consumer 0
+  computes S^T and consumer 1 dP^T, exchanged through a 2-slot `ScoreExchange` (step i in slot i % 2):
+  x.dp_ready[s]  consumer 1 after storing dP^T (fp32) -> consumer 0, before dS^T = P^T (dP^T - delta).
+  x.pds_ready[s] consumer 0 after storing P^T and dS^T (+ fence) -> consumer 1, before its dV and dK wgmmas.
+  x.free[s]    each of the 2 consumers, once its dV and dK wgmmas (the readers of P^T and dS^T) retired; consumer 0
+               has read dP^T before it arrives -> both consumers, before writing slot s two steps later.
 
 GEMM (`gemm.py`), per CTA: one ring of A+B stages.
   ready[s]     loader's TMA (A and B tile bytes) -> MMA partition, per k-step: stage s's tiles have landed.
@@ -49,7 +55,9 @@ GEMM (`gemm.py`), per CTA: one ring of A+B stages.
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.language.core import _aggregate as aggregate
 
 from xkernels.hopper.pipeline import Ring, allocate_barriers
 
@@ -88,6 +96,33 @@ def attention_ds_ring(ds_bufs):
     """The FUSED_DQ dS^T ring of the table above: both barriers of each stage count the two consumers."""
     STAGES: gl.constexpr = ds_bufs.shape[0]
     return Ring(ds_bufs, allocate_barriers(STAGES, 2), allocate_barriers(STAGES, 2))
+
+
+@aggregate
+class ScoreExchange:
+    """SPLIT_D = 2's exchange of the dK/dV kernel (table above): 2 slots of P^T, dS^T and dP^T, [64 keys, BLOCK_M]."""
+    p: gl.shared_memory_descriptor  # P^T, the input dtype: consumer 0 -> both (dV's A operand)
+    ds: gl.shared_memory_descriptor  # dS^T, the input dtype: consumer 0 -> both (dK's A operand)
+    dp: gl.shared_memory_descriptor  # dP^T, fp32: consumer 1 -> consumer 0
+    dp_ready: gl.shared_memory_descriptor
+    pds_ready: gl.shared_memory_descriptor
+    free: gl.shared_memory_descriptor
+
+    @constexpr_function
+    def __init__(self, p, ds, dp, dp_ready, pds_ready, free):
+        self.p = p
+        self.ds = ds
+        self.dp = dp
+        self.dp_ready = dp_ready
+        self.pds_ready = pds_ready
+        self.free = free
+
+
+@gluon.jit
+def score_exchange(p_bufs, ds_bufs, dp_bufs):
+    """The ScoreExchange over its [2, 64, BLOCK_M] buffers, with its barriers as in the table above."""
+    return ScoreExchange(p_bufs, ds_bufs, dp_bufs, allocate_barriers(2, 1), allocate_barriers(2, 1),
+                         allocate_barriers(2, 2))
 
 
 @gluon.jit

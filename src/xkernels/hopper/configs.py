@@ -109,20 +109,23 @@ class HopperAttentionBwdConfig:
     block_n: int = 128
     stages: int = 2
     fused_dq: bool = False  # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable)
-    split_d: bool = False  # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns
+    # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
+    # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
+    split_d: int = 0
 
     def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
                     CAUSAL=causal, FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d)
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + "-sd" * self.split_d
+        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + (
+            f"-sd{self.split_d}" if self.split_d else "")
 
 
 # D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns
 # (split_d) over 64 keys, with 32-query steps (64 spills 240 bytes) in a 3-deep ring
 ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwdConfig(),
-                         256: HopperAttentionBwdConfig(block_m=32, block_n=64, stages=3, split_d=True)}
+                         256: HopperAttentionBwdConfig(block_m=32, block_n=64, stages=3, split_d=1)}
 
 
 @dataclass(frozen=True)
