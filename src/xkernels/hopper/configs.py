@@ -122,10 +122,12 @@ class HopperAttentionBwdConfig:
             f"-sd{self.split_d}" if self.split_d else "")
 
 
-# D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns
-# (split_d) over 64 keys, with 32-query steps (64 spills 240 bytes) in a 3-deep ring
+# D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns over
+# 64 keys (split_d), with 32-query steps in a 3-deep ring (64-query steps spill, or overflow shared memory with the
+# exchange); S^T and dP^T exchanged rather than computed twice: 0.90-1.07x cuDNN against 0.80-0.87x
+# (benchmarks/results/h200/2026-12-01/11-bwd-d256-exchange)
 ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwdConfig(),
-                         256: HopperAttentionBwdConfig(block_m=32, block_n=64, stages=3, split_d=1)}
+                         256: HopperAttentionBwdConfig(block_m=32, block_n=64, stages=3, split_d=2)}
 
 
 @dataclass(frozen=True)
