@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [l2chunk] [acc16] [bwd256] [gputests]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -78,7 +78,9 @@ for part in "${@:-smoke host}"; do
       bwd256)  # the D256 backward (split_d dK/dV tiles, the Gluon dQ): its GPU tests, then variants vs portable, cuDNN
         stage timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_dq.py \
           tests/test_backward.py -k "256 or larger"
-        stage timeout 300 python3 scripts/bwd_d256_ab.py --json "$OUT/bwd_d256_ab.json" --md "$OUT/bwd_d256_ab.md" ;;
+        stage timeout 300 python3 scripts/bwd_ab.py --dims 256 --json "$OUT/bwd_d256_ab.json" --md "$OUT/bwd_d256_ab.md" ;;
+      bwdab)  # the D64 and D128 backward's ring depths and dQ key tiles, against the portable backward and cuDNN
+        stage timeout 400 python3 scripts/bwd_ab.py --dims 128 64 --json "$OUT/bwd_ab.json" --md "$OUT/bwd_ab.md" ;;
       gputests)  # every GPU test, the op, backward and varlen tests on the device
         stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu tests/test_varlen.py \
           tests/test_backward.py tests/test_ops.py ;;

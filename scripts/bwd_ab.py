@@ -1,0 +1,136 @@
+"""Hopper backward tile variants on the H200, per head dim, against the portable backward and SDPA-cuDNN's in the
+same process. D256: the dK/dV kernel with its head dim split across the two warpgroups (`split_d` 1: each computes
+S^T and dP^T; 2: one each, exchanged through shared memory) and the Gluon dQ on 32-key tiles; D64/D128: ring depths
+of the dK/dV and dQ kernels and the dQ's key tile. Every variant's dQ, dK and dV are first checked against float64
+autograd on small shapes (tails, causal with Sq != Skv, GQA); timing is device time of the whole backward (CUDA
+events behind a GPU-side sleep, `time_cuda`), median of 30.
+
+    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import xkernels
+from xkernels import backward, select
+from xkernels.bench.timing import time_cuda
+from xkernels.hopper.configs import HopperAttentionBwdConfig, HopperAttentionDqConfig
+from xkernels.portable import attention_bwd as portable_bwd
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
+
+ROWS = {256: ((1, 16, 8192, False), (1, 16, 8192, True), (2, 16, 4096, False), (4, 16, 2048, True)),
+        128: ((1, 32, 8192, False), (1, 32, 8192, True), (2, 16, 4096, True)),
+        64: ((4, 32, 4096, False), (4, 32, 4096, True))}
+CHECKS = ((1, 4, 2, 777, 777, False), (1, 4, 2, 300, 777, True), (2, 2, 2, 130, 65, False), (1, 4, 4, 1, 200, True))
+
+
+def variants(d: int, portable_cfg) -> dict:
+    """name -> HopperBackward, or None for the portable backward (the shipped config first)."""
+    def hb(bm, bn, st, split=0, dq_bn=32, dq_st=2, concurrent=True, dq=True):
+        return select.HopperBackward(HopperAttentionBwdConfig(bm, bn, st, split_d=split), portable_cfg,
+                                     HopperAttentionDqConfig(dq_bn, dq_st) if dq else None, concurrent)
+
+    if d == 256:
+        return {"sd2-32-s3 dq32-s2 conc": hb(32, 64, 3, 2), "sd1-32-s3 dq32-s2 conc": hb(32, 64, 3, 1),
+                "sd2-32-s2 dq32-s2 conc": hb(32, 64, 2, 2), "sd2-32-s3 dq32-s3 conc": hb(32, 64, 3, 2, dq_st=3),
+                "sd2-32-s3 dq32-s2 seq": hb(32, 64, 3, 2, concurrent=False),
+                "sd2-32-s3 portable-dq": hb(32, 64, 3, 2, dq=False), "portable": None}
+    dq_bn = 128 if d == 64 else 64  # the shipped dQ key tile
+    other = 64 if d == 64 else 128
+    return {f"s2 dq{dq_bn}-s2": hb(64, 128, 2, dq_bn=dq_bn), f"s3 dq{dq_bn}-s2": hb(64, 128, 3, dq_bn=dq_bn),
+            f"s2 dq{dq_bn}-s3": hb(64, 128, 2, dq_bn=dq_bn, dq_st=3),
+            f"s3 dq{dq_bn}-s3": hb(64, 128, 3, dq_bn=dq_bn, dq_st=3),
+            f"s2 dq{other}-{3 if other == 64 else 2}": hb(64, 128, 2, dq_bn=other, dq_st=3 if other == 64 else 2),
+            "portable": None}
+
+
+def run(q, k, v, do, o, lse, cfg, causal, portable_cfg):
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    scale = q.shape[-1] ** -0.5
+    if cfg is None:
+        portable_bwd.launch(q, k, v, o, lse, do, *grads, None, is_causal=causal, scale=scale, cfg=portable_cfg)
+    else:
+        backward._hopper(q, k, v, o, lse, do, *grads, None, is_causal=causal, scale=scale, cfg=cfg)
+    return grads
+
+
+def setup(b, hq, hkv, sq, skv, d, causal, seed=0):
+    q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=seed)
+    do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+    _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=True, precision="auto",
+                                                  backend="portable")
+    return q, k, v, do, o.detach(), lse.detach(), choice.config
+
+
+def ms(fn) -> float:
+    return time_cuda(lambda _: fn(), [None], iters=30).median_ms
+
+
+def markdown(res: dict) -> str:
+    lines: list[str] = []
+    head = ""
+    for r in res["rows"]:  # a table per run of rows with the same variants (one per head dim)
+        names = list(r["x_cudnn"])
+        if head != (head := "| shape | cuDNN ms | " + " | ".join(names) + " |"):
+            lines += ["", head, "|---" * (2 + len(names)) + "|"]
+        lines.append(f"| {r['shape']} | {r['cudnn_ms']:.3f} | "
+                     + " | ".join(f"{r['x_cudnn'][n]:.2f}" for n in names) + " |")
+    failed = [c for c in res["check"] if not c["passed"]]
+    lines.append(f"\nfloat64 checks: {len(res['check']) - len(failed)}/{len(res['check'])} passed")
+    lines += [f"- FAILED {c}" for c in failed]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md")
+    ap.add_argument("--dims", type=int, nargs="+", default=[256], choices=sorted(ROWS))
+    args = ap.parse_args()
+    res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
+    recipe = ATTENTION_RECIPES["bf16"]
+    for d in args.dims:
+        for b, hq, hkv, sq, skv, causal in CHECKS:
+            q, k, v, do, o, lse, pcfg = setup(b, hq, hkv, sq, skv, d, causal, seed=sq + skv)
+            refs = reference_attention_grads(q, k, v, do, is_causal=causal)
+            for name, cfg in variants(d, pcfg).items():
+                grads = run(q, k, v, do, o, lse, cfg, causal, pcfg)
+                torch.cuda.synchronize()
+                for g, ref, which in zip(grads, refs, "qkv", strict=True):
+                    c = compare_grad(g, ref, recipe)
+                    res["check"].append({"variant": name, "grad": which, "shape": [b, hq, hkv, sq, skv, d, causal],
+                                         "passed": c.passed, "reason": c.reason, "rel_rms": c.rel_rms})
+                    if not c.passed:
+                        print("FAILED", res["check"][-1], flush=True)
+        print(f"checks: {sum(c['passed'] for c in res['check'])}/{len(res['check'])} passed", flush=True)
+        for b, h, s, causal in ROWS[d]:
+            q, k, v, do, o, lse, pcfg = setup(b, h, h, s, s, d, causal)
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+                out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
+                cudnn_ms = ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))  # noqa: B023
+            flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
+            row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "cudnn_ms": cudnn_ms,
+                   "cudnn_tflops": flops / cudnn_ms / 1e9, "ms": {}, "x_cudnn": {}}
+            for name, cfg in variants(d, pcfg).items():
+                t = ms(lambda c=cfg: run(q, k, v, do, o, lse, c, causal, pcfg))  # noqa: B023
+                row["ms"][name], row["x_cudnn"][name] = t, cudnn_ms / t
+            res["rows"].append(row)
+            print(row, flush=True)
+            json.dump(res, open(args.json, "w"), indent=1)
+    json.dump(res, open(args.json, "w"), indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(res))
+
+
+if __name__ == "__main__":
+    main()
