@@ -1,9 +1,9 @@
 """Hopper backward tile variants on the H200, per head dim, against the portable backward and SDPA-cuDNN's in the
 same process. D256: the dK/dV kernel with its head dim split across the two warpgroups (`split_d` 1: each computes
-S^T and dP^T; 2: one each, exchanged through shared memory; 3: 2 with dV's and dK's wgmmas retired a step later)
-and the Gluon dQ on 32-key tiles; D64/D128: ring depths of the dK/dV and dQ kernels and the dQ's key tile. Every
-variant's dQ, dK and dV are first checked against float64 autograd on small shapes (tails, causal with Sq != Skv,
-GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`), median of 30.
+S^T and dP^T; 2: one each, exchanged through shared memory) and the Gluon dQ on 32-key tiles; D64/D128: ring depths
+of the dK/dV and dQ kernels and the dQ's key tile. Every variant's dQ, dK and dV are first checked against float64
+autograd on small shapes (tails, causal with Sq != Skv, GQA); timing is device time of the whole backward (CUDA
+events behind a GPU-side sleep, `time_cuda`), median of 30.
 
     python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md]
 """
@@ -38,9 +38,10 @@ def variants(d: int, portable_cfg) -> dict:
                                      HopperAttentionDqConfig(dq_bn, dq_st) if dq else None, concurrent)
 
     if d == 256:
-        return {"sd2-32-s3 dq32-s2 conc": hb(32, 64, 3, 2), "sd3-32-s3 dq32-s2 conc": hb(32, 64, 3, 3),
-                "sd3-32-s2 dq32-s2 conc": hb(32, 64, 2, 3), "sd3-32-s3 dq32-s2 seq": hb(32, 64, 3, 3, concurrent=False),
-                "sd1-32-s3 dq32-s2 conc": hb(32, 64, 3, 1), "portable": None}
+        return {"sd2-32-s3 dq32-s2 conc": hb(32, 64, 3, 2), "sd1-32-s3 dq32-s2 conc": hb(32, 64, 3, 1),
+                "sd2-32-s2 dq32-s2 conc": hb(32, 64, 2, 2), "sd2-32-s3 dq32-s3 conc": hb(32, 64, 3, 2, dq_st=3),
+                "sd2-32-s3 dq32-s2 seq": hb(32, 64, 3, 2, concurrent=False),
+                "sd2-32-s3 portable-dq": hb(32, 64, 3, 2, dq=False), "portable": None}
     dq_bn = 128 if d == 64 else 64  # the shipped dQ key tile
     other = 64 if d == 64 else 128
     return {f"s2 dq{dq_bn}-s2": hb(64, 128, 2, dq_bn=dq_bn), f"s3 dq{dq_bn}-s2": hb(64, 128, 3, dq_bn=dq_bn),

@@ -38,7 +38,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
     warpgroup_mma,
-    warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 
@@ -81,29 +80,22 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
-def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, qdo, it, lse, delta, keys, queries, dk, dv,
-                   qk_scale, SKV, zero_s, CAUSAL: gl.constexpr, DEFER: gl.constexpr):
-    """One query block of SPLIT_D >= 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
+def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, queries, dk, dv, qk_scale,
+                   SKV, zero_s, CAUSAL: gl.constexpr):
+    """One query block of SPLIT_D = 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
     SPLIT_D = 1 computes both in both), exchanged through slot it % 2 of `x` (`barriers.ScoreExchange`); then each
-    adds its columns' dV += P^T dO and dK += dS^T Q with P^T and dS^T read from shared memory. DEFER (SPLIT_D = 3):
-    those two wgmmas retire during the next step, after its S^T or dP^T is issued, so the tensor cores are never
-    left idle between steps; their slot and Q/dO stage are released then (the caller retires the last step's).
-    Returns (dk, dv), in flight under DEFER."""
+    adds its columns' dV += P^T dO and dK += dS^T Q with P^T and dS^T read from shared memory. Returns (dk, dv)."""
     slot = it % 2
     lap = (it // 2) & 1
     dtype: gl.constexpr = k_w.dtype
     if W == 0:
-        tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
+        s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
     else:
-        tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
-    if DEFER:  # the previous step's dV and dK retire (the product above stays in flight): release what they read
-        dv, dk = warpgroup_mma_wait(1, deps=[dv, dk])
-        mbarrier.arrive(x.free.index((it + 1) % 2), pred=it > 0)
-        qdo.release(it - 1, pred=it > 0)
+        dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
     # arrive -> wait window: the product above runs while this waits for step it - 2's readers of the slot
     mbarrier.wait(x.free.index(slot), lap ^ 1)  # each slot's first use passes at once
     if W == 0:
-        s_t = warpgroup_mma_wait(0, deps=[tok])
+        s_t = warpgroup_mma_wait(0, deps=[s_tok])
         p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
         keep = gl.expand_dims(keys < SKV, 1)
         if CAUSAL:
@@ -118,17 +110,15 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, qdo, it, lse,
         partition_barrier()  # every thread's P^T and dS^T rows are stored before the one arrive
         mbarrier.arrive(x.pds_ready.index(slot))
     else:
-        dp_t = warpgroup_mma_wait(0, deps=[tok])
+        dp_t = warpgroup_mma_wait(0, deps=[dp_tok])
         x.dp.index(slot).store(dp_t)
         partition_barrier()
         mbarrier.arrive(x.dp_ready.index(slot))
         mbarrier.wait(x.pds_ready.index(slot), lap)
-    dv = warpgroup_mma(x.p.index(slot), do_w, dv, is_async=True)  # dV[:, half] += P^T dO[:, half]
-    dk = warpgroup_mma(x.ds.index(slot), q_w, dk, is_async=True)  # dK[:, half] += dS^T Q[:, half]
-    if not DEFER:
-        dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
-        mbarrier.arrive(x.free.index(slot))
-        qdo.release(it)
+    dv_tok = warpgroup_mma(x.p.index(slot), do_w, dv, is_async=True)  # dV[:, half] += P^T dO[:, half]
+    dk_tok = warpgroup_mma(x.ds.index(slot), q_w, dk, is_async=True)  # dK[:, half] += dS^T Q[:, half]
+    dv, dk = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok])
+    mbarrier.arrive(x.free.index(slot))
     return dk, dv
 
 
@@ -156,9 +146,6 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # queries
     dk = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
     dv = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
-    if SPLIT_D == 3:  # dK and dV cross the loop's iterations with their wgmmas in flight
-        dk = warpgroup_mma_init(dk)
-        dv = warpgroup_mma_init(dv)
     zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
     it = 0
@@ -174,11 +161,12 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 q_w = q
                 do_w = do
             queries = start_m + gl.arange(0, BLOCK_M, cols)
-            if SPLIT_D >= 2:
+            if SPLIT_D == 2:
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
-                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, qdo, it, lse, delta, keys, queries, dk,
-                                        dv, qk_scale, SKV, zero_s, CAUSAL, SPLIT_D == 3)
+                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, queries, dk, dv,
+                                        qk_scale, SKV, zero_s, CAUSAL)
+                qdo.release(it)
             else:
                 s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
                 dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
@@ -225,8 +213,6 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
             it += 1
     if FUSED_DQ:
         tma.store_wait(0)
-    if SPLIT_D == 3:  # the last step's dV and dK (nothing waits on their slot or stage any more)
-        dv, dk = warpgroup_mma_wait(0, deps=[dv, dk])
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < SKV, 1)
@@ -264,7 +250,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     else:  # placeholders the consumers never touch
         ds = qdo
         dq_bufs = stats
-    if SPLIT_D >= 2:
+    if SPLIT_D == 2:
         xs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_KEYS, BLOCK_M], k_desc.dtype)
         x_dtype: gl.constexpr = k_desc.dtype
         x = score_exchange(gl.allocate_shared_memory(x_dtype, [2, WG_KEYS, BLOCK_M], xs_layout),

@@ -110,8 +110,7 @@ class HopperAttentionBwdConfig:
     stages: int = 2
     fused_dq: bool = False  # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable)
     # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
-    # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`); 3, 2 with
-    # the dV and dK wgmmas retired during the next step
+    # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
     split_d: int = 0
 
     def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
