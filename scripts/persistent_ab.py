@@ -2,8 +2,8 @@
 (B * S = 16K tokens, H32, bf16; D64 and D128, causal and full, GQA 32/8 at D128): each variant is a backend string
 (`hopper:persistent=2,...`, the persistent kernel forced with config overrides), the dense kernel is
 `hopper:persistent=0`, and the default's pick is recorded. Device time from CUDA-graph replay
-(`bench.timing.graph_ms`), all in the same process; every variant's output is checked bitwise against the dense
-kernel's first (the same per-row arithmetic in another tile order).
+(`bench.timing.graph_ms`), all in the same process, in interleaved rounds (median of `--rounds`); every variant's
+output is checked bitwise against the dense kernel's first (the same per-row arithmetic in another tile order).
 
     python scripts/persistent_ab.py --json persistent_ab.json [--md persistent_ab.md]
         [--variants hopper:persistent=2 hopper:persistent=2,chained=1] [--lengths 512 1024] [--dims 64 128]
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ from xkernels.testing import attention_inputs
 DENSE = "hopper:persistent=0"
 
 
-def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str]) -> dict:
+def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str], rounds: int) -> dict:
     b = TOKENS // s
     q, k, v = attention_inputs(b, hq, s, s, d, torch.bfloat16, "cuda", hkv=hkv, seed=s + d)
     gqa = hq != hkv
@@ -35,27 +36,38 @@ def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str]) ->
     def ours(backend):
         return lambda: xkernels.attention(q, k, v, is_causal=causal, enable_gqa=gqa, backend=backend)
 
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
+
     ours("auto")()
     out["auto_kernel"] = xkernels.last_backend()  # what the measured rule picks
     o_d = ours(DENSE)()
-    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-        def cudnn():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=gqa)
-        out["cudnn_ms"] = graph_ms(cudnn)
-    out["dense_ms"] = graph_ms(ours(DENSE))
-    flops = 4 * b * hq * s * s * d // (2 if causal else 1)
+    fns = {"cuDNN": cudnn, "dense": ours(DENSE)}
     for backend in variants:
         try:
             o_p = ours(backend)()
-            r = {"kernel": xkernels.last_backend(), "bitwise_equal": bool(torch.equal(o_p, o_d)),
-                 "ms": graph_ms(ours(backend))}
+            out["variants"][backend] = {"kernel": xkernels.last_backend(),
+                                        "bitwise_equal": bool(torch.equal(o_p, o_d))}
+            fns[backend] = ours(backend)
         except Exception as e:  # a variant that cannot run this row (config check, compile error) is recorded
-            r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-        else:
-            r["tflops"] = flops / r["ms"] / 1e9
-            r["x_cudnn"] = out["cudnn_ms"] / r["ms"]
-            r["x_dense"] = out["dense_ms"] / r["ms"]
-        out["variants"][backend] = r
+            out["variants"][backend] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+    # rounds interleave every variant and the peer, so a drift of the clock between calls hits them all alike;
+    # each one's time is its median over the rounds (the same kernel measured 0.85 and 1.00x cuDNN in one call
+    # without them)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            times[name].append(graph_ms(fn))
+    out["cudnn_ms"] = statistics.median(times.pop("cuDNN"))
+    out["dense_ms"] = statistics.median(times.pop("dense"))
+    flops = 4 * b * hq * s * s * d // (2 if causal else 1)
+    for backend, ts in times.items():
+        r = out["variants"][backend]
+        r["ms"], r["rounds_ms"] = statistics.median(ts), ts
+        r["tflops"] = flops / r["ms"] / 1e9
+        r["x_cudnn"] = out["cudnn_ms"] / r["ms"]
+        r["x_dense"] = out["dense_ms"] / r["ms"]
     out["dense_x_cudnn"] = out["cudnn_ms"] / out["dense_ms"]
     return out
 
@@ -73,6 +85,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=list(LENGTHS))
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--variants", nargs="+", default=["hopper:persistent=2"])
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
     args = ap.parse_args()
     rows = []
     for hq, hkv, d in ((32, 32, 64), (32, 32, 128), (32, 8, 128)):
@@ -80,7 +93,7 @@ def main() -> None:
             continue
         for causal in (True, False):
             for s in args.lengths:
-                r = row(hq, hkv, s, d, causal, args.variants)
+                r = row(hq, hkv, s, d, causal, args.variants, args.rounds)
                 rows.append(r)
                 cells = "  ".join(f"{name.removeprefix('hopper:')} " + _cell(x) for name, x in r["variants"].items())
                 print(f"{r['shape']:<28} cudnn {r['cudnn_ms']:.3f} ms  x cuDNN: dense {r['dense_x_cudnn']:.2f}  {cells}"
