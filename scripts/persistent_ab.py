@@ -1,9 +1,10 @@
 """Persistent Hopper forward variants against the dense kernel and SDPA-cuDNN on the sweep's attention rows
 (B * S = 16K tokens, H32, bf16; D64 and D128, causal and full, GQA 32/8 at D128): each variant is a backend string
 (`hopper:persistent=2,...`, the persistent kernel forced with config overrides), the dense kernel is
-`hopper:persistent=0`, and the default's pick is recorded. Device time from CUDA-graph replay
-(`bench.timing.graph_ms`), all in the same process, in interleaved rounds (median of `--rounds`); every variant's
-output is checked bitwise against the dense kernel's first (the same per-row arithmetic in another tile order).
+`hopper:persistent=0`, and the default's pick is recorded. Device time from CUDA-graph replay, all in the same
+process, in interleaved rounds of shuffled order (`bench.timing.interleaved_graph_ms`, median of `--rounds`);
+every variant's output is checked bitwise against the dense kernel's first (the same per-row arithmetic in another
+tile order).
 
     python scripts/persistent_ab.py --json persistent_ab.json [--md persistent_ab.md]
         [--variants hopper:persistent=2 hopper:persistent=2,chained=1] [--lengths 512 1024] [--dims 64 128]
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xkernels
 from xkernels.bench.sweep import LENGTHS, TOKENS
-from xkernels.bench.timing import graph_ms
+from xkernels.bench.timing import interleaved_graph_ms
 from xkernels.testing import attention_inputs
 
 DENSE = "hopper:persistent=0"
@@ -52,19 +52,15 @@ def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str], ro
             fns[backend] = ours(backend)
         except Exception as e:  # a variant that cannot run this row (config check, compile error) is recorded
             out["variants"][backend] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-    # rounds interleave every variant and the peer, so a drift of the clock between calls hits them all alike;
-    # each one's time is its median over the rounds (the same kernel measured 0.85 and 1.00x cuDNN in one call
-    # without them)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            times[name].append(graph_ms(fn))
-    out["cudnn_ms"] = statistics.median(times.pop("cuDNN"))
-    out["dense_ms"] = statistics.median(times.pop("dense"))
+    # interleaved rounds in shuffled orders (`interleaved_graph_ms`): in a fixed order the same kernel measured 0.85
+    # and 1.00x cuDNN in one call
+    med = interleaved_graph_ms(fns, rounds)
+    out["cudnn_ms"] = med.pop("cuDNN")
+    out["dense_ms"] = med.pop("dense")
     flops = 4 * b * hq * s * s * d // (2 if causal else 1)
-    for backend, ts in times.items():
+    for backend, t in med.items():
         r = out["variants"][backend]
-        r["ms"], r["rounds_ms"] = statistics.median(ts), ts
+        r["ms"] = t
         r["tflops"] = flops / r["ms"] / 1e9
         r["x_cudnn"] = out["cudnn_ms"] / r["ms"]
         r["x_dense"] = out["dense_ms"] / r["ms"]

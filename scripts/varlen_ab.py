@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xkernels
 from xkernels import select, varlen
-from xkernels.bench.timing import graph_ms
+from xkernels.bench.timing import interleaved_graph_ms
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing.cases import VarlenCase
 
@@ -66,17 +65,14 @@ def row(case: VarlenCase, rounds: int) -> dict:
         except Exception as e:  # a variant that cannot run this row is recorded
             out["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             del fns[name]
-    # rounds interleave every variant and the peer, so a drift of the clock between calls hits them all alike;
-    # each one's time is its median over the rounds
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                times[name].append(graph_ms(fn))
-    out["cudnn_padded_ms"] = statistics.median(times.pop("cuDNN padded"))
-    for name, ts in times.items():
+    # interleaved rounds in shuffled orders (`interleaved_graph_ms`): the same kernel on the same batch measured 12 %
+    # apart in two calls
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        med = interleaved_graph_ms(fns, rounds)
+    out["cudnn_padded_ms"] = med.pop("cuDNN padded")
+    for name, t in med.items():
         r = out["variants"][name]
-        r["ms"], r["rounds_ms"] = statistics.median(ts), ts
+        r["ms"] = t
         r["tflops"] = case.flops / r["ms"] / 1e9
         r["x_cudnn_padded"] = out["cudnn_padded_ms"] / r["ms"]
     print(out["shape"], f"cuDNN padded {out['cudnn_padded_ms']:.3f} ms;", "; ".join(

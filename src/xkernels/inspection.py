@@ -367,11 +367,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
             for fused, cfg_types in variants:
                 for causal in (False, True):
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal. The fused-dQ variant (not selected) spills; so does D256 causal, 8 bytes.
+                    # D128 causal. The fused-dQ variant (not selected) spills.
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{' causal' if causal else ''} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types, fused.constexprs(d, causal=causal), 4,
-                                       gluon=True, spill_free=not fused.fused_dq and not (d == 256 and causal)
-                                       and (TRITON_TESTED or not (d == 128 and causal)))
+                                       gluon=True, spill_free=not fused.fused_dq and (TRITON_TESTED
+                                                                                       or not (d == 128 and causal)))
 
     from xkernels.hopper import attention_dq as dq
     from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
