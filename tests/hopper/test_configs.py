@@ -94,14 +94,17 @@ def test_persistent_descriptor_views():
     (128, 4096, 14336, "small", 2), (64, 4096, 14336, "small", 2),
     (64, 4096, 4096, "tiny", 1),  # 64 k-steps: too short to split
     (1, 4096, 8192, "small", 2),  # forced onto the Hopper kernel: 32 tiles
-    (1024, 6144, 4096, "mid", 1), (3000, 3000, 3000, "mid", 1),  # 1.45 and 2.2 waves of 128 x 256 tiles
+    (1024, 6144, 4096, "mid", 1),  # 1.45 waves of 128 x 256 tiles, 2.9 of 128 x 128
+    (3000, 3000, 3000, "small", 1), (1024, 4608, 4096, "small", 1),  # 64 x 128 tiles fill their waves best
+    (2304, 2048, 4096, "small", 1),
     (2048, 2048, 2048, "big", 1), (1024, 4096, 4096, "big", 1), (128, 28672, 4096, "big", 1),
     (8192, 8192, 8192, "big", 1),
 ])
 def test_gemm_tile_follows_the_wave(m, n, k, tile, split):
-    """The largest tile whose work units fill 80 % of their waves on 132 SMs; below that, a long K split in two over
-    64 x 128 tiles that fill at most half the SMs, else 64 x 64 tiles where they fit one wave, else 64 x 128. The
-    choice depends on the problem's shape and the SM count only."""
+    """Outputs of 80 % of a wave of 128 x 128 tiles or more: the big tile with the best wave fill times its rate on
+    132 SMs; below that, a long K split in two over 64 x 128 tiles that fill at most half the SMs, else 64 x 64
+    tiles where they fit one wave, else 64 x 128. The choice depends on the problem's shape and the SM count
+    only."""
     import dataclasses
 
     from xkernels.hopper import configs

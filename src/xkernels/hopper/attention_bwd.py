@@ -1,9 +1,9 @@
 """Hopper attention backward, dK and dV, in Gluon: a TMA producer feeding two consumer warpgroups through a Q/dO ring.
 
-Per program: BLOCK_N = 128 keys of one kv head, 64 per consumer warpgroup, walking every query block of every query
-head of its GQA group, so dK and dV sum over the group in registers (no atomics: deterministic). dQ comes from a
-separate dQ kernel, or with FUSED_DQ from this one (below); delta = rowsum(dO * O) - dLSE from the portable
-preprocess kernel. Partitions:
+Per program: BLOCK_N = 128 keys of one kv head, 64 per consumer warpgroup (with SPLIT_D, 64 keys shared by both),
+walking every query block of every query head of its GQA group, so dK and dV sum over the group in registers (no
+atomics: deterministic). dQ comes from a separate dQ kernel, or with FUSED_DQ from this one (below); delta =
+rowsum(dO * O) - dLSE from the portable preprocess kernel. Partitions:
   - producer (1 warp): K and V once; then per query block: acquire a ring stage, TMA Q and dO into it, copy the
     block's LSE (in log2 units) and delta into the stage's stats rows, arrive (the TMA bytes and this arrive together
     make the stage ready);
@@ -20,9 +20,12 @@ dQ[:, half] = dS K[:, half]; the partial leaves through shared memory by a TMA r
 (`store_wait` before the buffer is reused, a step later). The additions from different key blocks land in any order,
 so dQ is not bitwise repeatable; the separate dQ kernel is.
 SPLIT_D (D256, where 64 x D fp32 dK and dV do not fit one warpgroup's registers): BLOCK_N = 64 keys, both
-warpgroups on all of them, warpgroup w owning columns [w D/2, (w + 1) D/2) of dK and dV; each computes the whole
-S^T and dP^T (the same products, twice: 1.5x the tensor work of an exchange through shared memory, none of its
-synchronization), then dV[:, half] += P^T dO[:, half] and dK[:, half] += dS^T Q[:, half].
+warpgroups on all of them, warpgroup w owning columns [w D/2, (w + 1) D/2) of dK and dV, dV[:, half] += P^T dO[:, half]
+and dK[:, half] += dS^T Q[:, half]. SPLIT_D = 2 (shipped, `_exchange_step`): warpgroup 0 computes S^T and P^T,
+warpgroup 1 dP^T; dP^T goes to warpgroup 0 (fp32, so dS^T = P^T (dP^T - delta) uses the fp32 P^T), P^T and dS^T
+come back through a 2-slot shared-memory `ScoreExchange` as both warpgroups' A operands. SPLIT_D = 1 (an ablation):
+each warpgroup computes the whole S^T and dP^T itself, 1.5x the tensor work with no exchange (0.80-0.87x cuDNN
+where SPLIT_D = 2 measured 0.90-1.08x).
 Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S, D) tensors: tiles past a head's
 last row read the next head's rows (or zeros at the end), which the masks (LSE = +inf for queries past SQ, keys past
 SKV) turn into exact zeros of P^T and dS^T. Causal is top-left aligned, as in the forward. Barriers: `barriers.py`.
@@ -229,6 +232,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                           FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr = 0):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
+    gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
     gl.static_assert(not (SPLIT_D and FUSED_DQ), "SPLIT_D takes the separate dQ kernel")
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)

@@ -15,7 +15,6 @@ Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S,
 rows past a head's sequence read the next head's rows (or zeros at the end); keys there are masked out of P (so of
 dS), and queries there get LSE = +inf (P = 0) and are never stored. Causal is top-left aligned, row blocks longest
 first. Barriers: `barriers.attention_barriers` (the forward's set), listed in `barriers.py`.
-
 """
 
 from __future__ import annotations

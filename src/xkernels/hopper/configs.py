@@ -17,8 +17,9 @@ WG_ROWS = 64  # query rows per attention consumer warpgroup: S and O accumulator
 L2_BUDGET_KIB = 32 << 10  # K/V of the heads the persistent walk runs together: about two thirds of an H100/H200 L2
 # Full (non-causal) MHA at D128 walks fewer heads together: every CTA streams its heads' whole K/V, and with 32 MiB
 # in flight the L2 hit rate fell to 59 % (cuDNN's: 74 %) and the SM clock with the DRAM traffic
-# (benchmarks/results/h200/2026-12-01/07-ncu-persistent); 8 MiB measured 1.00-1.05x cuDNN on the 1K-4K rows
-# against 0.95-0.98x, where causal, GQA and D64 rows lost 2-13 % with it (09-l2chunk-gemm-tiles-bwd/l2chunk_ab.md).
+# (benchmarks/results/h200/2026-12-01/07-ncu-persistent). 8 MiB measured 5-9 % ahead of 32 on the 1K-4K rows in run
+# 09 (where it ran second, after 32), within noise in runs 10 and 15 (the A/B's noise reaches 10 %): a small gain
+# at best, with the profile's reason; causal, GQA and D64 rows lost 2-13 % with it in run 09 and keep 32 MiB.
 FULL_MHA_L2_BUDGET_KIB = 8 << 10
 
 
@@ -102,8 +103,8 @@ PERSISTENT_ATTENTION_CONFIGS = {
 
 @dataclass(frozen=True)
 class HopperAttentionBwdConfig:
-    """The dK/dV kernel's tiles: BLOCK_N keys per program (two consumer warpgroups of 64), BLOCK_M queries per step,
-    a ring of `stages` Q/dO tiles."""
+    """The dK/dV kernel's tiles: BLOCK_N keys per program (two consumer warpgroups of 64 keys each, or with split_d
+    64 keys shared by both), BLOCK_M queries per step, a ring of `stages` Q/dO tiles."""
 
     block_m: int = 64
     block_n: int = 128
@@ -191,8 +192,11 @@ MID_GEMM_CONFIG = HopperGemmConfig(block_n=128, stages=6)  # two warpgroups, hal
 # one warpgroup on a 64 x 128 tile; 8 stages keep 192 KB of A and B in flight per SM, which the few-row shapes need
 # to stream a weight at HBM speed from the SMs they occupy (Little's law: 8 stages beat 6 by up to 13 %)
 SMALL_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=128, stages=8, num_warps=4)
-TINY_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=64, stages=8, num_warps=4)  # 64-128-row outputs: twice the CTAs
-FULL_WAVE = 0.8  # a tile serves a shape whose work units fill at least this share of the SMs' waves
+# 64 x 64, one warpgroup: twice the CTAs of 64 x 128 for outputs of at most a wave of them (a few hundred rows)
+TINY_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=64, stages=8, num_warps=4)
+# throughput at whole waves relative to 128 x 256 tiles (2048^3 and 1024 x 4096 x 4096, run 10 of 2026-12-01)
+TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (SMALL_GEMM_CONFIG, 0.92))
+FULL_WAVE = 0.8  # outputs of at least this share of a wave of 128 x 128 tiles take the best-filling big tile
 MAX_SPLIT_K = 2  # 4 splits never beat 2 where measured
 MIN_SPLIT_STEPS = 64  # k-steps per split at least: shorter splits lose more to the partials' traffic than they gain
 
@@ -203,20 +207,20 @@ def wave_fill(units: int, sms: int) -> float:
 
 
 def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
-    """The Hopper GEMM config for an M x N x K problem on `sms` SMs, largest tile first:
-      - GEMM_CONFIG (128 x 256), then MID_GEMM_CONFIG (128 x 128), where its tiles fill FULL_WAVE of their waves
-        (1024 x 6144 x 4096: 1.45 waves of 128 x 256 tiles, 0.79x torch.matmul; 2.9 waves of 128 x 128, 0.99x);
-      - where even SMALL_GEMM_CONFIG's tiles fill at most half the SMs and K is long, those tiles with K split in
-        two (each split at least MIN_SPLIT_STEPS k-steps: 64-128 rows against a 4096 x 14336 weight, 0.95-0.99x);
-      - TINY_GEMM_CONFIG (64 x 64) where its tiles fit one wave (512^3, 64-128 rows against 4096 x 4096: 0.76-1.20x
-        where 64 x 128 tiles gave 0.58-1.02x), else SMALL_GEMM_CONFIG.
-    Measured on the H200: benchmarks/results/h200/2026-12-01/09-l2chunk-gemm-tiles-bwd/gemm_tiles.md."""
+    """The Hopper GEMM config for an M x N x K problem on `sms` SMs:
+      - outputs of about a wave of 128 x 128 tiles or more: of 128 x 256, 128 x 128 and 64 x 128, the tile with the
+        best wave fill times its whole-wave rate (`TILE_RATES`; ties to the larger tile): 1024 x 6144 x 4096 fills
+        1.45 waves of 128 x 256 tiles, 0.79x torch.matmul, and 2.9 of 128 x 128, 0.99x; 1536^3 takes 64 x 128;
+      - smaller outputs: where even SMALL_GEMM_CONFIG's tiles fill at most half the SMs and K is long, those tiles
+        with K split in two (each split at least MIN_SPLIT_STEPS k-steps: 64-128 rows against a 4096 x 14336
+        weight, 0.95-0.99x); else TINY_GEMM_CONFIG (64 x 64) where its tiles fit one wave (512^3, 64-128 rows
+        against 4096 x 4096: 0.77-1.21x where 64 x 128 tiles gave 0.58-1.02x), else SMALL_GEMM_CONFIG.
+    Measured on the H200: benchmarks/results/h200/2026-12-01/09-l2chunk-gemm-tiles-bwd and 10-*/gemm_tiles.md."""
     def tiles(cfg: HopperGemmConfig) -> int:
         return -(-m // cfg.block_m) * -(-n // cfg.block_n)
 
-    for cfg in (GEMM_CONFIG, MID_GEMM_CONFIG):
-        if wave_fill(tiles(cfg), sms) >= FULL_WAVE:
-            return cfg
+    if tiles(MID_GEMM_CONFIG) >= FULL_WAVE * sms:
+        return max(TILE_RATES, key=lambda c: wave_fill(tiles(c[0]), sms) * c[1])[0]
     split = min(sms // tiles(SMALL_GEMM_CONFIG), MAX_SPLIT_K, -(-k // SMALL_GEMM_CONFIG.block_k) // MIN_SPLIT_STEPS)
     if split >= 2:
         return dataclasses.replace(SMALL_GEMM_CONFIG, split_k=split)
