@@ -21,7 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xkernels
 from xkernels.bench.sweep import LENGTHS, TOKENS
-from xkernels.bench.timing import interleaved_graph_ms
+from xkernels.bench.timing import graph_ms, interleaved_graph_ms
 from xkernels.testing import attention_inputs
 
 DENSE = "hopper:persistent=0"
@@ -49,6 +49,7 @@ def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str], ro
             o_p = ours(backend)()
             out["variants"][backend] = {"kernel": xkernels.last_backend(),
                                         "bitwise_equal": bool(torch.equal(o_p, o_d))}
+            graph_ms(ours(backend), reps=1, repeats=1)  # it captures (a failure is recorded, not fatal)
             fns[backend] = ours(backend)
         except Exception as e:  # a variant that cannot run this row (config check, compile error) is recorded
             out["variants"][backend] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
