@@ -83,6 +83,16 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
+def _probabilities(s_t, lse, keys, queries, qk_scale, SKV, CAUSAL: gl.constexpr):
+    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV and (causal) keys after the query."""
+    p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
+    keep = gl.expand_dims(keys < SKV, 1)
+    if CAUSAL:
+        keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
+    return gl.where(keep, p_t, 0.0)
+
+
+@gluon.jit
 def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, queries, dk, dv, qk_scale,
                    SKV, zero_s, CAUSAL: gl.constexpr):
     """One query block of SPLIT_D = 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
@@ -98,12 +108,7 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
     # arrive -> wait window: the product above runs while this waits for step it - 2's readers of the slot
     mbarrier.wait(x.free.index(slot), lap ^ 1)  # each slot's first use passes at once
     if W == 0:
-        s_t = warpgroup_mma_wait(0, deps=[s_tok])
-        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
-        keep = gl.expand_dims(keys < SKV, 1)
-        if CAUSAL:
-            keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
-        p_t = gl.where(keep, p_t, 0.0)
+        p_t = _probabilities(warpgroup_mma_wait(0, deps=[s_tok]), lse, keys, queries, qk_scale, SKV, CAUSAL)
         x.p.index(slot).store(p_t.to(dtype))
         # arrive -> wait window: consumer 1's dP^T lands while P^T was computed and stored
         mbarrier.wait(x.dp_ready.index(slot), lap)
@@ -175,12 +180,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
-                s_t = warpgroup_mma_wait(1, deps=[s_tok])
-                p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
-                keep = gl.expand_dims(keys < SKV, 1)
-                if CAUSAL:
-                    keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
-                p_t = gl.where(keep, p_t, 0.0)
+                p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, queries, qk_scale, SKV, CAUSAL)
                 p_op = gl.convert_layout(p_t.to(dtype), op_layout)
                 dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
