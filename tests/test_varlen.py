@@ -168,12 +168,6 @@ def test_strided_cu_seqlens_are_read_as_their_values(device):
     assert spread(cq).stride(0) == 2 and torch.equal(got, want)
 
 
-def test_inputs_requiring_grad_are_refused(device):
-    q, k, v, cq, ck = packed([4], [4], 2, 2, 64, torch.float16, device)
-    with pytest.raises(ValueError, match="q: requires grad, but attention_varlen has no backward yet"):
-        xkernels.attention_varlen(q.requires_grad_(), k, v, cq, ck, 4, 4)
-
-
 def test_opcheck_and_compile(device):
     q, k, v, cq, ck = packed([5, 17], [9, 17], 4, 2, 64, torch.float16, device)
     for return_lse in (False, True):

@@ -101,14 +101,18 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and
     writes nothing outside the packed tensors and returns NaN in every output (a few small device ops). During
     CUDA-graph capture nothing is checked (as flash_attn_varlen_func never does). Returns O (total_q, Hq, D), or
-    (O, LSE) with LSE (Hq, total_q) fp32 natural log. Forward only: inputs that require grad are refused.
+    (O, LSE) with LSE (Hq, total_q) fp32 natural log. Differentiable in q, k and v through O and the LSE: the
+    forward saves O and the LSE, and the backward (the portable kernels on every device: no Hopper varlen backward
+    yet) recomputes the attention matrix tile by tile, checking the cu_seqlens on the device (bad values give NaN
+    gradients); bf16io's backward is the bf16 recipe's, as for `attention`.
     """
     tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
-    no_grad({"q": q, "k": k, "v": v}, "attention_varlen has no backward yet")
+    # differentiable: the backward needs the LSE, so the op returns it whatever the caller asked
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-                                     scale, precision, return_lse, sync_checks, backend)
+                                     scale, precision, return_lse or grad, sync_checks, backend)
     return (o, lse) if return_lse else o
 
 

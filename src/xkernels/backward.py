@@ -1,7 +1,7 @@
 """Host path of the attention backward: the layouts its kernels read, the gradient buffers, and the launch.
 
-Autograd reaches it through `xkernels::attention_backward` (registered in `ops.py`); the forward saved q, k, v, O
-and the fp32 LSE, nothing of size S x S.
+Autograd reaches it through `xkernels::attention_backward` and `xkernels::attention_varlen_backward` (registered in
+`ops.py`); the forward saved q, k, v, O and the fp32 LSE, nothing of size S x S.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from xkernels import plans, select
+from xkernels import plans, select, varlen
 from xkernels.common.runtime import side_stream, unit_last_stride
 from xkernels.portable import attention_bwd as portable_bwd
 
@@ -45,6 +45,42 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool
     portable_bwd.launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
                         cfg=choice.config)
     plans._record(f"portable.attention_backward[{choice.config}]")
+    return dq, dk, dv
+
+
+def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                              max_seqlen_k: int, *, is_causal: bool, scale: float | None, precision: str,
+                              backend: str):
+    """(dQ, dK, dV) of a packed varlen forward (q (total_q, Hq, D), LSE (Hq, total_q)), causal bottom-right, dK and
+    dV summed over each GQA group; the portable kernels. The cu_seqlens are checked on the device, as the forward's
+    `sync_checks=False` does (the forward already raised on bad values with `sync_checks`; the saved tensors cannot
+    change in between without autograd refusing): a bad call writes nothing and returns NaN gradients. During
+    CUDA-graph capture nothing is checked."""
+    _, choice = select.resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
+                                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                                         precision=precision, backend=backend)
+    dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    bad = None
+    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        bad = (varlen.bad_cu_seqlens(cu_seqlens_q, q.shape[0], max_seqlen_q)
+               | varlen.bad_cu_seqlens(cu_seqlens_k, k.shape[0], max_seqlen_k))
+        cu_seqlens_q = cu_seqlens_q.masked_fill(bad, 0)  # every sequence empty: the kernels touch nothing
+        cu_seqlens_k = cu_seqlens_k.masked_fill(bad, 0)
+    if q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.shape[0] < 2 or max_seqlen_q == 0:
+        dq.zero_(), dk.zero_(), dv.zero_()  # no query row (no gradient reaches k, v) or no key (O = 0 everywhere)
+        plans._record("empty")
+    else:
+        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+        grad_lse = None if grad_lse is None else grad_lse.contiguous()
+        packed = portable_bwd.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+        portable_bwd.launch(unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), unit_last_stride(out),
+                            lse.contiguous(), unit_last_stride(grad_out), dq, dk, dv, grad_lse, is_causal=is_causal,
+                            scale=scale, cfg=choice.config, packed=packed)
+        plans._record(f"portable.attention_varlen_backward[{choice.config}]")
+    if bad is not None:
+        for g in (dq, dk, dv):
+            g.masked_fill_(bad, float("nan"))
     return dq, dk, dv
 
 

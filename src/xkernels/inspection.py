@@ -246,7 +246,7 @@ def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
 
     p = POINTER_TYPE[torch.bfloat16]
     types = {"Q": p, "K": p, "V": p, "DO": p, "DK": p, "DV": p, "DQ": p, "LSE": "*fp32", "DELTA": "*fp32",
-             "scale": "fp32"}
+             "CU_Q": "*i32", "CU_K": "*i32", "scale": "fp32"}
     for d in HEAD_DIMS:
         cfg = attention_bwd_config(d, target, interpret=False)
         for causal in (False, True):

@@ -12,6 +12,8 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::attention_backward(grad_out, q, k, v, out, lse, grad_lse?, ...same...) -> (dQ, dK, dV)
   xkernels::attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
                              precision, return_lse, sync_checks, backend) -> (O, LSE (Hq, total_q) or empty)
+  xkernels::attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse?, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend) -> (dQ, dK, dV)
   xkernels::attention_with_kvcache(q, k_cache!, v_cache!, cache_seqlens, k?, v?, block_table?, cache_leftpad?,
                                    is_causal, scale,
                                    precision, return_lse, num_splits, sync_checks, backend)
@@ -25,7 +27,9 @@ fixed type; the LSE-less op allocates nothing for an LSE.
 Autograd: `attention_lse` saves q, k, v, O and the LSE, and its backward calls `attention_backward` (a gradient on
 the LSE output is supported). `attention` has no LSE to save, so its backward first recomputes the forward with the
 LSE; the public `xkernels.attention` therefore calls `attention_lse` whenever an input requires grad. The ops with
-`out` are not differentiable, like torch's out= functions. Registered with `torch.library.register_autograd`, so
+`out` are not differentiable, like torch's out= functions. `attention_varlen` saves the same and its backward calls
+`attention_varlen_backward`; it needs the LSE, so it must run with `return_lse` when an input requires grad (the
+public `xkernels.attention_varlen` sees to it). Registered with `torch.library.register_autograd`, so
 `torch.compile` traces the backward too.
 """
 
@@ -39,6 +43,7 @@ from xkernels.select import (
     resolve_attention_backward,
     resolve_attention_kvcache,
     resolve_attention_varlen,
+    resolve_attention_varlen_backward,
     resolve_matmul,
 )
 from xkernels.validation import check_out_memory, check_out_storage
@@ -54,6 +59,9 @@ _lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, T
 _lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float? scale, str precision, bool return_lse, "
             "bool sync_checks, str backend) -> (Tensor, Tensor)")
+_lib.define("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            "Tensor? grad_lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+            "bool is_causal, float? scale, str precision, str backend) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
             "str precision, bool return_lse, "
@@ -97,6 +105,13 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                    sync_checks=sync_checks, backend=backend)
 
 
+def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, is_causal, scale, precision, backend):
+    return backward.attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                                              max_seqlen_q, max_seqlen_k, is_causal=is_causal, scale=scale,
+                                              precision=precision, backend=backend)
+
+
 def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale,
                             precision, return_lse, num_splits, sync_checks, backend):
     return kvcache.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
@@ -119,6 +134,7 @@ _register("attention_lse", _attention_lse)
 _register("attention_out", _attention_out)
 _register("attention_backward", _attention_backward)
 _register("attention_varlen", _attention_varlen)
+_register("attention_varlen_backward", _attention_varlen_backward)
 _register("attention_with_kvcache", _attention_with_kvcache)
 _register("matmul", _matmul)
 _register("matmul_out", _matmul_out)
@@ -161,6 +177,14 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
                              precision=precision, backend=backend)
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake("xkernels::attention_varlen_backward")
+def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
+      precision, backend):
+    resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                                      int(max_seqlen_q), int(max_seqlen_k), precision=precision, backend=backend)
+    return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 
 @torch.library.register_fake("xkernels::attention_with_kvcache")
@@ -217,6 +241,28 @@ def _backward_recompute(ctx, grad_out):
     return dq, dk, dv, None, None, None, None, None
 
 
+def _save_varlen(ctx, inputs, output) -> None:
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, _, _, backend = inputs
+    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output)
+    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend)
+    ctx.set_materialize_grads(False)
+
+
+def _backward_varlen(ctx, grad_out, grad_lse):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse = ctx.saved_tensors
+    nones = (None,) * 10  # cu_seqlens, lengths and flags
+    if grad_out is None and grad_lse is None:
+        return None, None, None, *nones
+    if lse.dim() != 2:  # the (0,) placeholder of a call without return_lse
+        raise RuntimeError("xkernels::attention_varlen: the backward needs the LSE; call the op with return_lse=True "
+                           "when an input requires grad (xkernels.attention_varlen does)")
+    if grad_out is None:  # only the LSE reached the loss
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = attention_varlen_backward_op(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                                              *ctx.flags)
+    return dq, dk, dv, *nones
+
+
 def _no_double_backward(ctx, *grads):
     raise RuntimeError("xkernels.attention: double backward (a gradient of the gradients, create_graph=True) is "
                        "not supported")
@@ -226,12 +272,16 @@ torch.library.register_autograd("xkernels::attention_lse", _backward_lse, setup_
 torch.library.register_autograd("xkernels::attention_backward", _no_double_backward,
                                 setup_context=lambda ctx, inputs, output: None)
 torch.library.register_autograd("xkernels::attention", _backward_recompute, setup_context=_save_inputs)
+torch.library.register_autograd("xkernels::attention_varlen", _backward_varlen, setup_context=_save_varlen)
+torch.library.register_autograd("xkernels::attention_varlen_backward", _no_double_backward,
+                                setup_context=lambda ctx, inputs, output: None)
 
 attention_op = torch.ops.xkernels.attention.default
 attention_lse_op = torch.ops.xkernels.attention_lse.default
 attention_out_op = torch.ops.xkernels.attention_out.default
 attention_backward_op = torch.ops.xkernels.attention_backward.default
 attention_varlen_op = torch.ops.xkernels.attention_varlen.default
+attention_varlen_backward_op = torch.ops.xkernels.attention_varlen_backward.default
 attention_with_kvcache_op = torch.ops.xkernels.attention_with_kvcache.default
 matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default

@@ -36,6 +36,7 @@ from xkernels.validation import (
     check_attention_backward,
     check_attention_kvcache,
     check_attention_varlen,
+    check_attention_varlen_backward,
     check_matmul,
 )
 
@@ -228,6 +229,20 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     precision=precision)
     return recipe, _varlen_choice(q, recipe, backend)
+
+
+def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                                     max_seqlen_q, max_seqlen_k, *, precision: str, backend: str):
+    """The varlen backward's checks and kernel: the portable one on every device (there is no Hopper varlen
+    backward yet; a forced "hopper", which chose the forward's kernel, runs it too, and `last_backend()` names it).
+    Returns (recipe, Choice)."""
+    recipe = check_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
+                                             max_seqlen_q, max_seqlen_k, precision=precision)
+    check_device(q.device, "q")
+    parse_backend(backend)
+    if q.device.type == "meta":
+        return recipe, Choice("meta", None)
+    return recipe, Choice("portable", portable_configs.attention_bwd_config(int(q.shape[-1]), _target(q.device)))
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,

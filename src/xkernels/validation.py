@@ -137,12 +137,9 @@ def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
     return recipe
 
 
-def check_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                             out: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor | None, *,
-                             enable_gqa: bool, precision: str) -> AttentionRecipe:
-    """Validate the backward's tensors against the forward's (q, k, v as in `check_attention`; O and dO shaped and
-    typed like q; the LSE and its gradient (B, Hq, Sq) fp32); return the forward's recipe."""
-    recipe = check_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision)
+def _backward_tensors(grad_out, q, out, lse, grad_lse, lse_shape: tuple[int, ...], lse_names: str) -> None:
+    """O and dO shaped and typed like q; the LSE and its gradient `lse_shape` fp32 (named `lse_names`), on q's
+    device: the checks every backward shares."""
     for name, t in (("grad_out", grad_out), ("out", out)):
         tensor(t, name)
         if tuple(t.shape) != tuple(q.shape):
@@ -155,12 +152,33 @@ def check_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.T
         if t is None:
             continue
         tensor(t, name)
-        if tuple(t.shape) != tuple(q.shape[:3]):
-            raise ValueError(f"{name}: shape {tuple(t.shape)} is not (B, Hq, Sq) = {tuple(q.shape[:3])}")
+        if tuple(t.shape) != lse_shape:
+            raise ValueError(f"{name}: shape {tuple(t.shape)} is not {lse_names} = {lse_shape}")
         if t.dtype != torch.float32:
             raise TypeError(f"{name}: dtype {t.dtype} is not torch.float32")
         if t.device != q.device:
             raise ValueError(f"{name}: on device {t.device}, but q is on {q.device}")
+
+
+def check_attention_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             out: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor | None, *,
+                             enable_gqa: bool, precision: str) -> AttentionRecipe:
+    """Validate the backward's tensors against the forward's (q, k, v as in `check_attention`; O and dO shaped and
+    typed like q; the LSE and its gradient (B, Hq, Sq) fp32); return the forward's recipe."""
+    recipe = check_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision)
+    _backward_tensors(grad_out, q, out, lse, grad_lse, tuple(q.shape[:3]), "(B, Hq, Sq)")
+    return recipe
+
+
+def check_attention_varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                    out: torch.Tensor, lse: torch.Tensor, grad_lse: torch.Tensor | None,
+                                    cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                                    max_seqlen_k: int, *, precision: str) -> AttentionRecipe:
+    """The varlen backward's tensors: the forward's as in `check_attention_varlen`, O and dO like q, the LSE and its
+    gradient (Hq, total_q) fp32."""
+    recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    precision=precision)
+    _backward_tensors(grad_out, q, out, lse, grad_lse, (q.shape[1], q.shape[0]), "(Hq, total_q)")
     return recipe
 
 

@@ -25,7 +25,7 @@ def output_like(q: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def _bad_cu_seqlens(cu: torch.Tensor, total: int, max_seqlen: int) -> torch.Tensor:
+def bad_cu_seqlens(cu: torch.Tensor, total: int, max_seqlen: int) -> torch.Tensor:
     """On the device, without a read to the host: whether `cu` breaks `check_cu_seqlens` (0 first, non-decreasing,
     `total` last, no sequence longer than `max_seqlen`); a 0-dim bool tensor."""
     lengths = cu[1:] - cu[:-1]
@@ -50,8 +50,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
             check_cu_seqlens(cu_seqlens_q.tolist(), total_q, max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
             check_cu_seqlens(cu_seqlens_k.tolist(), k.shape[0], max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
         else:
-            bad = (_bad_cu_seqlens(cu_seqlens_q, total_q, max_seqlen_q)
-                   | _bad_cu_seqlens(cu_seqlens_k, k.shape[0], max_seqlen_k))
+            bad = (bad_cu_seqlens(cu_seqlens_q, total_q, max_seqlen_q)
+                   | bad_cu_seqlens(cu_seqlens_k, k.shape[0], max_seqlen_k))
             cu_seqlens_q = cu_seqlens_q.masked_fill(bad, 0)  # every sequence empty: the kernel touches nothing
             cu_seqlens_k = cu_seqlens_k.masked_fill(bad, 0)
     out = output_like(q)

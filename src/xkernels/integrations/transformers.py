@@ -12,7 +12,7 @@ the valid rows and keys through `xkernels.attention_varlen`, decoding reads the 
 cache (`attention_with_kvcache(cache_leftpad=...)`); rows that see no key return 0, as SDPA.
 Another mask (right padding with causal attention, sliding windows, arbitrary patterns) raises a ValueError saying
 so; so do dropout, softcapping and attention sinks. Inputs must be fp16 or bf16 (the model's dtype) with head dims
-64, 128 or 256; padded batches are served for inference (varlen has no backward yet).
+64, 128 or 256. Training works too: padded batches through the varlen backward (decoding steps are inference only).
 """
 
 from __future__ import annotations

@@ -5,42 +5,72 @@ Given the forward's O and natural-log LSE, recompute P = exp(S * scale - LSE) ti
   dV_j = sum_i P_ij dO_i;  dP = dO V^T;  dS = P * (dP - delta);  dK_j = scale * sum_i dS_ij Q_i;  dQ_i = scale * dS K
 One program of the dK/dV kernel owns BLOCK_N keys of one kv head and walks every query head of its GQA group, so dK
 and dV are summed over the group in registers (no atomics, deterministic); one program of the dQ kernel owns BLOCK_M
-query rows of one head. Causal is top-left aligned, as in the forward. The LSE term: d LSE_i / d S_ij = P_ij, so
-a gradient on the LSE output adds dLSE_i P_ij to dS_ij, which is the same as subtracting it from delta_i.
+query rows of one head. The LSE term: d LSE_i / d S_ij = P_ij, so a gradient on the LSE output adds dLSE_i P_ij to
+dS_ij, which is the same as subtracting it from delta_i.
+
+Two layouts, one set of kernels (`VARLEN`): dense (B, H, S, D) tensors, causal top-left as in the forward; and packed
+variable-length batches (total, H, D) as `attention_varlen`'s, where batch entry b is the sequence between
+cu_seqlens[b] and cu_seqlens[b + 1] (the batch stride is 0 and rows start at the sequence's first row), causal
+bottom-right, and the grid covers the longest sequence (programs past their sequence's end do nothing). The LSE, its
+gradient and delta are addressed as b * lse_sb + h * lse_sh + row: (B, Hq, Sq) contiguous dense, (Hq, total_q) packed.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
 
+from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
 from xkernels.portable.dot import mma
 
 
 @triton.jit
+def _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN: tl.constexpr):
+    """(q0, sq, k0, skv, offset) of batch entry b: its first query row and key row, its query and key counts, and the
+    causal diagonal's shift (query i sees keys j <= i + offset). Dense: rows from 0, the call's lengths, top-left
+    (offset 0); VARLEN: sequence b of the packed batch, bottom-right (offset skv - sq)."""
+    if VARLEN:
+        q0, sq, k0, skv = sequence_bounds(CU_Q, CU_K, b)
+        offset = skv - sq
+    else:
+        q0, sq, k0, skv, offset = 0, SQ, 0, SKV, 0
+    return q0, sq, k0, skv, offset
+
+
+@triton.jit
+def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, CU_Q, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, lse_sb, lse_sh, HQ, SQ,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
+                      VARLEN: tl.constexpr):
+    """delta = rowsum(dO * O) - dLSE per query row; with ZERO_DQ (dense only) also zeroes the rows of the fp32 dQ
+    buffer (contiguous (B * Hq * Sq, D)) that the fused Hopper backward reduces into."""
+    m_blocks = tl.cdiv(SQ, BLOCK_M)
+    bh = (tl.program_id(0) // m_blocks).to(tl.int64)
+    b, h = bh // HQ, bh % HQ
+    q0, sq, _, _, _ = _sequence(CU_Q, CU_Q, b, SQ, SQ, VARLEN)
+    rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, HEAD_DIM)
+    keep = rows[:, None] < sq
+    o = tl.load(O + b * o_sb + h * o_sh + (q0 + rows[:, None]) * o_ss + cols[None, :], mask=keep, other=0.0)
+    do = tl.load(DO + b * do_sb + h * do_sh + (q0 + rows[:, None]) * do_ss + cols[None, :], mask=keep, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    row_offs = b * lse_sb + h * lse_sh + q0 + rows
+    if HAS_DLSE:
+        delta -= tl.load(DLSE + row_offs, mask=rows < sq, other=0.0)
+    tl.store(DELTA + row_offs, delta, mask=rows < sq)
+    if ZERO_DQ:
+        tl.store(DQ_ACC + (bh * SQ + rows[:, None]) * HEAD_DIM + cols[None, :],
+                 tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=keep)
+
+
+@triton.jit
 def _row_block(HQ, SQ, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """This program's BLOCK_M query rows of one (batch, head): (bh, b, h, rows, cols, rows-inside mask)."""
+    """This program's BLOCK_M query rows of one dense (batch, head): (bh, b, h, rows, cols, rows-inside mask)."""
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     return bh, bh // HQ, bh % HQ, rows, tl.arange(0, HEAD_DIM), rows[:, None] < SQ
-
-
-@triton.jit
-def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, HQ, SQ,
-                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr):
-    """delta = rowsum(dO * O) - dLSE per query row; with ZERO_DQ also zeroes the rows of the fp32 dQ buffer
-    (contiguous (B * Hq * Sq, D)) that the fused Hopper backward reduces into."""
-    bh, b, h, rows, cols, keep = _row_block(HQ, SQ, HEAD_DIM, BLOCK_M)
-    o = tl.load(O + b * o_sb + h * o_sh + rows[:, None] * o_ss + cols[None, :], mask=keep, other=0.0)
-    do = tl.load(DO + b * do_sb + h * do_sh + rows[:, None] * do_ss + cols[None, :], mask=keep, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    if HAS_DLSE:
-        delta -= tl.load(DLSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
-    tl.store(DELTA + bh * SQ + rows, delta, mask=rows < SQ)
-    if ZERO_DQ:
-        tl.store(DQ_ACC + (bh * SQ + rows[:, None]) * HEAD_DIM + cols[None, :],
-                 tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), mask=keep)
 
 
 @triton.jit
@@ -69,96 +99,153 @@ def _tile_t(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constex
 
 
 @triton.jit
-def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, HQ, HKV, GROUP, SQ, SKV, scale,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                INTERPRET: tl.constexpr):
+def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+                do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, lse_sb, lse_sh, HQ, HKV, GROUP, SQ,
+                SKV, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                INTERPRET: tl.constexpr, VARLEN: tl.constexpr):
     """Works on transposed scores, S^T = K Q^T (keys on rows): P^T and dS^T come out of one product as the left
     operand of the next (dV += P^T dO, dK += dS^T Q), so nothing is transposed in registers."""
     n_blocks = tl.cdiv(SKV, BLOCK_N)
     bhk = (tl.program_id(0) // n_blocks).to(tl.int64)
     b, hk = bhk // HKV, bhk % HKV
+    q0, sq, k0, skv, offset = _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     start_n = (tl.program_id(0) % n_blocks) * BLOCK_N
-    keys = start_n + tl.arange(0, BLOCK_N)
-    k = _tile(K + b * k_sb + hk * k_sh, k_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
-    v = _tile(V + b * v_sb + hk * v_sh, v_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
-    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0  # causal: earlier queries see none of these keys
-    qk_scale = scale * 1.4426950408889634
-    for g in range(GROUP):
-        h = (hk * GROUP + g).to(tl.int64)
-        bh = b * HQ + h
-        for start_m in range(lo, SQ, BLOCK_M):
-            rows = start_m + tl.arange(0, BLOCK_M)
-            q_t = _tile_t(Q + b * q_sb + h * q_sh, q_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
-            do = _tile(DO + b * do_sb + h * do_sh, do_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
-            lse = tl.load(LSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
-            delta = tl.load(DELTA + bh * SQ + rows, mask=rows < SQ, other=0.0)
-            s_t = mma(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
-            keep = (keys[:, None] < SKV) & (rows[None, :] < SQ)
-            if CAUSAL:
-                keep = keep & (keys[:, None] <= rows[None, :])
-            p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse[None, :] * 1.4426950408889634), 0.0)
-            dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
-            dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, INTERPRET)
-    cols = tl.arange(0, HEAD_DIM)
-    keep_n = keys[:, None] < SKV
-    tl.store(DK + b * dk_sb + hk * dk_sh + keys[:, None] * dk_ss + cols[None, :], (dk * scale).to(DK.dtype.element_ty),
-             mask=keep_n)
-    tl.store(DV + b * dv_sb + hk * dv_sh + keys[:, None] * dv_ss + cols[None, :], dv.to(DV.dtype.element_ty),
-             mask=keep_n)
+    if start_n < skv:
+        keys = start_n + tl.arange(0, BLOCK_N)
+        k_base = K + b * k_sb + hk * k_sh + k0 * k_ss
+        v_base = V + b * v_sb + hk * v_sh + k0 * v_ss
+        k = _tile(k_base, k_ss, start_n, skv, HEAD_DIM, BLOCK_N)
+        v = _tile(v_base, v_ss, start_n, skv, HEAD_DIM, BLOCK_N)
+        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+        lo = 0
+        if CAUSAL:  # queries before start_n - offset see none of these keys
+            lo = (max(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+        qk_scale = scale * 1.4426950408889634
+        for g in range(GROUP):
+            h = (hk * GROUP + g).to(tl.int64)
+            q_base = Q + b * q_sb + h * q_sh + q0 * q_ss
+            do_base = DO + b * do_sb + h * do_sh + q0 * do_ss
+            row_base = b * lse_sb + h * lse_sh + q0
+            for start_m in range(lo, sq, BLOCK_M):
+                rows = start_m + tl.arange(0, BLOCK_M)
+                q_t = _tile_t(q_base, q_ss, start_m, sq, HEAD_DIM, BLOCK_M)
+                do = _tile(do_base, do_ss, start_m, sq, HEAD_DIM, BLOCK_M)
+                lse = tl.load(LSE + row_base + rows, mask=rows < sq, other=0.0)
+                delta = tl.load(DELTA + row_base + rows, mask=rows < sq, other=0.0)
+                s_t = mma(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
+                keep = (keys[:, None] < skv) & (rows[None, :] < sq)
+                if CAUSAL:
+                    keep = keep & (keys[:, None] <= rows[None, :] + offset)
+                p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse[None, :] * 1.4426950408889634), 0.0)
+                dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
+                dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
+                ds_t = p_t * (dp_t - delta[None, :])
+                dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, INTERPRET)
+        cols = tl.arange(0, HEAD_DIM)
+        keep_n = keys[:, None] < skv
+        tl.store(DK + b * dk_sb + hk * dk_sh + (k0 + keys[:, None]) * dk_ss + cols[None, :],
+                 (dk * scale).to(DK.dtype.element_ty), mask=keep_n)
+        tl.store(DV + b * dv_sb + hk * dv_sh + (k0 + keys[:, None]) * dv_ss + cols[None, :],
+                 dv.to(DV.dtype.element_ty), mask=keep_n)
 
 
 @triton.jit
-def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-              do_sb, do_sh, do_ss, dq_sb, dq_sh, dq_ss, HQ, GROUP, SQ, SKV, scale, HEAD_DIM: tl.constexpr,
-              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, INTERPRET: tl.constexpr):
+def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
+              do_sb, do_sh, do_ss, dq_sb, dq_sh, dq_ss, lse_sb, lse_sh, HQ, GROUP, SQ, SKV, scale,
+              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+              INTERPRET: tl.constexpr, VARLEN: tl.constexpr):
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     b, h = bh // HQ, bh % HQ
     hk = h // GROUP
+    q0, sq, k0, skv, offset = _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
-    rows = start_m + tl.arange(0, BLOCK_M)
-    q = _tile(Q + b * q_sb + h * q_sh, q_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
-    do = _tile(DO + b * do_sb + h * do_sh, do_ss, start_m, SQ, HEAD_DIM, BLOCK_M)
-    lse = tl.load(LSE + bh * SQ + rows, mask=rows < SQ, other=0.0)
-    delta = tl.load(DELTA + bh * SQ + rows, mask=rows < SQ, other=0.0)
-    dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    hi = tl.minimum(SKV, start_m + BLOCK_M) if CAUSAL else SKV
-    qk_scale = scale * 1.4426950408889634
-    for start_n in range(0, hi, BLOCK_N):
-        keys = start_n + tl.arange(0, BLOCK_N)
-        k = _tile(K + b * k_sb + hk * k_sh, k_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
-        v = _tile(V + b * v_sb + hk * v_sh, v_ss, start_n, SKV, HEAD_DIM, BLOCK_N)
-        s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
-        keep = (rows[:, None] < SQ) & (keys[None, :] < SKV)
-        if CAUSAL:
-            keep = keep & (keys[None, :] <= rows[:, None])
-        p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634), 0.0)
-        dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
-        ds = p * (dp - delta[:, None])
-        dq = mma(ds.to(k.dtype), k, dq, INTERPRET)
-    cols = tl.arange(0, HEAD_DIM)
-    tl.store(DQ + b * dq_sb + h * dq_sh + rows[:, None] * dq_ss + cols[None, :], (dq * scale).to(DQ.dtype.element_ty),
-             mask=rows[:, None] < SQ)
+    if start_m < sq:
+        rows = start_m + tl.arange(0, BLOCK_M)
+        q = _tile(Q + b * q_sb + h * q_sh + q0 * q_ss, q_ss, start_m, sq, HEAD_DIM, BLOCK_M)
+        do = _tile(DO + b * do_sb + h * do_sh + q0 * do_ss, do_ss, start_m, sq, HEAD_DIM, BLOCK_M)
+        row_base = b * lse_sb + h * lse_sh + q0
+        lse = tl.load(LSE + row_base + rows, mask=rows < sq, other=0.0)
+        delta = tl.load(DELTA + row_base + rows, mask=rows < sq, other=0.0)
+        dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        _, hi = kv_bounds_shifted(start_m, offset, skv, BLOCK_M, BLOCK_N, CAUSAL)
+        k_base = K + b * k_sb + hk * k_sh + k0 * k_ss
+        v_base = V + b * v_sb + hk * v_sh + k0 * v_ss
+        qk_scale = scale * 1.4426950408889634
+        for start_n in range(0, hi, BLOCK_N):
+            keys = start_n + tl.arange(0, BLOCK_N)
+            k = _tile(k_base, k_ss, start_n, skv, HEAD_DIM, BLOCK_N)
+            v = _tile(v_base, v_ss, start_n, skv, HEAD_DIM, BLOCK_N)
+            s = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+            keep = (rows[:, None] < sq) & (keys[None, :] < skv)
+            if CAUSAL:
+                keep = keep & (keys[None, :] <= rows[:, None] + offset)
+            p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634), 0.0)
+            dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
+            ds = p * (dp - delta[:, None])
+            dq = mma(ds.to(k.dtype), k, dq, INTERPRET)
+        cols = tl.arange(0, HEAD_DIM)
+        tl.store(DQ + b * dq_sb + h * dq_sh + (q0 + rows[:, None]) * dq_ss + cols[None, :],
+                 (dq * scale).to(DQ.dtype.element_ty), mask=rows[:, None] < sq)
 
 
-def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4, dq_accum=None):
-    """delta = rowsum(dO * O) - dLSE, (B, Hq, Sq) fp32: the backward's one workspace; `dq_accum` (the fused Hopper
-    backward's contiguous fp32 dQ buffer), if given, is zeroed in the same pass."""
+@dataclass(frozen=True)
+class Packed:
+    """A packed variable-length batch (`attention_varlen`'s layout): the cu_seqlens (int32, contiguous) and the longest
+    sequences, which size the grids."""
+
+    cu_seqlens_q: object
+    cu_seqlens_k: object
+    max_seqlen_q: int
+    max_seqlen_k: int
+
+    @property
+    def batch(self) -> int:
+        return self.cu_seqlens_q.shape[0] - 1
+
+
+def _strides(t, packed: Packed | None) -> tuple[int, int, int]:
+    """(batch, head, row) strides of a dense (B, H, S, D) tensor, or of a packed (total, H, D) one (batch stride 0:
+    rows are counted from each sequence's first row)."""
+    return tuple(t.stride()[:3]) if packed is None else (0, t.stride(1), t.stride(0))
+
+
+def _sizes(q, k, packed: Packed | None) -> tuple[int, int, int, int, int, int]:
+    """(batch, Hq, Hkv, Sq, Skv, D): the grids' extents (the longest sequences when packed)."""
+    if packed is None:
+        b, hq, sq, d = q.shape
+        return b, hq, k.shape[1], sq, k.shape[2], d
+    return packed.batch, q.shape[1], k.shape[1], packed.max_seqlen_q, packed.max_seqlen_k, q.shape[2]
+
+
+def _row_strides(lse, packed: Packed | None) -> tuple[int, int]:
+    """(batch, head) strides of the LSE, its gradient and delta: contiguous (B, Hq, Sq), or (Hq, total_q) packed."""
+    return (lse.shape[1] * lse.shape[2], lse.shape[2]) if packed is None else (0, lse.shape[1])
+
+
+def _cu(q, packed: Packed | None):
+    """The cu_seqlens arguments (any pointer for dense calls, which never read them)."""
+    return (q, q) if packed is None else (packed.cu_seqlens_q, packed.cu_seqlens_k)
+
+
+def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4, dq_accum=None, packed: Packed | None = None):
+    """delta = rowsum(dO * O) - dLSE, fp32 in the LSE's layout ((B, Hq, Sq), or (Hq, total_q) packed): the
+    backward's one workspace; `dq_accum` (the fused Hopper backward's contiguous fp32 dQ buffer, dense only), if
+    given, is zeroed in the same pass."""
     import torch
 
     from xkernels.common.launch import generic_launch
 
-    b, hq, sq, d = o.shape
-    delta = torch.empty((b, hq, sq), dtype=torch.float32, device=o.device)
+    b, hq, _, sq, _, d = _sizes(o, o, packed)
+    shape = (b, hq, sq) if packed is None else (hq, o.shape[0])
+    delta = torch.empty(shape, dtype=torch.float32, device=o.device)
     generic_launch(preprocess_kernel, triton.cdiv(sq, block_m) * b * hq,
                    (o, do, delta if grad_lse is None else grad_lse, delta, delta if dq_accum is None else dq_accum,
-                    *o.stride()[:3], *do.stride()[:3], hq, sq),
-                   dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None, ZERO_DQ=dq_accum is not None),
+                    _cu(o, packed)[0], *_strides(o, packed), *_strides(do, packed), *_row_strides(delta, packed),
+                    hq, sq),
+                   dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None, ZERO_DQ=dq_accum is not None,
+                        VARLEN=packed is not None),
                    dict(num_warps=num_warps))
     return delta
 
@@ -173,28 +260,31 @@ def finish_dq(dq_accum, dq, *, scale: float, block_m: int, num_warps: int = 4) -
                    dict(num_warps=num_warps))
 
 
-def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg) -> None:
+def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg,
+              packed: Packed | None = None) -> None:
     from xkernels.common.launch import generic_launch
 
-    b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
+    b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
     generic_launch(dq_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
-                   (q, k, v, do, lse, delta, dq, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                    *do.stride()[:3], *dq.stride()[:3], hq, hq // hkv, sq, skv, scale),
-                   cfg.dq_constexprs(d, causal=is_causal), cfg.options())
+                   (q, k, v, do, lse, delta, dq, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
+                    *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), *_row_strides(lse, packed),
+                    hq, hq // hkv, sq, skv, scale),
+                   cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
 
 
-def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg) -> None:
+def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg,
+           packed: Packed | None = None) -> None:
     """Gradients of O = attention(q, k, v) given dO (and dLSE, or None), written into dq, dk, dv (allocated by the
-    caller, any (B, H, S) strides with a unit last stride, like every input). `lse` and `grad_lse` are (B, Hq, Sq)
-    contiguous fp32. Workspace: delta, (B, Hq, Sq) fp32."""
+    caller, any strides with a unit last stride, like every input): dense (B, H, S, D) tensors with `lse` and
+    `grad_lse` (B, Hq, Sq) contiguous fp32, or with `packed` a varlen batch, (total, H, D) tensors with `lse` and
+    `grad_lse` (Hq, total_q). Workspace: delta, one fp32 per query row and head."""
     from xkernels.common.launch import generic_launch
 
-    b, hq, sq, d = q.shape
-    hkv, skv = k.shape[1], k.shape[2]
-    delta = preprocess(o, do, grad_lse, block_m=cfg.q_m, num_warps=cfg.num_warps)
+    b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
+    delta = preprocess(o, do, grad_lse, block_m=cfg.q_m, num_warps=cfg.num_warps, packed=packed)
     generic_launch(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
-                   (q, k, v, do, lse, delta, dk, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                    *do.stride()[:3], *dk.stride()[:3], *dv.stride()[:3], hq, hkv, hq // hkv, sq, skv, scale),
-                   cfg.dkdv_constexprs(d, causal=is_causal), cfg.options())
-    launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg)
+                   (q, k, v, do, lse, delta, dk, dv, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
+                    *_strides(v, packed), *_strides(do, packed), *_strides(dk, packed), *_strides(dv, packed),
+                    *_row_strides(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),
+                   cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
+    launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg, packed=packed)

@@ -46,11 +46,15 @@ class AttentionBwdConfig:
     num_warps: int
     num_stages: int
 
-    def dkdv_constexprs(self, head_dim: int, *, causal: bool, interpret: bool = INTERPRET) -> dict[str, object]:
-        return dict(HEAD_DIM=head_dim, BLOCK_M=self.kv_m, BLOCK_N=self.kv_n, CAUSAL=causal, INTERPRET=interpret)
+    def dkdv_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
+                        interpret: bool = INTERPRET) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_M=self.kv_m, BLOCK_N=self.kv_n, CAUSAL=causal, INTERPRET=interpret,
+                    VARLEN=varlen)
 
-    def dq_constexprs(self, head_dim: int, *, causal: bool, interpret: bool = INTERPRET) -> dict[str, object]:
-        return dict(HEAD_DIM=head_dim, BLOCK_M=self.q_m, BLOCK_N=self.q_n, CAUSAL=causal, INTERPRET=interpret)
+    def dq_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
+                      interpret: bool = INTERPRET) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_M=self.q_m, BLOCK_N=self.q_n, CAUSAL=causal, INTERPRET=interpret,
+                    VARLEN=varlen)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)

@@ -14,6 +14,7 @@ from xkernels.testing.reference import (
     reference_attention,
     reference_attention_grads,
     reference_attention_varlen,
+    reference_attention_varlen_grads,
     reference_lse,
     reference_matmul,
 )
@@ -22,5 +23,5 @@ __all__ = [
     "Comparison", "compare", "compare_attention", "compare_gemm", "compare_grad", "compare_lse",
     "compare_ring_grad", "attention_inputs",
     "gemm_inputs", "reference_attention", "reference_attention_grads", "reference_attention_varlen",
-    "reference_lse", "reference_matmul",
+    "reference_attention_varlen_grads", "reference_lse", "reference_matmul",
 ]

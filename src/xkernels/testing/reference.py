@@ -100,6 +100,45 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out, lse
 
 
+def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
+                                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
+                                     is_causal: bool = False, scale: float | None = None,
+                                     grad_lse: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+    """(dQ, dK, dV) of packed sequences in float64 by autograd, one sequence at a time (causal bottom-right); dO
+    (total_q, Hq, D) and dLSE (Hq, total_q). Rows that see no key have O = 0 and LSE = -inf as constants: no gradient
+    flows through them (their dLSE is ignored), as in the kernel."""
+    hq, d = q.shape[1], q.shape[2]
+    group = hq // k.shape[1]
+    dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
+    dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        rows_q, rows_k = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        qs, ks, vs = (t.detach().double().requires_grad_() for t in (q[rows_q], k[rows_k], v[rows_k]))
+        sq, sk = qs.shape[0], ks.shape[0]
+        if sq == 0 or sk == 0:
+            continue
+        s = (qs.transpose(0, 1) @ ks.transpose(0, 1).repeat_interleave(group, 0).transpose(-1, -2))
+        s = s * (1.0 / math.sqrt(d) if scale is None else scale)  # (Hq, sq, sk)
+        seen = torch.ones(sq, dtype=torch.bool, device=q.device)
+        if is_causal:
+            i = torch.arange(sq, device=q.device)[:, None]
+            j = torch.arange(sk, device=q.device)[None, :]
+            s = s.masked_fill(j > i + sk - sq, float("-inf"))
+            seen = (i[:, 0] + sk - sq) >= 0
+        s = s[:, seen]  # rows that see a key; the others contribute nothing
+        o = torch.softmax(s, -1) @ vs.transpose(0, 1).repeat_interleave(group, 0)
+        loss = (o * grad_out[rows_q].double().transpose(0, 1)[:, seen]).sum()
+        if grad_lse is not None:
+            loss = loss + (torch.logsumexp(s, -1) * grad_lse[:, rows_q].double()[:, seen]).sum()
+        grads = torch.autograd.grad(loss, (qs, ks, vs), allow_unused=True)  # None: no row saw a key
+        for full, rows, g in ((dq, rows_q, grads[0]), (dk, rows_k, grads[1]), (dv, rows_k, grads[2])):
+            if g is not None:
+                full[rows] = g
+    return dq, dk, dv
+
+
 def reference_matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "kn") -> torch.Tensor:
     """a @ b (or a @ b^T for the [N, K] layout) in float64, so the reference adds no rounding of its own."""
     bb = b.double()
