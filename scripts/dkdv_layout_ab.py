@@ -76,8 +76,8 @@ def launch(fn, q, k, v, do, lse, delta, dk, dv, causal, kv_m, kv_n, warps, stage
     grid, sizes = (triton.cdiv(s, kv_n) * b * h,), (h, h, 1, s, s, 1 / math.sqrt(d))
     constexprs = dict(HEAD_DIM=d, BLOCK_M=kv_m, BLOCK_N=kv_n, CAUSAL=causal, INTERPRET=False, num_warps=warps,
                       num_stages=stages)
-    if fn is dkdv_kernel:  # the library's kernel also serves packed batches: cu_seqlens and LSE row strides
-        fn[grid](q, k, v, do, lse, delta, dk, dv, q, q, *strides, h * s, s, *sizes, VARLEN=False, **constexprs)
+    if fn is dkdv_kernel:  # the library's kernel also serves packed batches: cu_seqlens, the packed LSE's head stride
+        fn[grid](q, k, v, do, lse, delta, dk, dv, q, q, *strides, 0, *sizes, VARLEN=False, **constexprs)
     else:
         fn[grid](q, k, v, do, lse, delta, dk, dv, *strides, *sizes, **constexprs)
 

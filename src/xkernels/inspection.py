@@ -239,7 +239,8 @@ _BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb",
 
 
 def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
-    """The two backward kernels per head dim and mask, bf16 (fp16 differs only in the operand type)."""
+    """The two backward kernels per head dim, mask and layout (dense, packed varlen), bf16 (fp16 differs only in the
+    operand type)."""
     from xkernels.portable import attention_bwd as bwd
     from xkernels.portable.configs import attention_bwd_config, table_for
     from xkernels.validation import HEAD_DIMS
@@ -249,14 +250,16 @@ def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
              "CU_Q": "*i32", "CU_K": "*i32", "scale": "fp32"}
     for d in HEAD_DIMS:
         cfg = attention_bwd_config(d, target, interpret=False)
-        for causal in (False, True):
+        for causal, varlen in product((False, True), (False, True)):
             for name, fn, constexprs in (
-                    ("dkdv", bwd.dkdv_kernel, cfg.dkdv_constexprs(d, causal=causal, interpret=False)),
-                    ("dq", bwd.dq_kernel, cfg.dq_constexprs(d, causal=causal, interpret=False))):
-                yield KernelConfig(f"portable.attention_bwd.{name} bf16 D{d}{' causal' if causal else ''} {cfg}", fn,
+                    ("dkdv", bwd.dkdv_kernel, cfg.dkdv_constexprs(d, causal=causal, varlen=varlen, interpret=False)),
+                    ("dq", bwd.dq_kernel, cfg.dq_constexprs(d, causal=causal, varlen=varlen, interpret=False))):
+                mode = " causal" * causal + " varlen" * varlen
+                yield KernelConfig(f"portable.attention_bwd.{name} bf16 D{d}{mode} {cfg}", fn,
                                    types, constexprs, cfg.num_warps, cfg.num_stages,
                                    divisible=tuple(a for a in _BWD_DIVISIBLE if a in fn.arg_names),
-                                   spill_free=table_for(target).spill_free("attention_bwd", d))
+                                   spill_free=table_for(target).spill_free(
+                                       "attention_bwd_varlen" if varlen else "attention_bwd", d))
 
 
 def hopper_configs() -> Iterator[KernelConfig]:

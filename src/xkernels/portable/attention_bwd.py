@@ -12,7 +12,7 @@ Two layouts, one set of kernels (`VARLEN`): dense (B, H, S, D) tensors, causal t
 variable-length batches (total, H, D) as `attention_varlen`'s, where batch entry b is the sequence between
 cu_seqlens[b] and cu_seqlens[b + 1] (the batch stride is 0 and rows start at the sequence's first row), causal
 bottom-right, and the grid covers the longest sequence (programs past their sequence's end do nothing). The LSE, its
-gradient and delta are addressed as b * lse_sb + h * lse_sh + row: (B, Hq, Sq) contiguous dense, (Hq, total_q) packed.
+gradient and delta are (B, Hq, Sq) contiguous dense, (Hq, total_q) packed (`_row_base`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,17 @@ def _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN: tl.constexpr):
 
 
 @triton.jit
-def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, CU_Q, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, lse_sb, lse_sh, HQ, SQ,
+def _row_base(b, h, q0, HQ, SQ, lse_sh, VARLEN: tl.constexpr):
+    """Where head h of batch entry b starts in the LSE, its gradient and delta: contiguous (B, Hq, Sq) dense,
+    (Hq, total_q) with head stride `lse_sh` packed."""
+    if VARLEN:
+        return h * lse_sh + q0
+    else:
+        return (b * HQ + h) * SQ
+
+
+@triton.jit
+def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, CU_Q, o_sb, o_sh, o_ss, do_sb, do_sh, do_ss, lse_sh, HQ, SQ,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, HAS_DLSE: tl.constexpr, ZERO_DQ: tl.constexpr,
                       VARLEN: tl.constexpr):
     """delta = rowsum(dO * O) - dLSE per query row; with ZERO_DQ (dense only) also zeroes the rows of the fp32 dQ
@@ -55,7 +65,7 @@ def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, CU_Q, o_sb, o_sh, o_ss, do_sb,
     o = tl.load(O + b * o_sb + h * o_sh + (q0 + rows[:, None]) * o_ss + cols[None, :], mask=keep, other=0.0)
     do = tl.load(DO + b * do_sb + h * do_sh + (q0 + rows[:, None]) * do_ss + cols[None, :], mask=keep, other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    row_offs = b * lse_sb + h * lse_sh + q0 + rows
+    row_offs = _row_base(b, h, q0, HQ, SQ, lse_sh, VARLEN) + rows
     if HAS_DLSE:
         delta -= tl.load(DLSE + row_offs, mask=rows < sq, other=0.0)
     tl.store(DELTA + row_offs, delta, mask=rows < sq)
@@ -100,7 +110,7 @@ def _tile_t(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constex
 
 @triton.jit
 def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-                do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, lse_sb, lse_sh, HQ, HKV, GROUP, SQ,
+                do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ,
                 SKV, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                 INTERPRET: tl.constexpr, VARLEN: tl.constexpr):
     """Works on transposed scores, S^T = K Q^T (keys on rows): P^T and dS^T come out of one product as the left
@@ -110,49 +120,52 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
     b, hk = bhk // HKV, bhk % HKV
     q0, sq, k0, skv, offset = _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     start_n = (tl.program_id(0) % n_blocks) * BLOCK_N
-    if start_n < skv:
-        keys = start_n + tl.arange(0, BLOCK_N)
-        k_base = K + b * k_sb + hk * k_sh + k0 * k_ss
-        v_base = V + b * v_sb + hk * v_sh + k0 * v_ss
-        k = _tile(k_base, k_ss, start_n, skv, HEAD_DIM, BLOCK_N)
-        v = _tile(v_base, v_ss, start_n, skv, HEAD_DIM, BLOCK_N)
-        dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-        lo = 0
-        if CAUSAL:  # queries before start_n - offset see none of these keys
-            lo = (max(start_n - offset, 0) // BLOCK_M) * BLOCK_M
-        qk_scale = scale * 1.4426950408889634
-        for g in range(GROUP):
-            h = (hk * GROUP + g).to(tl.int64)
-            q_base = Q + b * q_sb + h * q_sh + q0 * q_ss
-            do_base = DO + b * do_sb + h * do_sh + q0 * do_ss
-            row_base = b * lse_sb + h * lse_sh + q0
-            for start_m in range(lo, sq, BLOCK_M):
-                rows = start_m + tl.arange(0, BLOCK_M)
-                q_t = _tile_t(q_base, q_ss, start_m, sq, HEAD_DIM, BLOCK_M)
-                do = _tile(do_base, do_ss, start_m, sq, HEAD_DIM, BLOCK_M)
-                lse = tl.load(LSE + row_base + rows, mask=rows < sq, other=0.0)
-                delta = tl.load(DELTA + row_base + rows, mask=rows < sq, other=0.0)
-                s_t = mma(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
-                keep = (keys[:, None] < skv) & (rows[None, :] < sq)
-                if CAUSAL:
-                    keep = keep & (keys[:, None] <= rows[None, :] + offset)
-                p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse[None, :] * 1.4426950408889634), 0.0)
-                dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
-                dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
-                ds_t = p_t * (dp_t - delta[None, :])
-                dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, INTERPRET)
-        cols = tl.arange(0, HEAD_DIM)
-        keep_n = keys[:, None] < skv
-        tl.store(DK + b * dk_sb + hk * dk_sh + (k0 + keys[:, None]) * dk_ss + cols[None, :],
-                 (dk * scale).to(DK.dtype.element_ty), mask=keep_n)
-        tl.store(DV + b * dv_sb + hk * dv_sh + (k0 + keys[:, None]) * dv_ss + cols[None, :],
-                 dv.to(DV.dtype.element_ty), mask=keep_n)
+    # a program past its sequence's last key walks no query and stores nothing (its loads and stores are masked)
+    q_end = sq
+    if VARLEN:
+        q_end = tl.where(start_n < skv, sq, 0)
+    keys = start_n + tl.arange(0, BLOCK_N)
+    k_base = K + b * k_sb + hk * k_sh + k0 * k_ss
+    v_base = V + b * v_sb + hk * v_sh + k0 * v_ss
+    k = _tile(k_base, k_ss, start_n, skv, HEAD_DIM, BLOCK_N)
+    v = _tile(v_base, v_ss, start_n, skv, HEAD_DIM, BLOCK_N)
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
+    lo = 0
+    if CAUSAL:  # queries before start_n - offset see none of these keys
+        lo = (max(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+    qk_scale = scale * 1.4426950408889634
+    for g in range(GROUP):
+        h = (hk * GROUP + g).to(tl.int64)
+        q_base = Q + b * q_sb + h * q_sh + q0 * q_ss
+        do_base = DO + b * do_sb + h * do_sh + q0 * do_ss
+        row_base = _row_base(b, h, q0, HQ, SQ, lse_sh, VARLEN)
+        for start_m in range(lo, q_end, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            q_t = _tile_t(q_base, q_ss, start_m, sq, HEAD_DIM, BLOCK_M)
+            do = _tile(do_base, do_ss, start_m, sq, HEAD_DIM, BLOCK_M)
+            lse = tl.load(LSE + row_base + rows, mask=rows < sq, other=0.0)
+            delta = tl.load(DELTA + row_base + rows, mask=rows < sq, other=0.0)
+            s_t = mma(k, q_t, tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
+            keep = (keys[:, None] < skv) & (rows[None, :] < sq)
+            if CAUSAL:
+                keep = keep & (keys[:, None] <= rows[None, :] + offset)
+            p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse[None, :] * 1.4426950408889634), 0.0)
+            dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
+            dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, INTERPRET)
+    cols = tl.arange(0, HEAD_DIM)
+    keep_n = keys[:, None] < skv
+    tl.store(DK + b * dk_sb + hk * dk_sh + (k0 + keys[:, None]) * dk_ss + cols[None, :],
+             (dk * scale).to(DK.dtype.element_ty), mask=keep_n)
+    tl.store(DV + b * dv_sb + hk * dv_sh + (k0 + keys[:, None]) * dv_ss + cols[None, :],
+             dv.to(DV.dtype.element_ty), mask=keep_n)
 
 
 @triton.jit
 def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
-              do_sb, do_sh, do_ss, dq_sb, dq_sh, dq_ss, lse_sb, lse_sh, HQ, GROUP, SQ, SKV, scale,
+              do_sb, do_sh, do_ss, dq_sb, dq_sh, dq_ss, lse_sh, HQ, GROUP, SQ, SKV, scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
               INTERPRET: tl.constexpr, VARLEN: tl.constexpr):
     m_blocks = tl.cdiv(SQ, BLOCK_M)
@@ -165,7 +178,7 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k
         rows = start_m + tl.arange(0, BLOCK_M)
         q = _tile(Q + b * q_sb + h * q_sh + q0 * q_ss, q_ss, start_m, sq, HEAD_DIM, BLOCK_M)
         do = _tile(DO + b * do_sb + h * do_sh + q0 * do_ss, do_ss, start_m, sq, HEAD_DIM, BLOCK_M)
-        row_base = b * lse_sb + h * lse_sh + q0
+        row_base = _row_base(b, h, q0, HQ, SQ, lse_sh, VARLEN)
         lse = tl.load(LSE + row_base + rows, mask=rows < sq, other=0.0)
         delta = tl.load(DELTA + row_base + rows, mask=rows < sq, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -219,9 +232,10 @@ def _sizes(q, k, packed: Packed | None) -> tuple[int, int, int, int, int, int]:
     return packed.batch, q.shape[1], k.shape[1], packed.max_seqlen_q, packed.max_seqlen_k, q.shape[2]
 
 
-def _row_strides(lse, packed: Packed | None) -> tuple[int, int]:
-    """(batch, head) strides of the LSE, its gradient and delta: contiguous (B, Hq, Sq), or (Hq, total_q) packed."""
-    return (lse.shape[1] * lse.shape[2], lse.shape[2]) if packed is None else (0, lse.shape[1])
+def _lse_head_stride(lse, packed: Packed | None) -> int:
+    """The head stride of a packed (Hq, total_q) LSE, its gradient and delta (dense ones are contiguous
+    (B, Hq, Sq): the kernels address them from Hq and Sq)."""
+    return 0 if packed is None else lse.shape[1]
 
 
 def _cu(q, packed: Packed | None):
@@ -242,7 +256,7 @@ def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4, dq_accum=No
     delta = torch.empty(shape, dtype=torch.float32, device=o.device)
     generic_launch(preprocess_kernel, triton.cdiv(sq, block_m) * b * hq,
                    (o, do, delta if grad_lse is None else grad_lse, delta, delta if dq_accum is None else dq_accum,
-                    _cu(o, packed)[0], *_strides(o, packed), *_strides(do, packed), *_row_strides(delta, packed),
+                    _cu(o, packed)[0], *_strides(o, packed), *_strides(do, packed), _lse_head_stride(delta, packed),
                     hq, sq),
                    dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None, ZERO_DQ=dq_accum is not None,
                         VARLEN=packed is not None),
@@ -267,7 +281,7 @@ def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
     generic_launch(dq_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
                    (q, k, v, do, lse, delta, dq, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
-                    *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), *_row_strides(lse, packed),
+                    *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), _lse_head_stride(lse, packed),
                     hq, hq // hkv, sq, skv, scale),
                    cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
 
@@ -285,6 +299,6 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale:
     generic_launch(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
                    (q, k, v, do, lse, delta, dk, dv, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
                     *_strides(v, packed), *_strides(do, packed), *_strides(dk, packed), *_strides(dv, packed),
-                    *_row_strides(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),
+                    _lse_head_stride(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),
                    cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
     launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg, packed=packed)
