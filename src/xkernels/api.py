@@ -163,6 +163,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
     default) is "grouped", or for one 2-D problem of at most 32 rows the few-row kernel (K split over the SMs; no
     tile order to choose).
     `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed). `backend` as for `attention`.
+    Differentiable in a and b (not with `out`): the backward is two more matmuls in the inputs' dtype (dC rounded to
+    it when `out_dtype` is wider), batch broadcasts summed in fp32.
     """
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.layout is _STRIDED
             and b.layout is _STRIDED and type(b_layout) is str
@@ -175,10 +177,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
-    if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-        no_grad({"a": a, "b": b}, "xkernels.matmul has no backward (use torch.matmul to train)")
     if out is None:
         return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
+    no_grad({"a": a, "b": b}, "a call with out= is not differentiable (as for torch's out= functions)")
     _out(out)
     ops.matmul_out_op(a, b, out, b_layout, walk, out_dtype, backend)
     return out

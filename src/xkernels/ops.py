@@ -27,7 +27,8 @@ fixed type; the LSE-less op allocates nothing for an LSE.
 Autograd: `attention_lse` saves q, k, v, O and the LSE, and its backward calls `attention_backward` (a gradient on
 the LSE output is supported). `attention` has no LSE to save, so its backward first recomputes the forward with the
 LSE; the public `xkernels.attention` therefore calls `attention_lse` whenever an input requires grad. The ops with
-`out` are not differentiable, like torch's out= functions. `attention_varlen` saves the same and its backward calls
+`out` are not differentiable, like torch's out= functions. `matmul`'s backward is two more `matmul` calls (so it
+is differentiable again). `attention_varlen` saves the same and its backward calls
 `attention_varlen_backward`; it needs the LSE, so it must run with `return_lse` when an input requires grad (the
 public `xkernels.attention_varlen` sees to it). Registered with `torch.library.register_autograd`, so
 `torch.compile` traces the backward too.
@@ -268,11 +269,49 @@ def _no_double_backward(ctx, *grads):
                        "not supported")
 
 
+def _save_matmul(ctx, inputs, output) -> None:
+    a, b, b_layout, _, _, backend = inputs
+    ctx.save_for_backward(a, b)
+    ctx.flags = (b_layout, backend)
+
+
+def _reduced_to(t: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+    """A gradient computed over the broadcast batch, summed back to its input's shape and dtype."""
+    return t if t.shape == shape else t.sum_to_size(shape).to(dtype)
+
+
+def _backward_matmul(ctx, grad):
+    """C = A op(B), op(B) = B ("kn", B (K, N)) or B^T ("nk", B (N, K)): dA = dC op(B)^T and dB = A^T dC ("kn") or
+    dC^T A ("nk"), each one `matmul`. dC is rounded to the inputs' dtype first when C is wider (out_dtype fp32), as
+    the kernels multiply fp16/bf16 operands. A 2-D B's gradient folds A's batch dims into the product's inner
+    dim; other broadcasts are summed in fp32 from per-batch products."""
+    a, b = ctx.saved_tensors
+    b_layout, backend = ctx.flags
+    g = grad if grad.dtype == a.dtype else grad.to(a.dtype)
+    da = db = None
+    if ctx.needs_input_grad[0]:
+        # "kn": B (K, N) read as [N, K] gives dC B^T; "nk": B (N, K) read as [K, N] gives dC B
+        wide = None if g.shape[:-2] == a.shape[:-2] else torch.float32
+        da = _reduced_to(matmul_op(g, b, "nk" if b_layout == "kn" else "kn", "auto", wide, backend), a.shape, a.dtype)
+    if ctx.needs_input_grad[1]:
+        if b.dim() == 2:  # a weight: one product over every row of every batch
+            a2, g2 = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
+            db = matmul_op(a2.mT, g2, "kn", "auto", None, backend) if b_layout == "kn" else \
+                matmul_op(g2.mT, a2, "kn", "auto", None, backend)
+        else:
+            wide = None if g.shape[:-2] == b.shape[:-2] else torch.float32
+            db = matmul_op(a.mT, g, "kn", "auto", wide, backend) if b_layout == "kn" else \
+                matmul_op(g.mT, a, "kn", "auto", wide, backend)
+            db = _reduced_to(db, b.shape, b.dtype)
+    return da, db, None, None, None, None
+
+
 torch.library.register_autograd("xkernels::attention_lse", _backward_lse, setup_context=_save_lse)
 torch.library.register_autograd("xkernels::attention_backward", _no_double_backward,
                                 setup_context=lambda ctx, inputs, output: None)
 torch.library.register_autograd("xkernels::attention", _backward_recompute, setup_context=_save_inputs)
 torch.library.register_autograd("xkernels::attention_varlen", _backward_varlen, setup_context=_save_varlen)
+torch.library.register_autograd("xkernels::matmul", _backward_matmul, setup_context=_save_matmul)
 torch.library.register_autograd("xkernels::attention_varlen_backward", _no_double_backward,
                                 setup_context=lambda ctx, inputs, output: None)
 
