@@ -81,9 +81,9 @@ for part in "${@:-smoke host}"; do
         stage timeout 300 python3 scripts/bwd_ab.py --dims 256 --json "$OUT/bwd_d256_ab.json" --md "$OUT/bwd_d256_ab.md" ;;
       bwdab)  # the D64 and D128 backward's ring depths and dQ key tiles, against the portable backward and cuDNN
         stage timeout 400 python3 scripts/bwd_ab.py --dims 128 64 --json "$OUT/bwd_ab.json" --md "$OUT/bwd_ab.md" ;;
-      gputests)  # every GPU test, the op, backward and varlen tests on the device
+      gputests)  # every GPU test, the op, backward (dense, varlen, matmul) and varlen tests on the device
         stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu tests/test_varlen.py \
-          tests/test_backward.py tests/test_ops.py ;;
+          tests/test_backward.py tests/test_varlen_backward.py tests/test_matmul_backward.py tests/test_ops.py ;;
       varlenab) stage timeout 200 python3 scripts/varlen_ab.py --json "$OUT/varlen_ab.json" --md "$OUT/varlen_ab.md" ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;

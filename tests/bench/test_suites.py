@@ -1,5 +1,6 @@
 """The benchmark suites' cases: the decode suite times each cache call with and without the host read of its checks,
-and a `sync_checks=False` case runs and passes its float64 check like the synchronized one."""
+and a `sync_checks=False` case runs and passes its float64 check like the synchronized one; the packed training
+step's case checks its gradients and pads dO for its peers."""
 
 from xkernels.bench.suites import DECODE_ROWS, decode_suite
 from xkernels.testing.cases import DecodeCase
@@ -18,3 +19,26 @@ def test_nosync_decode_case_runs_and_passes(device):
     for cache in ("dense", "paged16"):
         case = DecodeCase(2, 4, 2, 80, 64, cache=cache, sync_checks=False)
         assert case.check(case.inputs(device)).passed
+
+
+def test_varlen_grad_case_checks_and_pads_its_gradient(device):
+    """The packed training step's case: its float64 check passes, its padded peer inputs carry dO with zero padding,
+    and its "bwd" step runs from the prepared forward."""
+    import dataclasses
+
+    import torch
+
+    from xkernels.bench.suites import varlen_suite
+    from xkernels.testing.cases import VarlenGradCase
+
+    assert any(isinstance(c, VarlenGradCase) for c in varlen_suite(True))
+    case = VarlenGradCase(3, 5, 40, 4, 2, 64, True, step="fwd+bwd")
+    inputs = case.inputs(device)
+    assert case.check(inputs).passed
+    q, k, v, do = case.padded(inputs)
+    lengths = case.lengths
+    assert do.shape == q.shape == (3, 4, max(lengths), 64)
+    assert all(do[i, :, n:].abs().sum() == 0 for i, n in enumerate(lengths))
+    prepared = dataclasses.replace(case, step="bwd").prepare(inputs)
+    grads = dataclasses.replace(case, step="bwd").run(prepared)
+    assert all(torch.isfinite(g).all() for g in grads)

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing.cases import AttentionCase, AttentionGradCase, Case, DecodeCase, GemmCase, VarlenCase
+from xkernels.testing.cases import (
+    AttentionCase,
+    AttentionGradCase,
+    Case,
+    DecodeCase,
+    GemmCase,
+    VarlenCase,
+    VarlenGradCase,
+)
 
 WALKS = ("row", "grouped", "zorder")
 LLM_NK = ((4096, 4096), (14336, 4096), (4096, 14336))
@@ -108,7 +116,8 @@ def decode_suite(quick: bool) -> list[Case]:
 def varlen_suite(quick: bool) -> list[Case]:
     """The packed-batch anchor (32 sequences of 256-4096 tokens, H32 D128, bf16), full and causal, each followed by
     the dense kernel on one sequence of the batch's mean length (the TFLOP/s the packed call should keep); GQA and
-    D64 in the full suite."""
+    D64 in the full suite; then the anchor's training step (causal in the quick suite; the backward alone and the
+    full rows too in the full one) against padded SDPA."""
     packed = [VarlenCase(32, 256, 4096, 32, 32, 128, c) for c in (False, True)]
     if not quick:
         packed += [VarlenCase(32, 256, 4096, 32, 8, 128, True), VarlenCase(32, 256, 4096, 32, 32, 64, False)]
@@ -116,4 +125,6 @@ def varlen_suite(quick: bool) -> list[Case]:
     for v in packed:
         mean = sum(v.lengths) // v.n
         cases += [v, AttentionCase(1, v.hq, v.hkv, mean, mean, v.d, v.causal, v.recipe)]
+    steps = [("fwd+bwd", True)] if quick else [(s, c) for c in (False, True) for s in ("bwd", "fwd+bwd")]
+    cases += [VarlenGradCase(32, 256, 4096, 32, 32, 128, c, step=s) for s, c in steps]
     return cases

@@ -11,13 +11,23 @@ from rich.progress import track
 from rich.table import Table
 
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing.cases import AttentionCase, Case, DecodeCase, GemmCase, VarlenCase, kernel_name, threshold
+from xkernels.testing.cases import (
+    AttentionCase,
+    AttentionGradCase,
+    Case,
+    DecodeCase,
+    GemmCase,
+    VarlenCase,
+    VarlenGradCase,
+    kernel_name,
+    threshold,
+)
 
 
 def check_cases(device: str) -> list[Case]:
     """GPU: the seeds' 1K x 1K and 512 x 1K plus 8K x 8K (32 heads, D128), GEMM 256^3 first, then 4096^3; then
-    decode (dense API, dense and paged caches) and a packed varlen batch. CPU (interpreter): the same kinds of case
-    at small shapes."""
+    decode (dense API, dense and paged caches), a packed varlen batch, and the gradients of a dense and a packed
+    training step. CPU (interpreter): the same kinds of case at small shapes."""
     if device == "cuda":
         attn = [(32, 1024, 1024, False), (32, 512, 1024, False), (32, 1024, 1024, True), (32, 8192, 8192, False)]
         gemm = [256, 4096]
@@ -30,9 +40,13 @@ def check_cases(device: str) -> list[Case]:
     if device == "cuda":
         cases += [DecodeCase(8, 32, 8, 8192, 128, cache=c) for c in ("dense-api", "dense", "paged16")]
         cases += [VarlenCase(8, 256, 2048, 32, 8, 128, True)]
+        cases += [AttentionGradCase(1, 16, 16, 2048, 2048, 128, True, "bf16", step="fwd+bwd"),
+                  VarlenGradCase(8, 256, 2048, 16, 4, 128, True, step="fwd+bwd")]
     else:
         cases += [DecodeCase(2, 4, 2, 100, 64, cache=c) for c in ("dense-api", "dense", "paged16")]
         cases += [VarlenCase(3, 5, 60, 4, 2, 64, True)]
+        cases += [AttentionGradCase(1, 2, 2, 40, 40, 64, True, "fp16", step="fwd+bwd"),
+                  VarlenGradCase(3, 5, 40, 4, 2, 64, True, "fp16", step="fwd+bwd")]
     return cases
 
 

@@ -15,6 +15,7 @@ from xkernels.testing.reference import (
     reference_attention,
     reference_attention_grads,
     reference_attention_varlen,
+    reference_attention_varlen_grads,
     reference_lse,
     reference_matmul,
 )
@@ -231,6 +232,14 @@ class DecodeCase:
         return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
 
 
+def _pad(t: torch.Tensor, cu: torch.Tensor, longest: int) -> torch.Tensor:
+    """Packed (total, H, D) rows as (n, H, longest, D), zero past each sequence's end."""
+    x = torch.zeros((cu.shape[0] - 1, longest, *t.shape[1:]), dtype=t.dtype, device=t.device)
+    for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        x[i, :b - a] = t[a:b]
+    return x.transpose(1, 2).contiguous()
+
+
 @dataclass(frozen=True)
 class VarlenCase:
     """A packed batch (`xkernels.attention_varlen`): `n` sequences of lengths drawn uniformly from [lo, hi] (seeded,
@@ -279,14 +288,8 @@ class VarlenCase:
 
     def padded(self, inputs):
         """The batch padded to its longest sequence, (n, H, max, D) each: what a caller without varlen runs."""
-        q, k, v, cu, longest = inputs
-        out = []
-        for t in (q, k, v):
-            x = torch.zeros((self.n, longest, *t.shape[1:]), dtype=t.dtype, device=t.device)
-            for i, (a, b) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
-                x[i, :b - a] = t[a:b]
-            out.append(x.transpose(1, 2).contiguous())
-        return tuple(out)
+        q, k, v, cu, longest = inputs[:5]
+        return tuple(_pad(t, cu, longest) for t in (q, k, v))
 
     def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
         q, k, v, cu, longest = inputs
@@ -300,6 +303,65 @@ class VarlenCase:
         c = compare_attention(out, ref_o, ATTENTION_RECIPES[self.recipe])
         c_lse = compare_lse(lse, ref_lse)
         return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
+
+
+@dataclass(frozen=True)
+class VarlenGradCase(VarlenCase):
+    """The packed batch's backward ("bwd", from a saved forward) or training step ("fwd+bwd"), FLOPs counted as for
+    `AttentionGradCase` (useful work only)."""
+
+    step: str = "bwd"
+
+    @property
+    def shape(self) -> str:
+        return f"{super().shape} {self.step}"
+
+    @property
+    def flops(self) -> int:
+        return int(super().flops * (2.5 if self.step == "bwd" else 3.5))
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * super().nbytes
+
+    def inputs(self, device: str, seed: int = 0):
+        """(q, k, v, cu_seqlens, max_seqlen, dO)."""
+        q, k, v, cu, longest = super().inputs(device, seed)
+        g = torch.Generator(device=device).manual_seed(seed + 1000)
+        return q, k, v, cu, longest, (torch.rand(q.shape, generator=g, device=device) - 0.5).to(q.dtype)
+
+    def padded(self, inputs):
+        """(q, k, v, dO) padded to the longest sequence (dO zero on the padding, so no gradient comes from it)."""
+        return (*super().padded(inputs), _pad(inputs[5], inputs[3], inputs[4]))
+
+    def forward(self, inputs):
+        q, k, v, cu, longest, _ = inputs
+        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        return VarlenCase.run(self, (*leaves, cu, longest)), leaves
+
+    def prepare(self, inputs):
+        """For "bwd" the forward already run (its graph kept for every timed call)."""
+        if self.step != "bwd":
+            return inputs
+        o, leaves = self.forward(inputs)
+        return o, leaves, inputs[-1]
+
+    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
+        if self.step == "bwd":
+            o, leaves, do = inputs
+            return torch.autograd.grad(o, leaves, do, retain_graph=True)
+        o, leaves = self.forward(inputs)
+        return torch.autograd.grad(o, leaves, inputs[-1])
+
+    def check(self, inputs) -> Comparison:
+        q, k, v, cu, _, do = inputs
+        grads = VarlenGradCase.run(dataclasses.replace(self, step="fwd+bwd"), inputs)
+        refs = reference_attention_varlen_grads(q, k, v, do, cu, cu, is_causal=self.causal)
+        recipe = ATTENTION_RECIPES[self.recipe]
+        results = [(n, compare_grad(g, r, recipe)) for n, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)]
+        failed = [f"{n}: {c.reason}" for n, c in results if not c.passed]
+        worst = max((c for _, c in results), key=lambda c: c.rel_rms)
+        return dataclasses.replace(worst, passed=not failed, reason="; ".join(failed) or "ok")
 
 
 @dataclass(frozen=True)
@@ -341,12 +403,14 @@ class GemmCase:
         return compare_gemm(out, reference_matmul(a, b, self.b_layout), self.k)
 
 
-Case = AttentionCase | AttentionGradCase | DecodeCase | VarlenCase | GemmCase
+Case = AttentionCase | AttentionGradCase | DecodeCase | VarlenCase | VarlenGradCase | GemmCase
 
 
 def kernel_name(case: Case) -> str:
     if isinstance(case, DecodeCase):
         return "decode"
+    if isinstance(case, VarlenGradCase):
+        return "varlen-" + case.step
     if isinstance(case, VarlenCase):
         return "varlen"
     if isinstance(case, AttentionGradCase):
@@ -355,6 +419,9 @@ def kernel_name(case: Case) -> str:
 
 
 def threshold(case: Case) -> str:
+    if isinstance(case, AttentionGradCase | VarlenGradCase):
+        r = ATTENTION_RECIPES[case.recipe]
+        return f"grad rms<{r.grad_rel_rms:g} row<{r.grad_row_rel:g}"
     if isinstance(case, AttentionCase | DecodeCase | VarlenCase):
         r = ATTENTION_RECIPES[case.recipe]
         return f"rms<{r.rel_rms:g} max<{r.max_abs_diff:g}"
