@@ -75,13 +75,46 @@ def test_fp32_outputs_round_dc_to_the_inputs_dtype(device):
     _assert_passes(_check(_grads(a, b, dc, "nk", torch.float32), _reference(a, b, dc, "nk"), a, b, dc))
 
 
-def test_only_the_operand_that_requires_grad_gets_one(device):
+def test_only_the_operand_that_requires_grad_gets_a_product(device, monkeypatch):
+    """A frozen activation (or weight) costs no product: the backward runs one matmul, not two."""
     a, b = _operands((16, 32), (32, 16), "kn", torch.float16, device)
-    w = b.clone().requires_grad_()
     dc = _rand((16, 16), torch.float16, device, 5)
-    (db,) = torch.autograd.grad(xkernels.matmul(a, w), (w,), dc)
+    calls = []
+    real = ops.matmul_op
+    monkeypatch.setattr(ops, "matmul_op", lambda *args: calls.append(args[0].shape) or real(*args))
+    w = b.clone().requires_grad_()
+    c = xkernels.matmul(a, w)
+    calls.clear()  # the forward's call
+    (db,) = torch.autograd.grad(c, (w,), dc)
     assert compare_gemm(db, _reference(a, b, dc, "kn")[1], 16).passed
-    assert a.grad is None
+    assert calls == [torch.Size([32, 16])], calls  # dB = A^T dC only
+    x = a.clone().requires_grad_()
+    c = xkernels.matmul(x, b)
+    calls.clear()
+    (da,) = torch.autograd.grad(c, (x,), dc)
+    assert compare_gemm(da, _reference(a, b, dc, "kn")[0], 16).passed
+    assert calls == [torch.Size([16, 16])], calls  # dA = dC B^T only
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((5, 0), (0, 4)), ((2, 3, 5, 0), (0, 4)), ((2, 3, 5, 8), (8, 0))])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_empty_inner_or_outer_dims(device, a_shape, b_shape, b_layout):
+    """K = 0 (C is zeros, so are both gradients) and N = 0 (no output, zero gradients), as torch.matmul."""
+    a, b = _operands(a_shape, b_shape, b_layout, torch.float16, device)
+    c_shape = (*a_shape[:-1], b_shape[-1])
+    da, db = _grads(a, b, torch.ones(c_shape, dtype=torch.float16, device=device), b_layout)
+    assert da.shape == a.shape and db.shape == b.shape
+    assert not da.any() and not db.any()
+
+
+def test_a_forced_layer_applies_to_the_forward(device):
+    """The backward's products differ from the forward's (batched, or fp32 where batches are summed): a config
+    override does not follow them, so a forward that a forced config serves trains too."""
+    a, b = _operands((17, 40), (2, 40, 24), "kn", torch.float16, device, seed=12)
+    leaves = [t.clone().requires_grad_() for t in (a, b)]
+    dc = _rand((2, 17, 24), torch.float16, device, 13)
+    xkernels.matmul(*leaves, backend="portable").backward(dc)
+    _assert_passes(_check([t.grad for t in leaves], _reference(a, b, dc, "kn"), a, b, dc))
 
 
 def test_double_backward(device):

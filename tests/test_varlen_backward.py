@@ -38,11 +38,11 @@ def _packed(lens_q, lens_k, hq, hkv, d, dtype, device, seed=0):
     return q, k, v, do, _cu(lens_q, device), _cu(lens_k, device)
 
 
-def _run(q, k, v, do, cq, ck, *, causal, scale=None, precision="auto", dlse=None):
+def _run(q, k, v, do, cq, ck, *, causal, scale=None, precision="auto", dlse=None, backend=None):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     max_q, max_k = int((cq[1:] - cq[:-1]).max()), int((ck[1:] - ck[:-1]).max())
     o, lse = xkernels.attention_varlen(*leaves, cq, ck, max_q, max_k, is_causal=causal, scale=scale,
-                                       precision=precision, return_lse=True)
+                                       precision=precision, return_lse=True, backend=backend)
     loss = (o.float() * do.float()).sum()
     if dlse is not None:
         loss = loss + (lse.nan_to_num(0.0, 0.0, 0.0) * dlse).sum()  # rows without keys: LSE -inf, no gradient
@@ -121,15 +121,23 @@ def test_views_of_a_fused_qkv_tensor(device):
     _assert_passes(_check(_run(q, k, v, do, cu, cu, causal=True), q, k, v, do, cu, cu, causal=True))
 
 
-def test_bad_cu_seqlens_give_nan_gradients(device):
+def test_bad_cu_seqlens_give_nan_gradients(device, monkeypatch):
     """cu_seqlens that went bad after the forward reach the backward only through the op (autograd refuses changed
-    saved tensors): it checks them on the device and answers NaN, reading nothing outside the packed tensors."""
+    saved tensors): it checks them on the device, hands the kernels empty sequences (so they read and write nothing)
+    and answers NaN."""
     q, k, v, do, cq, ck = _packed([5, 9], [5, 9], 2, 2, 64, torch.float16, device, seed=7)
     o, lse = ops.attention_varlen_op(q, k, v, cq, ck, 9, 9, True, None, "auto", True, True, "auto")
-    bad = cq.clone()
-    bad[-1] = 1000  # past the packed total
-    grads = ops.attention_varlen_backward_op(do, q, k, v, o, lse, None, bad, ck, 9, 9, True, None, "auto", "auto")
-    assert all(torch.isnan(g).all() for g in grads)
+    launched = []
+    real = backward._varlen_launch
+    monkeypatch.setattr(backward, "_varlen_launch", lambda *a, **kw: launched.append(a[10]) or real(*a, **kw))
+    for which in ("q", "k"):
+        bad_q, bad_k = cq.clone(), ck.clone()
+        (bad_q if which == "q" else bad_k)[-1] = 1000  # past the packed total
+        grads = ops.attention_varlen_backward_op(do, q, k, v, o, lse, None, bad_q, bad_k, 9, 9, True, None, "auto",
+                                                 "auto")
+        assert all(torch.isnan(g).all() for g in grads)
+        packed = launched.pop()
+        assert not packed.cu_seqlens_q.any() and not packed.cu_seqlens_k.any(), "the kernels saw the bad values"
     good = ops.attention_varlen_backward_op(do, q, k, v, o, lse, None, cq, ck, 9, 9, True, None, "auto", "auto")
     assert all(torch.isfinite(g).all() for g in good)
 

@@ -100,11 +100,13 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     (the default) they are read to the host (one synchronization) and a bad value raises a ValueError naming the
     argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and
     writes nothing outside the packed tensors and returns NaN in every output (a few small device ops). During
-    CUDA-graph capture nothing is checked (as flash_attn_varlen_func never does). Returns O (total_q, Hq, D), or
+    CUDA-graph capture nothing is checked (as flash_attn_varlen_func never does): a max_seqlen below a real length
+    then leaves that sequence's rows past it unwritten, in O and in the gradients. Returns O (total_q, Hq, D), or
     (O, LSE) with LSE (Hq, total_q) fp32 natural log. Differentiable in q, k and v through O and the LSE: the
-    forward saves O and the LSE, and the backward (the portable kernels on every device: no Hopper varlen backward
-    yet) recomputes the attention matrix tile by tile, checking the cu_seqlens on the device (bad values give NaN
-    gradients); bf16io's backward is the bf16 recipe's, as for `attention`.
+    forward saves O and the LSE, and the backward recomputes the attention matrix tile by tile, checking the
+    cu_seqlens on the device (bad values give NaN gradients); its kernels are the portable ones, or with
+    backend="hopper" on sm_90 the Gluon backward's packed variants (not yet run on a GPU: opt-in); bf16io's backward
+    is the bf16 recipe's, as for `attention`.
     """
     tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")

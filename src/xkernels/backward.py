@@ -74,14 +74,74 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         grad_lse = None if grad_lse is None else grad_lse.contiguous()
         packed = portable_bwd.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        portable_bwd.launch(unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), unit_last_stride(out),
-                            lse.contiguous(), unit_last_stride(grad_out), dq, dk, dv, grad_lse, is_causal=is_causal,
-                            scale=scale, cfg=choice.config, packed=packed)
-        plans._record(f"portable.attention_varlen_backward[{choice.config}]")
+        _varlen_launch(q, k, v, out, lse.contiguous(), grad_out, dq, dk, dv, grad_lse, packed, is_causal=is_causal,
+                       scale=scale, choice=choice)
+        plans._record(f"{choice.layer}.attention_varlen_backward[{choice.config}]")
     if bad is not None:
         for g in (dq, dk, dv):
             g.masked_fill_(bad, float("nan"))
     return dq, dk, dv
+
+
+def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *, is_causal: bool, scale: float,
+                   choice) -> None:
+    """The packed backward's kernels: the portable ones, or (choice "hopper") the portable preprocess, then the Gluon
+    dK/dV and dQ kernels' VARLEN variants over packed (total, H * D) descriptors, dQ beside dK/dV as in `_hopper`."""
+    if choice.layer != "hopper":
+        portable_bwd.launch(unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), unit_last_stride(out), lse,
+                            unit_last_stride(grad_out), dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
+                            cfg=choice.config, packed=packed)
+        return
+    from xkernels.common import launch
+    from xkernels.hopper import attention_bwd as hopper_bwd
+    from xkernels.hopper import attention_dq as hopper_dq
+
+    cfg = choice.config
+    total_q, hq, d = q.shape
+    hkv = k.shape[1]
+    delta = portable_bwd.preprocess(unit_last_stride(out), unit_last_stride(grad_out), grad_lse,
+                                    block_m=cfg.portable.q_m, num_warps=cfg.portable.num_warps, packed=packed)
+    qp, kp, vp, dop = (t if hopper_bwd.packed_ready(t) else t.contiguous() for t in (q, k, v, grad_out))
+    ints = (hq, hq // hkv, packed.max_seqlen_q, packed.max_seqlen_k, scale * math.log2(math.e), scale)
+    descs = [hopper_bwd.packed_descriptor(t, rows) for t, rows in ((qp, cfg.dkdv.block_m), (kp, cfg.dkdv.block_n),
+                                                                   (vp, cfg.dkdv.block_n), (dop, cfg.dkdv.block_m))]
+
+    def dkdv() -> None:
+        args = (*descs, descs[0], lse, delta, dk, dv, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dk.stride(1),
+                dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, *ints[1:])
+        launch.generic_launch(hopper_bwd.attention_dkdv_kernel,
+                              hopper_bwd.grid(packed.batch, hkv, packed.max_seqlen_k, cfg.dkdv), args,
+                              cfg.dkdv.constexprs(d, causal=is_causal, varlen=True), {})
+
+    def dq_kernel() -> None:
+        dq_descs = [hopper_bwd.packed_descriptor(t, rows) for t, rows in ((qp, 64), (kp, cfg.dq.block_n),
+                                                                          (vp, cfg.dq.block_n), (dop, 64))]
+        args = (*dq_descs, lse, delta, dq, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dq.stride(1), dq.stride(0),
+                total_q, *ints)
+        launch.generic_launch(hopper_dq.attention_dq_kernel, hopper_dq.grid(packed.batch, hq, packed.max_seqlen_q),
+                              args, cfg.dq.constexprs(d, causal=is_causal, varlen=True), {})
+
+    _dkdv_then_dq(q.device, dkdv, dq_kernel, concurrent=cfg.concurrent_dq and q.is_cuda)
+
+
+def _dkdv_then_dq(device: torch.device, dkdv, dq, *, concurrent: bool) -> None:
+    """Launch the dK/dV kernel, then the dQ kernel. `concurrent`: dQ on a side stream forked before dK/dV (every
+    input and delta are ready there) and joined after, so its CTAs fill the SMs that dK/dV's last wave leaves idle
+    (the two read the same inputs and write disjoint outputs; the join orders every later use and free after both).
+    Capturable: the fork and join become graph edges."""
+    if not concurrent:
+        dkdv()
+        dq()
+        return
+    current = torch.cuda.current_stream(device)
+    inputs_ready = torch.cuda.Event()
+    inputs_ready.record(current)
+    dkdv()  # the longer kernel first; dQ's CTAs take the SMs as they free up
+    side = side_stream(device.index)
+    side.wait_event(inputs_ready)
+    with torch.cuda.stream(side):
+        dq()
+    current.wait_stream(side)  # the join: dq is written before anything later on this stream
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -93,10 +153,7 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
             cfg: select.HopperBackward) -> None:
     """The Hopper dK/dV kernel, with the portable preprocess kernel and the Gluon or the portable dQ kernel, or with
     dQ fused into it (`cfg.dkdv.fused_dq`: reduced into an fp32 buffer, then scaled into dq). With
-    `cfg.concurrent_dq` the Gluon dQ kernel runs on a side stream forked after the preprocess and joined before
-    returning, so its CTAs fill the SMs the dK/dV kernel's last wave leaves idle (the two read the same inputs and
-    write disjoint outputs; the join orders every later use and free after both). Capturable: the fork and join
-    become graph edges."""
+    `cfg.concurrent_dq` the Gluon dQ kernel runs beside dK/dV (`_dkdv_then_dq`)."""
     from xkernels.common import launch
     from xkernels.hopper import attention_bwd as hopper_bwd
 
@@ -108,29 +165,24 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
                                     num_warps=portable_cfg.num_warps, dq_accum=dq_accum)
     qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
-    concurrent = concurrent_dq and dq_cfg is not None and dq_accum is None and q.is_cuda
-    if concurrent:  # the fork point: delta and every input are ready
-        current = torch.cuda.current_stream(q.device)
-        inputs_ready = torch.cuda.Event()
-        inputs_ready.record(current)
-    args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg, dq_accum), lse, delta, dk, dv, *dk.stride()[:3],
-            *dv.stride()[:3], hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
-    launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
-                          cfg.constexprs(d, causal=is_causal), {})
-    if concurrent:  # dK/dV (the longer kernel) was issued first; dQ's CTAs take the SMs as they free up
-        side = side_stream(q.device.index)
-        side.wait_event(inputs_ready)
-        with torch.cuda.stream(side):
-            _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal, scale=scale, dq_cfg=dq_cfg)
-        current.wait_stream(side)  # the join: dq is written before anything later on this stream
+    # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
+    args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg, dq_accum), lse, delta, dk, dv, lse, lse, *dk.stride()[:3],
+            *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
+
+    def dkdv() -> None:
+        launch.generic_launch(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
+                              cfg.constexprs(d, causal=is_causal), {})
+
+    if dq_cfg is not None and dq_accum is None:
+        _dkdv_then_dq(q.device, dkdv, lambda: _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal,
+                                                        scale=scale, dq_cfg=dq_cfg),
+                      concurrent=concurrent_dq and q.is_cuda)
         return
+    dkdv()
     if dq_accum is not None:
         portable_bwd.finish_dq(dq_accum, dq, scale=scale, block_m=portable_cfg.q_m, num_warps=portable_cfg.num_warps)
         return
-    if dq_cfg is None:
-        portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)
-        return
-    _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal, scale=scale, dq_cfg=dq_cfg)
+    portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)
 
 
 def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float, dq_cfg) -> None:
@@ -140,7 +192,7 @@ def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float,
 
     b, hq, sq, d = qf.shape
     hkv, skv = kf.shape[1], kf.shape[2]
-    args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, *dq.stride()[:3], hq, hq // hkv, sq,
-            skv, scale * math.log2(math.e), scale)
+    args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, lse, lse, *dq.stride()[:3], 0, hq,
+            hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.generic_launch(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq), args,
                           dq_cfg.constexprs(d, causal=is_causal), {})

@@ -361,20 +361,25 @@ def hopper_configs() -> Iterator[KernelConfig]:
                      for name, rows in (("q_desc", bc.block_m), ("k_desc", bc.block_n), ("v_desc", bc.block_n),
                                         ("do_desc", bc.block_m))}
             types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dt}", "DV": f"*{dt}", "qk_scale": "fp32",
-                             "scale": "fp32", "dq_desc": descs["q_desc"]}
+                             "scale": "fp32", "dq_desc": descs["q_desc"], "CU_Q": "*i32", "CU_K": "*i32"}
             dq_box = [bc.block_m, d // 2]
             fused_types = types | {
                 "dq_desc": f"tensordesc<fp32[{dq_box[0]}, {dq_box[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32)}>"}
             variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=True), fused_types)])
-            for fused, cfg_types in variants:
+            variants.append((bc, types, True))  # the packed batches' variant
+            for fused, cfg_types, *packed in variants:
+                varlen = bool(packed)
                 for causal in (False, True):
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal. The fused-dQ variant (not selected) spills.
-                    yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{' causal' if causal else ''} {fused}",
-                                       bwd.attention_dkdv_kernel, cfg_types, fused.constexprs(d, causal=causal), 4,
-                                       gluon=True, spill_free=not fused.fused_dq and (TRITON_TESTED
-                                                                                       or not (d == 128 and causal)))
+                    # D128 causal. The fused-dQ variant (not selected) spills; so does the packed variant at D128
+                    # (8 / 64 bytes, full / causal: the sequence's bounds stay live in the consumers).
+                    mode = " causal" * causal + " varlen" * varlen
+                    yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
+                                       bwd.attention_dkdv_kernel, cfg_types,
+                                       fused.constexprs(d, causal=causal, varlen=varlen), 4,
+                                       gluon=True, spill_free=not fused.fused_dq and not (varlen and d == 128)
+                                       and (TRITON_TESTED or not (d == 128 and causal)))
 
     from xkernels.hopper import attention_dq as dq
     from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
@@ -384,10 +389,12 @@ def hopper_configs() -> Iterator[KernelConfig]:
             descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
                      for name, rows in (("q_desc", 64), ("k_desc", qc.block_n), ("v_desc", qc.block_n),
                                         ("do_desc", 64))}
-            types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DQ": f"*{dt}", "qk_scale": "fp32", "scale": "fp32"}
-            for causal in (False, True):
-                yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{' causal' if causal else ''} {qc}",
-                                   dq.attention_dq_kernel, types, qc.constexprs(d, causal=causal), 4, gluon=True)
+            types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DQ": f"*{dt}", "qk_scale": "fp32", "scale": "fp32",
+                             "CU_Q": "*i32", "CU_K": "*i32"}
+            for causal, varlen in product((False, True), (False, True)):
+                yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{' causal' * causal}{' varlen' * varlen} {qc}",
+                                   dq.attention_dq_kernel, types, qc.constexprs(d, causal=causal, varlen=varlen), 4,
+                                   gluon=True)
 
     split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)  # the split-K epilogue (any split count compiles alike)
     every_walk = ("row", "grouped", "zorder")

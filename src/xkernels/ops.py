@@ -284,9 +284,12 @@ def _backward_matmul(ctx, grad):
     """C = A op(B), op(B) = B ("kn", B (K, N)) or B^T ("nk", B (N, K)): dA = dC op(B)^T and dB = A^T dC ("kn") or
     dC^T A ("nk"), each one `matmul`. dC is rounded to the inputs' dtype first when C is wider (out_dtype fp32), as
     the kernels multiply fp16/bf16 operands. A 2-D B's gradient folds A's batch dims into the product's inner
-    dim; other broadcasts are summed in fp32 from per-batch products."""
+    dim; other broadcasts are summed in fp32 from per-batch products. Forced layers: see `backend` above."""
     a, b = ctx.saved_tensors
     b_layout, backend = ctx.flags
+    # the products differ from the forward's (batched where it was one problem, fp32 where batches are summed): a
+    # forced layer other than the portable one, or a config override, applies to the forward only
+    backend = "portable" if backend.partition(":")[0] == "portable" else "auto"
     g = grad if grad.dtype == a.dtype else grad.to(a.dtype)
     da = db = None
     if ctx.needs_input_grad[0]:
@@ -295,7 +298,7 @@ def _backward_matmul(ctx, grad):
         da = _reduced_to(matmul_op(g, b, "nk" if b_layout == "kn" else "kn", "auto", wide, backend), a.shape, a.dtype)
     if ctx.needs_input_grad[1]:
         if b.dim() == 2:  # a weight: one product over every row of every batch
-            a2, g2 = a.reshape(-1, a.shape[-1]), g.reshape(-1, g.shape[-1])
+            a2, g2 = a.flatten(0, -2), g.flatten(0, -2)
             db = matmul_op(a2.mT, g2, "kn", "auto", None, backend) if b_layout == "kn" else \
                 matmul_op(g2.mT, a2, "kn", "auto", None, backend)
         else:

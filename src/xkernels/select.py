@@ -233,16 +233,22 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 
 def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q, max_seqlen_k, *, precision: str, backend: str):
-    """The varlen backward's checks and kernel: the portable one on every device (there is no Hopper varlen
-    backward yet; a forced "hopper", which chose the forward's kernel, runs it too, and `last_backend()` names it).
-    Returns (recipe, Choice)."""
+    """The varlen backward's checks and kernel: the portable kernels by default on every device. The Hopper dK/dV and
+    dQ kernels have packed variants (`VARLEN`: compiled and spill-checked, not yet run on a GPU), taken only where
+    "hopper" is forced (the forward's override; config fields apply to the forward only) on sm_90 with a tested
+    triton; elsewhere a forced "hopper" runs the portable kernels, and `last_backend()` names them. Returns
+    (recipe, Choice)."""
     recipe = check_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, precision=precision)
     check_device(q.device, "q")
-    parse_backend(backend)
+    override = parse_backend(backend)
     if q.device.type == "meta":
         return recipe, Choice("meta", None)
-    return recipe, Choice("portable", portable_configs.attention_bwd_config(int(q.shape[-1]), _target(q.device)))
+    d = int(q.shape[-1])
+    portable = portable_configs.attention_bwd_config(d, _target(q.device))
+    if override.layer == "hopper" and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
+        return recipe, Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, ATTENTION_DQ_CONFIGS[d]))
+    return recipe, Choice("portable", portable)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,

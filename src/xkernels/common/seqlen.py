@@ -45,3 +45,30 @@ def sequence_bounds(CU_Q, CU_K, b):
     sq = tl.load(CU_Q + b + 1) - q0.to(tl.int32)
     k0 = tl.load(CU_K + b).to(tl.int64)
     return q0, sq, k0, tl.load(CU_K + b + 1) - k0.to(tl.int32)
+
+
+@triton.jit
+def sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN: tl.constexpr):
+    """(q0, sq, k0, skv, offset) of batch entry b: its first query row and key row, its query and key counts, and the
+    causal diagonal's shift (query i sees keys j <= i + offset). Dense: rows from 0, the call's lengths, top-left
+    (offset 0); VARLEN: sequence b of a packed batch, bottom-right (offset skv - sq)."""
+    if VARLEN:
+        q0, sq, k0, skv = sequence_bounds(CU_Q, CU_K, b)
+        offset = skv - sq
+    else:
+        q0, sq, k0, skv, offset = 0, SQ, 0, SKV, 0
+    return q0, sq, k0, skv, offset
+
+
+@triton.jit
+def q_bounds(start_n, offset, sq, skv, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, VARLEN: tl.constexpr):
+    """(lo, hi): the query blocks a block of keys from `start_n` meets (a backward's dK/dV walk): from the block of
+    the first query that sees key start_n (causal: query start_n - offset) to sq; none where start_n is past the
+    sequence's keys (VARLEN: the grid covers the longest sequence)."""
+    lo = 0
+    if CAUSAL:
+        lo = (max(start_n - offset, 0) // BLOCK_M) * BLOCK_M
+    hi = sq
+    if VARLEN:
+        hi = tl.where(start_n < skv, sq, 0)
+    return lo, hi

@@ -29,6 +29,11 @@ where SPLIT_D = 2 measured 0.90-1.08x).
 Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S, D) tensors: tiles past a head's
 last row read the next head's rows (or zeros at the end), which the masks (LSE = +inf for queries past SQ, keys past
 SKV) turn into exact zeros of P^T and dS^T. Causal is top-left aligned, as in the forward. Barriers: `barriers.py`.
+VARLEN (packed batches, `attention_varlen`'s layout): programs over (sequence, kv head, key block) of the longest
+sequence; Q, dO, K and V through (total, H * D) descriptors (`packed_descriptor`: head h at column h * D), rows from
+the sequence's first, so a tile past its end holds the next sequence's rows, masked as above against the sequence's
+own lengths; causal bottom-right (query i sees keys j <= i + Skv - Sq); LSE and delta (Hq, total_q); a program past
+its sequence's keys walks no query and stores nothing (`common.seqlen.q_bounds`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from xkernels.common.dtypes import gl_dtype
+from xkernels.common.seqlen import q_bounds, sequence
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_bwd_barriers, attention_ds_ring, score_exchange
 from xkernels.hopper.configs import HopperAttentionBwdConfig
@@ -57,25 +63,38 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b, hk,
-              bhk, start_n, lo, HQ, GROUP, SQ, SKV, BLOCK_M: gl.constexpr):
+              bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM: gl.constexpr,
+              BLOCK_M: gl.constexpr, VARLEN: gl.constexpr):
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    tma.async_load(k_desc, [(bhk * SKV + start_n).to(gl.int32), 0], kv_ready, k_buf)
-    tma.async_load(v_desc, [(bhk * SKV + start_n).to(gl.int32), 0], kv_ready, v_buf)
+    if VARLEN:  # packed (total, H * D) views: the sequence's rows, the kv head's columns
+        kv_at = [(k0 + start_n).to(gl.int32), (hk * HEAD_DIM).to(gl.int32)]
+    else:  # flat (B * H * S, D)
+        kv_at = [(bhk * SKV + start_n).to(gl.int32), 0]
+    tma.async_load(k_desc, kv_at, kv_ready, k_buf)
+    tma.async_load(v_desc, kv_at, kv_ready, v_buf)
     rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     offs = gl.arange(0, BLOCK_M, rows_layout)
     it = 0
     for g in range(GROUP):
-        row0 = (b * HQ + hk * GROUP + g) * SQ
-        for start_m in range(lo, SQ, BLOCK_M):
+        h = hk * GROUP + g
+        if VARLEN:
+            stats_row0 = h * lse_sh + q0  # (Hq, total_q)
+            q_row0 = q0
+            q_col = (h * HEAD_DIM).to(gl.int32)
+        else:
+            stats_row0 = (b * HQ + h) * SQ  # (B, Hq, Sq), and Q's and dO's flat rows
+            q_row0 = stats_row0
+            q_col = 0
+        for start_m in range(lo, q_end, BLOCK_M):
             s = qdo.acquire(it)
             mbarrier.expect(qdo.ready.index(s), 2 * q_desc.block_type.nbytes)
-            tma.async_load(q_desc, [(row0 + start_m).to(gl.int32), 0], qdo.ready.index(s), qdo.bufs.index(s))
-            tma.async_load(do_desc, [(row0 + start_m).to(gl.int32), 0], qdo.ready.index(s), do_bufs.index(s))
+            tma.async_load(q_desc, [(q_row0 + start_m).to(gl.int32), q_col], qdo.ready.index(s), qdo.bufs.index(s))
+            tma.async_load(do_desc, [(q_row0 + start_m).to(gl.int32), q_col], qdo.ready.index(s), do_bufs.index(s))
             rows = start_m + offs
-            inside = rows < SQ
-            # queries past SQ: LSE = +inf makes their P exactly 0 (whatever rows the flat tile holds there)
-            lse = gl.load(LSE + row0 + rows, mask=inside, other=float("inf")) * LOG2E
-            delta = gl.load(DELTA + row0 + rows, mask=inside, other=0.0)
+            inside = rows < sq
+            # queries past the sequence: LSE = +inf makes their P exactly 0 (whatever rows the tile holds there)
+            lse = gl.load(LSE + stats_row0 + rows, mask=inside, other=float("inf")) * LOG2E
+            delta = gl.load(DELTA + stats_row0 + rows, mask=inside, other=0.0)
             stats.index(2 * s).store(lse)
             stats.index(2 * s + 1).store(delta)
             mbarrier.arrive(qdo.ready.index(s))  # with the TMA bytes: the stage is ready
@@ -83,17 +102,18 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
-def _probabilities(s_t, lse, keys, queries, qk_scale, SKV, CAUSAL: gl.constexpr):
-    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV and (causal) keys after the query."""
+def _probabilities(s_t, lse, keys, limits, qk_scale, SKV, CAUSAL: gl.constexpr):
+    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV and (causal) keys past each query's limit (the
+    last key it sees: the query's own row top-left, shifted by Skv - Sq bottom-right)."""
     p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
     keep = gl.expand_dims(keys < SKV, 1)
     if CAUSAL:
-        keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(queries, 0))
+        keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(limits, 0))
     return gl.where(keep, p_t, 0.0)
 
 
 @gluon.jit
-def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, queries, dk, dv, qk_scale,
+def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, limits, dk, dv, qk_scale,
                    SKV, zero_s, CAUSAL: gl.constexpr):
     """One query block of SPLIT_D = 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
     SPLIT_D = 1 computes both in both), exchanged through slot it % 2 of `x` (`barriers.ScoreExchange`); then each
@@ -108,7 +128,7 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
     # arrive -> wait window: the product above runs while this waits for step it - 2's readers of the slot
     mbarrier.wait(x.free.index(slot), lap ^ 1)  # each slot's first use passes at once
     if W == 0:
-        p_t = _probabilities(warpgroup_mma_wait(0, deps=[s_tok]), lse, keys, queries, qk_scale, SKV, CAUSAL)
+        p_t = _probabilities(warpgroup_mma_wait(0, deps=[s_tok]), lse, keys, limits, qk_scale, SKV, CAUSAL)
         x.p.index(slot).store(p_t.to(dtype))
         # arrive -> wait window: consumer 1's dP^T lands while P^T was computed and stored
         mbarrier.wait(x.dp_ready.index(slot), lap)
@@ -132,8 +152,8 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
 
 @gluon.jit
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb,
-              dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale,
-              HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
+              dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
+              scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
               SPLIT_D: gl.constexpr):
     HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
     COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
@@ -158,7 +178,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     mbarrier.wait(kv_ready, 0)
     it = 0
     for g in range(GROUP):
-        for start_m in range(lo, SQ, BLOCK_M):
+        for start_m in range(lo, q_end, BLOCK_M):
             s = qdo.wait(it)
             q = qdo.bufs.index(s)
             do = do_bufs.index(s)
@@ -168,19 +188,19 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
             else:
                 q_w = q
                 do_w = do
-            queries = start_m + gl.arange(0, BLOCK_M, cols)
+            limits = start_m + offset + gl.arange(0, BLOCK_M, cols)  # causal: each query's last key
             if SPLIT_D == 2:
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
-                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, queries, dk, dv,
-                                        qk_scale, SKV, zero_s, CAUSAL)
+                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, limits, dk, dv,
+                                        qk_scale, skv, zero_s, CAUSAL)
                 qdo.release(it)
             else:
                 s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
                 dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
-                p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, queries, qk_scale, SKV, CAUSAL)
+                p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, limits, qk_scale, skv, CAUSAL)
                 p_op = gl.convert_layout(p_t.to(dtype), op_layout)
                 dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
@@ -218,29 +238,33 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
         tma.store_wait(0)
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
-    keep_rows = gl.expand_dims(rows < SKV, 1)
-    dk_ptrs = DK + b * dk_sb + hk * dk_sh + gl.expand_dims(rows, 1) * dk_ss + gl.expand_dims(d, 0)
-    dv_ptrs = DV + b * dv_sb + hk * dv_sh + gl.expand_dims(rows, 1) * dv_ss + gl.expand_dims(d, 0)
+    keep_rows = gl.expand_dims(rows < skv, 1)
+    dk_ptrs = DK + b * dk_sb + hk * dk_sh + gl.expand_dims(k0 + rows, 1) * dk_ss + gl.expand_dims(d, 0)
+    dv_ptrs = DV + b * dv_sb + hk * dv_sh + gl.expand_dims(k0 + rows, 1) * dv_ss + gl.expand_dims(d, 0)
     gl.store(dk_ptrs, (dk * scale).to(dtype), mask=keep_rows)
     gl.store(dv_ptrs, dv.to(dtype), mask=keep_rows)
 
 
 @gluon.jit
-def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, dk_sb, dk_sh, dk_ss, dv_sb,
-                          dv_sh, dv_ss, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr,
-                          BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                          FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr = 0):
+def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, CU_Q, CU_K, dk_sb, dk_sh,
+                          dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale,
+                          HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                          CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
+                          VARLEN: gl.constexpr):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
     gl.static_assert(not (SPLIT_D and FUSED_DQ), "SPLIT_D takes the separate dQ kernel")
+    gl.static_assert(not (VARLEN and FUSED_DQ), "packed batches take the separate dQ kernel")
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)
     start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
     bhk = (gl.program_id(0) // n_blocks).to(gl.int64)
     b = bhk // HKV
     hk = bhk % HKV
-    lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0  # causal: earlier queries see none of these keys
+    q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
+    # causal: earlier queries see none of these keys; packed: a program past its sequence's keys walks no query
+    lo, q_end = q_bounds(start_n, offset, sq, skv, BLOCK_M, CAUSAL, VARLEN)
     k_buf = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_buf = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -266,13 +290,13 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         x = stats  # a placeholder the consumers never touch
     gl.warp_specialize([
         (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
-                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
-                     BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
+                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
+                     scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
         (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
-                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, HQ, GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM,
-                     BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
+                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
+                     scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,
-                     hk, bhk, start_n, lo, HQ, GROUP, SQ, SKV, BLOCK_M)),
+                     hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M, VARLEN)),
     ], [4, 1], [240, PRODUCER_REGS])
 
 
@@ -293,6 +317,23 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
         layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, d // 2], gl.float32)
         out.append(TensorDescriptor.from_tensor(dq_accum.view(-1, d), [cfg.block_m, d // 2], layout))
     return out
+
+
+def packed_descriptor(t: torch.Tensor, rows: int):
+    """A host TMA descriptor of a packed (total, H, D) tensor seen as a (total, H * D) matrix of [rows, D] boxes
+    (head h at column h * D), for the VARLEN variants of this kernel and the dQ kernel. Needs a unit last stride,
+    heads D apart, 16-byte aligned base and row stride (`packed_ready`)."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    total, h, d = t.shape
+    layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype(t.dtype))
+    return TensorDescriptor(t, [total, h * d], [t.stride(0), 1], [rows, d], layout)
+
+
+def packed_ready(t: torch.Tensor) -> bool:
+    total, h, d = t.shape
+    return (t.stride(2) == 1 and (h == 1 or t.stride(1) == d) and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.stride(0) >= h * d and t.data_ptr() % 16 == 0)
 
 
 def grid(batch: int, kv_heads: int, skv: int, cfg: HopperAttentionBwdConfig) -> int:

@@ -15,6 +15,8 @@ Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S,
 rows past a head's sequence read the next head's rows (or zeros at the end); keys there are masked out of P (so of
 dS), and queries there get LSE = +inf (P = 0) and are never stored. Causal is top-left aligned, row blocks longest
 first. Barriers: `barriers.attention_barriers` (the forward's set), listed in `barriers.py`.
+VARLEN: as in the dK/dV kernel (packed descriptors, the sequence's rows and lengths, bottom-right causal); a program
+past its sequence's rows loads no key and stores nothing.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from xkernels.common.dtypes import gl_dtype
-from xkernels.common.seqlen import kv_bounds
+from xkernels.common.seqlen import kv_bounds, kv_bounds_shifted, sequence
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionDqConfig
@@ -37,26 +39,26 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q_row0, kv_row0, start_m, hi,
-              BLOCK_N: gl.constexpr):
+def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q_row0, q_col, kv_row0, kv_col,
+              start_m, hi, BLOCK_N: gl.constexpr):
     mbarrier.expect(q_ready, 4 * q_desc.block_type.nbytes)  # Q and dO of both warpgroups
     for w in gl.static_range(2):
-        tma.async_load(q_desc, [(q_row0 + start_m + w * WG_ROWS).to(gl.int32), 0], q_ready, q_bufs.index(w))
-        tma.async_load(do_desc, [(q_row0 + start_m + w * WG_ROWS).to(gl.int32), 0], q_ready, do_bufs.index(w))
+        tma.async_load(q_desc, [(q_row0 + start_m + w * WG_ROWS).to(gl.int32), q_col], q_ready, q_bufs.index(w))
+        tma.async_load(do_desc, [(q_row0 + start_m + w * WG_ROWS).to(gl.int32), q_col], q_ready, do_bufs.index(w))
     it = 0
     for start_n in range(0, hi, BLOCK_N):
         s = k.acquire(it)
         mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
-        tma.async_load(k_desc, [(kv_row0 + start_n).to(gl.int32), 0], k.ready.index(s), k.bufs.index(s))
+        tma.async_load(k_desc, [(kv_row0 + start_n).to(gl.int32), kv_col], k.ready.index(s), k.bufs.index(s))
         s = v.acquire(it)
         mbarrier.expect(v.ready.index(s), v_desc.block_type.nbytes)
-        tma.async_load(v_desc, [(kv_row0 + start_n).to(gl.int32), 0], v.ready.index(s), v.bufs.index(s))
+        tma.async_load(v_desc, [(kv_row0 + start_n).to(gl.int32), kv_col], v.ready.index(s), v.bufs.index(s))
         it += 1
 
 
 @gluon.jit
 def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m,
-              full_hi, hi, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+              full_hi, hi, SQ, SKV, offset, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
               CAUSAL: gl.constexpr):
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
     acc_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
@@ -88,7 +90,7 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
             keys = gl.expand_dims(start_n + gl.arange(0, BLOCK_N, cols_s), 0)
             keep = keys < SKV
             if CAUSAL:
-                keep = keep & (keys <= gl.expand_dims(rows, 1))
+                keep = keep & (keys <= gl.expand_dims(rows + offset, 1))
             p = gl.where(keep, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
         v.release(it)
@@ -105,9 +107,9 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
 
 
 @gluon.jit
-def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, dq_sb, dq_sh, dq_ss, HQ, GROUP, SQ, SKV,
-                        qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                        CAUSAL: gl.constexpr):
+def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, CU_K, dq_sb, dq_sh, dq_ss, lse_sh, HQ,
+                        GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr):
     BLOCK_M: gl.constexpr = 2 * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)
     m_block = gl.program_id(0) % m_blocks
@@ -118,22 +120,36 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, dq_sb, 
     b = bh // HQ
     h = bh % HQ
     hk = h // GROUP
-    q_row0 = bh * SQ  # this head's first row in the flat (B * HQ * SQ, D) Q and dO
-    kv_row0 = (b * (HQ // GROUP) + hk) * SKV
-    full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
+    if VARLEN:  # packed (total, H * D) views: the sequence's rows, the head's columns; LSE and delta (Hq, total_q)
+        q_row0 = q0
+        q_col = (h * HEAD_DIM).to(gl.int32)
+        kv_row0 = k0
+        kv_col = (hk * HEAD_DIM).to(gl.int32)
+        stats_row0 = h * lse_sh + q0
+        # a program past its sequence's rows loads no key and stores nothing
+        full_hi, hi = kv_bounds_shifted(start_m, offset, skv, BLOCK_M, BLOCK_N, CAUSAL)
+        hi = gl.where(start_m < sq, hi, 0)
+    else:
+        q_row0 = bh * SQ  # this head's first row in the flat (B * HQ * SQ, D) Q and dO, and in the LSE and delta
+        q_col = 0
+        kv_row0 = (b * (HQ // GROUP) + hk) * SKV
+        kv_col = 0
+        stats_row0 = q_row0
+        full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
     q_ready, k, v, _ = attention_barriers(k_bufs, v_bufs, False, 2)
-    dq_base = b * dq_sb + h * dq_sh
+    dq_base = b * dq_sb + h * dq_sh + q0 * dq_ss
     gl.warp_specialize([
-        (_consumer, (0, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, q_row0, start_m, full_hi, hi,
-                     SQ, SKV, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL)),
-        (_consumer, (1, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, q_row0, start_m, full_hi, hi,
-                     SQ, SKV, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL)),
-        (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q_row0, kv_row0, start_m, hi,
-                     BLOCK_N)),
+        (_consumer, (0, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m, full_hi,
+                     hi, sq, skv, offset, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL)),
+        (_consumer, (1, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m, full_hi,
+                     hi, sq, skv, offset, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL)),
+        (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q_row0, q_col, kv_row0, kv_col,
+                     start_m, hi, BLOCK_N)),
     ], [4, 1], [232, 24])
 
 

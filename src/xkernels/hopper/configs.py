@@ -114,9 +114,9 @@ class HopperAttentionBwdConfig:
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
     split_d: int = 0
 
-    def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
+    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    CAUSAL=causal, FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d)
+                    CAUSAL=causal, FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen)
 
     def __str__(self) -> str:
         return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + (
@@ -139,8 +139,8 @@ class HopperAttentionDqConfig:
     block_n: int = 64
     stages: int = 2
 
-    def constexprs(self, head_dim: int, *, causal: bool) -> dict[str, object]:
-        return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal)
+    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal, VARLEN=varlen)
 
     def __str__(self) -> str:
         return f"BM128-BN{self.block_n}-S{self.stages}"

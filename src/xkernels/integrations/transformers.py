@@ -55,7 +55,8 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, Skv), causally (key j for query i
     when j <= i + Skv - Sq) or all of them. Decoding steps (a few causal rows) read K and V in place as a
     left-padded cache (`attention_with_kvcache(cache_leftpad=...)`); prefill packs the valid rows and keys into one
-    varlen call and unpacks them, the rows that see no key at 0. Any other mask raises."""
+    varlen call and unpacks them, the rows that see no key at 0; so does every call that needs gradients (the
+    split-KV kernel has no backward). Any other mask raises."""
     batch, _, sq, _ = query.shape
     skv = key.shape[2]
     if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (batch, 1, sq, skv):
@@ -73,7 +74,8 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                          "keys from its first valid position to the end (left padding, causal or not); this one "
                          "differs (right padding, a window, or another pattern): use attn_implementation='sdpa'")
     q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
-    if is_causal and sq <= DECODE_MAX_SQ:  # decoding: the split-KV kernel reads the cache from each first key
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    if is_causal and sq <= DECODE_MAX_SQ and not training:  # decoding: the split-KV kernel reads the cache in place
         lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
         # lengths and first keys come from the mask checked above: no second read of the cache checks
         return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,

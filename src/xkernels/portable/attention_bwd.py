@@ -22,21 +22,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
+from xkernels.common.seqlen import kv_bounds_shifted, q_bounds, sequence
 from xkernels.portable.dot import mma
-
-
-@triton.jit
-def _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN: tl.constexpr):
-    """(q0, sq, k0, skv, offset) of batch entry b: its first query row and key row, its query and key counts, and the
-    causal diagonal's shift (query i sees keys j <= i + offset). Dense: rows from 0, the call's lengths, top-left
-    (offset 0); VARLEN: sequence b of the packed batch, bottom-right (offset skv - sq)."""
-    if VARLEN:
-        q0, sq, k0, skv = sequence_bounds(CU_Q, CU_K, b)
-        offset = skv - sq
-    else:
-        q0, sq, k0, skv, offset = 0, SQ, 0, SKV, 0
-    return q0, sq, k0, skv, offset
 
 
 @triton.jit
@@ -58,7 +45,7 @@ def preprocess_kernel(O, DO, DLSE, DELTA, DQ_ACC, CU_Q, o_sb, o_sh, o_ss, do_sb,
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     b, h = bh // HQ, bh % HQ
-    q0, sq, _, _, _ = _sequence(CU_Q, CU_Q, b, SQ, SQ, VARLEN)
+    q0, sq, _, _, _ = sequence(CU_Q, CU_Q, b, SQ, SQ, VARLEN)
     rows = (tl.program_id(0) % m_blocks) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.arange(0, HEAD_DIM)
     keep = rows[:, None] < sq
@@ -118,12 +105,10 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
     n_blocks = tl.cdiv(SKV, BLOCK_N)
     bhk = (tl.program_id(0) // n_blocks).to(tl.int64)
     b, hk = bhk // HKV, bhk % HKV
-    q0, sq, k0, skv, offset = _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
+    q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     start_n = (tl.program_id(0) % n_blocks) * BLOCK_N
     # a program past its sequence's last key walks no query and stores nothing (its loads and stores are masked)
-    q_end = sq
-    if VARLEN:
-        q_end = tl.where(start_n < skv, sq, 0)
+    lo, q_end = q_bounds(start_n, offset, sq, skv, BLOCK_M, CAUSAL, VARLEN)
     keys = start_n + tl.arange(0, BLOCK_N)
     k_base = K + b * k_sb + hk * k_sh + k0 * k_ss
     v_base = V + b * v_sb + hk * v_sh + k0 * v_ss
@@ -131,9 +116,6 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
     v = _tile(v_base, v_ss, start_n, skv, HEAD_DIM, BLOCK_N)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    lo = 0
-    if CAUSAL:  # queries before start_n - offset see none of these keys
-        lo = (max(start_n - offset, 0) // BLOCK_M) * BLOCK_M
     qk_scale = scale * 1.4426950408889634
     for g in range(GROUP):
         h = (hk * GROUP + g).to(tl.int64)
@@ -172,7 +154,7 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     b, h = bh // HQ, bh % HQ
     hk = h // GROUP
-    q0, sq, k0, skv, offset = _sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
+    q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     if start_m < sq:
         rows = start_m + tl.arange(0, BLOCK_M)
