@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]"
+#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -65,6 +65,10 @@ for part in "${@:-smoke host}"; do
         stage timeout 300 python3 scripts/persistent_ab.py --dims 128 64 --lengths 1024 2048 4096 \
           --variants hopper:persistent=2 hopper:persistent=2,l2_budget_kib=32768 \
           hopper:persistent=2,l2_budget_kib=8192 --json "$OUT/l2chunk_ab.json" --md "$OUT/l2chunk_ab.md" ;;
+      persistent256)  # the persistent walk at D256 (one Q slot, 32-key tiles) against the dense kernel, 512-4K
+        stage timeout 240 python3 scripts/persistent_ab.py --dims 256 --lengths 512 1024 2048 4096 \
+          --variants hopper:persistent=2 hopper:persistent=2,stages=2 --json "$OUT/persistent256_ab.json" \
+          --md "$OUT/persistent256_ab.md" ;;
       gemmtiles) stage timeout 330 python3 scripts/gemm_tiles.py --json "$OUT/gemm_tiles.json" --md "$OUT/gemm_tiles.md" ;;
       varlenp)  # the persistent varlen forward: its GPU tests and the varlen tests, then the packed-batch bench
         stage timeout 140 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_varlen_persistent.py \
@@ -85,6 +89,10 @@ for part in "${@:-smoke host}"; do
         stage timeout 420 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu tests/test_varlen.py \
           tests/test_backward.py tests/test_varlen_backward.py tests/test_matmul_backward.py tests/test_ops.py ;;
       varlenab) stage timeout 200 python3 scripts/varlen_ab.py --json "$OUT/varlen_ab.json" --md "$OUT/varlen_ab.md" ;;
+      varlenbwd)  # the packed backward: the Gluon VARLEN variants' float64 tests, then timing against padded SDPA
+        stage timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_varlen_bwd.py \
+          tests/test_varlen_backward.py
+        stage timeout 300 python3 scripts/varlen_bwd_ab.py --json "$OUT/varlen_bwd_ab.json" --md "$OUT/varlen_bwd_ab.md" ;;
       acc16) stage timeout 300 python3 scripts/acc16_ab.py --json "$OUT/acc16_ab.json" ;;
       sweep) stage timeout 560 xkernels bench --suite sweep --iters 20 --out "$OUT/bench-sweep" ;;
       bwdbench) stage timeout 300 xkernels bench --suite attention-bwd --quick --iters 20 --out "$OUT/bench-bwd" ;;

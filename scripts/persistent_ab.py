@@ -1,6 +1,6 @@
 """Persistent Hopper forward variants against the dense kernel and SDPA-cuDNN on the sweep's attention rows
-(B * S = 16K tokens, H32, bf16; D64 and D128, causal and full, GQA 32/8 at D128): each variant is a backend string
-(`hopper:persistent=2,...`, the persistent kernel forced with config overrides), the dense kernel is
+(B * S = 16K tokens, H32, bf16; D64, D128 and D256 (`--dims`), causal and full, GQA 32/8 at D128): each variant is a
+backend string (`hopper:persistent=2,...`, the persistent kernel forced with config overrides), the dense kernel is
 `hopper:persistent=0`, and the default's pick is recorded. Device time from CUDA-graph replay, all in the same
 process, in interleaved rounds of shuffled order (`bench.timing.interleaved_graph_ms`, median of `--rounds`);
 every variant's output is checked bitwise against the dense kernel's first (the same per-row arithmetic in another
@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
     args = ap.parse_args()
     rows = []
-    for hq, hkv, d in ((32, 32, 64), (32, 32, 128), (32, 8, 128)):
+    for hq, hkv, d in ((32, 32, 64), (32, 32, 128), (32, 8, 128), (32, 32, 256)):
         if d not in args.dims:
             continue
         for causal in (True, False):

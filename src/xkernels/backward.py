@@ -101,7 +101,9 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
     hkv = k.shape[1]
     delta = portable_bwd.preprocess(unit_last_stride(out), unit_last_stride(grad_out), grad_lse,
                                     block_m=cfg.portable.q_m, num_warps=cfg.portable.num_warps, packed=packed)
-    qp, kp, vp, dop = (t if hopper_bwd.packed_ready(t) else t.contiguous() for t in (q, k, v, grad_out))
+    # a copy (a fresh, aligned allocation) where the layout or the base address does not suit a descriptor
+    qp, kp, vp, dop = (t if hopper_bwd.packed_ready(t) else t.clone(memory_format=torch.contiguous_format)
+                       for t in (q, k, v, grad_out))
     ints = (hq, hq // hkv, packed.max_seqlen_q, packed.max_seqlen_k, scale * math.log2(math.e), scale)
     descs = [hopper_bwd.packed_descriptor(t, rows) for t, rows in ((qp, cfg.dkdv.block_m), (kp, cfg.dkdv.block_n),
                                                                    (vp, cfg.dkdv.block_n), (dop, cfg.dkdv.block_m))]

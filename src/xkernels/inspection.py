@@ -333,7 +333,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
-            if recipe.converts_v:  # bf16io stays on the per-sequence kernel
+            if recipe.converts_v or d > 128:  # bf16io stays on the per-sequence kernel; D256 has no chained tiles
                 continue
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
@@ -373,7 +373,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 for causal in (False, True):
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
                     # D128 causal. The fused-dQ variant (not selected) spills; so does the packed variant at D128
-                    # (8 / 64 bytes, full / causal: the sequence's bounds stay live in the consumers).
+                    # (8 / 64-80 bytes, full / causal: the sequence's bounds stay live in the consumers).
                     mode = " causal" * causal + " varlen" * varlen
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,

@@ -49,6 +49,18 @@ def test_persistent_matches_float64_and_dense(recipe, causal, hq, hkv, d, sq, sk
     _check(q, k, v, causal, recipe)
 
 
+@pytest.mark.parametrize("d,sq,skv", [(256, 128, 128), (256, 512, 1024), (256, 320, 384), (256, 1024, 256)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_d256_forced(causal, d, sq, skv):
+    """D256's persistent config (one Q slot, 32-key tiles: off by default until timed) forced: float64 and the LSE
+    (not bitwise against the dense kernel, whose 64-key tiles fold the softmax in another grouping)."""
+    q, k, v = attention_inputs(3, 8, sq, skv, d, torch.bfloat16, "cuda", hkv=2, seed=sq + skv)
+    o, lse, name = _run(q, k, v, causal, "bf16", backend="hopper:persistent=2")
+    assert "persistent" in name and "BN32" in name, name
+    assert compare_attention(o, reference_attention(q, k, v, is_causal=causal), ATTENTION_RECIPES["bf16"]).passed
+    assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_sequence_outer_layout(causal):
     """(B, S, H, D) tensors transposed to (B, H, S, D), as attention layers make them: heads side by side in a row."""

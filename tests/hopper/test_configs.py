@@ -84,8 +84,10 @@ def test_persistent_descriptor_views():
     assert not hp.eligible(q, long_kv, long_kv, cfg, rec, causal=True)  # the measured rule: dense beyond 4K keys
     assert hp.eligible(q, long_kv[:, :1], long_kv[:, :1], cfg, rec, causal=True)  # ... except causal GQA
     assert hp.eligible(q, long_kv, long_kv, dataclasses.replace(cfg, persistent=2), rec, causal=True)
-    with pytest.raises(ValueError, match="persistent"):
-        dataclasses.replace(CONFIGS[256], persistent=1).check(256, rec)
+    with pytest.raises(ValueError, match="persistent"):  # chained tiles hold two Q slots: too big at D256
+        dataclasses.replace(CONFIGS[256], persistent=1, chained=1).check(256, rec)
+    dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2).check(256, rec)  # one Q slot fits
+    assert not PERSISTENT_ATTENTION_CONFIGS[256].persistent  # not measured yet: off unless forced
 
 
 @pytest.mark.parametrize("m,n,k,tile,split", [

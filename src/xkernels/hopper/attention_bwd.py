@@ -32,8 +32,10 @@ SKV) turn into exact zeros of P^T and dS^T. Causal is top-left aligned, as in th
 VARLEN (packed batches, `attention_varlen`'s layout): programs over (sequence, kv head, key block) of the longest
 sequence; Q, dO, K and V through (total, H * D) descriptors (`packed_descriptor`: head h at column h * D), rows from
 the sequence's first, so a tile past its end holds the next sequence's rows, masked as above against the sequence's
-own lengths; causal bottom-right (query i sees keys j <= i + Skv - Sq); LSE and delta (Hq, total_q); a program past
-its sequence's keys walks no query and stores nothing (`common.seqlen.q_bounds`).
+own lengths (exact zeros times finite values: a non-finite value in a neighbouring sequence would reach this one,
+as a neighbouring head's does in the dense layout); causal bottom-right (query i sees keys j <= i + Skv - Sq);
+LSE and delta (Hq, total_q); a program past its sequence's keys walks no query and stores nothing
+(`common.seqlen.q_bounds`).
 """
 
 from __future__ import annotations

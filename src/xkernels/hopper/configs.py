@@ -44,9 +44,9 @@ class HopperAttentionConfig:
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
         switch does not apply to); the shipped ATTENTION_CONFIGS pass, and `xkernels inspect` compiles them."""
-        if self.persistent not in (0, 1, 2) or (self.persistent and head_dim > 128):
-            raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2, and a head dim of at most 128 "
-                             "(shared memory: its O buffers come on top of Q's)")
+        if self.persistent not in (0, 1, 2) or (self.persistent and head_dim > 128 and self.chained):
+            raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2, and above head dim 128 chained=0 "
+                             "(shared memory: its O buffers come on top of Q's, and chained tiles hold two Q slots)")
         if self.chained not in (0, 1):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1")
         if self.l2_budget_kib < 0:
@@ -96,9 +96,13 @@ ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, c
 # Tiles chained; at D64 two consumer warpgroups with the window open: chained, they measured 0.89-1.01x cuDNN at
 # 512-4K keys against 0.61-0.96x for three with the window closed (the dense kernel's choice; run 34 of
 # 2026-11-30). Two Q slots + O buffers + the K/V ring fill 224 KB at D128.
+# D256: one Q slot (not chained), 32-key tiles in 3 stages: 224 KB with the O buffers, spill-free; compiled, not yet
+# timed, so off (persistent=0) until measured against the dense kernel's 64-key tiles; `hopper:persistent=2` forces
+# it (op_session part `persistent256`).
 PERSISTENT_ATTENTION_CONFIGS = {
     64: HopperAttentionConfig(128, 3, consumers=2, convert_steps=4, persistent=1, chained=1),
-    128: HopperAttentionConfig(128, 2, persistent=1, chained=1)}
+    128: HopperAttentionConfig(128, 2, persistent=1, chained=1),
+    256: HopperAttentionConfig(32, 3, convert_steps=4)}
 
 
 @dataclass(frozen=True)
