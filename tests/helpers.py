@@ -15,3 +15,24 @@ def snapshot(*ts: torch.Tensor) -> list[torch.Tensor]:
 def assert_unchanged(before: list[torch.Tensor], *ts: torch.Tensor) -> None:
     for b, t in zip(before, ts, strict=True):
         assert torch.equal(b, t), "an input was modified"
+
+
+def assert_passes(results: dict) -> None:
+    """Every named `Comparison` passed; the failures' reasons otherwise."""
+    failed = {n: c.reason for n, c in results.items() if not c.passed}
+    assert not failed, failed
+
+
+def assert_compiled_grads_match(loss, inputs) -> None:
+    """torch.compile(fullgraph=True) of `loss` (inductor on a GPU, AOTAutograd's eager backend on the CPU) gives the
+    eager gradients of every input, bitwise: the forward graph holds the ops and the backward graph their registered
+    autograd."""
+    def grads(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        fn(*leaves).backward()
+        return [t.grad for t in leaves]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")
+    for got, want in zip(grads(compiled), grads(loss), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -10,12 +10,10 @@ import pytest
 import torch
 
 import xkernels
-from tests.helpers import poisoned_like
+from tests.helpers import assert_compiled_grads_match, assert_passes, poisoned_like
 from xkernels import backward, ops
 from xkernels.recipes import ATTENTION_RECIPES, resolve_attention_recipe
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
-
-ON_GPU = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True)
@@ -51,10 +49,6 @@ def _check(grads, q, k, v, do, *, causal, scale=None, precision="auto", dlse=Non
     return results
 
 
-def _assert_passes(results):
-    failed = {n: c.reason for n, c in results.items() if not c.passed}
-    assert not failed, failed
-
 
 CASES = [(2, 2, 33, 33), (4, 2, 17, 40), (4, 1, 40, 17), (2, 2, 1, 33), (2, 1, 33, 1)]
 
@@ -65,14 +59,14 @@ CASES = [(2, 2, 33, 33), (4, 2, 17, 40), (4, 1, 40, 17), (2, 2, 1, 33), (2, 1, 3
 def test_gradients_match_float64(device, dtype, causal, hq, hkv, sq, skv):
     q, k, v = attention_inputs(1, hq, sq, skv, 64, dtype, device, hkv=hkv, seed=sq + skv)
     do = _grad_out(q.shape, dtype, device)
-    _assert_passes(_check(_run(q, k, v, do, causal=causal, scale=0.3), q, k, v, do, causal=causal, scale=0.3))
+    assert_passes(_check(_run(q, k, v, do, causal=causal, scale=0.3), q, k, v, do, causal=causal, scale=0.3))
 
 
 @pytest.mark.parametrize("d", [128, 256])
 def test_larger_head_dims(device, d):
     q, k, v = attention_inputs(2, 2, 20, 24, d, torch.float16, device, hkv=1, seed=d)
     do = _grad_out(q.shape, torch.float16, device)
-    _assert_passes(_check(_run(q, k, v, do, causal=True), q, k, v, do, causal=True))
+    assert_passes(_check(_run(q, k, v, do, causal=True), q, k, v, do, causal=True))
 
 
 def test_gradient_through_the_lse(device):
@@ -81,7 +75,7 @@ def test_gradient_through_the_lse(device):
     do = _grad_out(q.shape, torch.float16, device)
     dlse = _grad_out(q.shape[:3], torch.float32, device, seed=9)
     grads = _run(q, k, v, do, causal=True, dlse=dlse)
-    _assert_passes(_check(grads, q, k, v, do, causal=True, dlse=dlse))
+    assert_passes(_check(grads, q, k, v, do, causal=True, dlse=dlse))
     # and the check sees it when the LSE term is dropped
     assert not all(c.passed for c in _check(_run(q, k, v, do, causal=True), q, k, v, do, causal=True,
                                             dlse=dlse).values())
@@ -90,7 +84,7 @@ def test_gradient_through_the_lse(device):
 def test_bf16io_backward_is_the_bf16_recipes(device):
     q, k, v = attention_inputs(1, 2, 33, 40, 64, torch.bfloat16, device, seed=11)
     do = _grad_out(q.shape, torch.bfloat16, device)
-    _assert_passes(_check(_run(q, k, v, do, causal=False, precision="bf16io"), q, k, v, do, causal=False,
+    assert_passes(_check(_run(q, k, v, do, causal=False, precision="bf16io"), q, k, v, do, causal=False,
                           precision="bf16io"))
 
 
@@ -98,7 +92,7 @@ def test_bf16io_backward_is_the_bf16_recipes(device):
 def test_acc16_backward_is_the_base_recipes(device, precision, dtype):
     q, k, v = attention_inputs(1, 2, 33, 40, 64, dtype, device, seed=12)
     do = _grad_out(q.shape, dtype, device)
-    _assert_passes(_check(_run(q, k, v, do, causal=True, precision=precision), q, k, v, do, causal=True,
+    assert_passes(_check(_run(q, k, v, do, causal=True, precision=precision), q, k, v, do, causal=True,
                           precision=precision))
 
 
@@ -113,7 +107,7 @@ def test_non_contiguous_inputs_and_grad_out(device):
     grads = _run(q, k, v, do, causal=True)
     for g, t in zip(grads, (q, k, v), strict=True):
         assert g.stride() == t.stride()
-    _assert_passes(_check(grads, q, k, v, do, causal=True))
+    assert_passes(_check(grads, q, k, v, do, causal=True))
 
 
 def test_only_requested_inputs_get_gradients(device):
@@ -135,7 +129,7 @@ def test_only_the_lse_in_the_loss(device):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     _, lse = xkernels.attention(*leaves, return_lse=True)
     grads = torch.autograd.grad((lse * dlse).sum(), leaves)
-    _assert_passes(_check(grads, q, k, v, torch.zeros_like(q), causal=False, dlse=dlse))
+    assert_passes(_check(grads, q, k, v, torch.zeros_like(q), causal=False, dlse=dlse))
 
 
 def test_double_backward_is_refused(device):
@@ -185,15 +179,7 @@ def test_compiled_training_step_matches_eager(device):
     def loss(q, k, v):
         return xkernels.attention(q @ w, k, v, is_causal=True, enable_gqa=True).float().square().sum()
 
-    def grads(fn):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        fn(*leaves).backward()
-        return [t.grad for t in leaves]
-
-    torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
-    for got, want in zip(grads(compiled), grads(loss), strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_compiled_grads_match(loss, (q, k, v))
 
 
 def test_bad_backward_arguments_name_the_argument(device):

@@ -7,10 +7,9 @@ import pytest
 import torch
 
 import xkernels
+from tests.helpers import assert_compiled_grads_match, assert_passes
 from xkernels import ops
 from xkernels.testing import compare_gemm
-
-ON_GPU = torch.cuda.is_available()
 
 
 def _rand(shape, dtype, device, seed):
@@ -49,10 +48,6 @@ def _check(grads, refs, a, b, dc):
     return out
 
 
-def _assert_passes(results):
-    failed = {n: c.reason for n, c in results.items() if not c.passed}
-    assert not failed, failed
-
 
 SHAPES = [((33, 40), (40, 24)),  # 2-D, tails
           ((2, 3, 17, 40), (40, 24)),  # batched activations against a weight: dB folds the batch into its rows
@@ -66,13 +61,13 @@ SHAPES = [((33, 40), (40, 24)),  # 2-D, tails
 def test_gradients_match_float64(device, b_layout, a_shape, b_shape, dtype):
     a, b = _operands(a_shape, b_shape, b_layout, dtype, device, seed=len(a_shape))
     dc = _rand(torch.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]), dtype, device, 9)
-    _assert_passes(_check(_grads(a, b, dc, b_layout), _reference(a, b, dc, b_layout), a, b, dc))
+    assert_passes(_check(_grads(a, b, dc, b_layout), _reference(a, b, dc, b_layout), a, b, dc))
 
 
 def test_fp32_outputs_round_dc_to_the_inputs_dtype(device):
     a, b = _operands((2, 17, 40), (40, 24), "nk", torch.bfloat16, device, seed=3)
     dc = _rand((2, 17, 24), torch.float32, device, 4)
-    _assert_passes(_check(_grads(a, b, dc, "nk", torch.float32), _reference(a, b, dc, "nk"), a, b, dc))
+    assert_passes(_check(_grads(a, b, dc, "nk", torch.float32), _reference(a, b, dc, "nk"), a, b, dc))
 
 
 def test_only_the_operand_that_requires_grad_gets_a_product(device, monkeypatch):
@@ -114,7 +109,7 @@ def test_a_forced_layer_applies_to_the_forward(device):
     leaves = [t.clone().requires_grad_() for t in (a, b)]
     dc = _rand((2, 17, 24), torch.float16, device, 13)
     xkernels.matmul(*leaves, backend="portable").backward(dc)
-    _assert_passes(_check([t.grad for t in leaves], _reference(a, b, dc, "kn"), a, b, dc))
+    assert_passes(_check([t.grad for t in leaves], _reference(a, b, dc, "kn"), a, b, dc))
 
 
 def test_double_backward(device):
@@ -138,15 +133,7 @@ def test_opcheck_and_compiled_training_step(device):
     def loss(a, b):
         return xkernels.matmul(a, b, b_layout="nk").float().square().sum()
 
-    def grads(fn):
-        leaves = [t.detach().clone().requires_grad_() for t in (a, b)]
-        fn(*leaves).backward()
-        return [t.grad for t in leaves]
-
-    torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
-    for got, want in zip(grads(compiled), grads(loss), strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_compiled_grads_match(loss, (a, b))
 
 
 @pytest.mark.parametrize("broken", ["da without the transpose", "db from one batch", "db of half the rows", "nan"])

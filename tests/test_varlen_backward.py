@@ -11,12 +11,11 @@ import pytest
 import torch
 
 import xkernels
+from tests.helpers import assert_compiled_grads_match, assert_passes
 from xkernels import backward, ops
 from xkernels.recipes import ATTENTION_RECIPES, resolve_attention_recipe
 from xkernels.testing import compare_grad, reference_attention_varlen_grads
 from xkernels.testing.inputs import uniform
-
-ON_GPU = torch.cuda.is_available()
 
 
 @pytest.fixture(autouse=True)
@@ -59,10 +58,6 @@ def _check(grads, q, k, v, do, cq, ck, *, causal, scale=None, precision="auto", 
     return out
 
 
-def _assert_passes(results):
-    failed = {n: c.reason for n, c in results.items() if not c.passed}
-    assert not failed, failed
-
 
 # tails, an empty query sequence, an empty key sequence, Sq > Sk (causal: leading rows see no key), Sq < Sk
 LENS = ([5, 17, 0, 33, 3], [9, 17, 4, 20, 0])
@@ -72,20 +67,20 @@ LENS = ([5, 17, 0, 33, 3], [9, 17, 4, 20, 0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_gradients_match_float64_per_sequence(device, dtype, causal):
     q, k, v, do, cq, ck = _packed(*LENS, 4, 2, 64, dtype, device, seed=1)
-    _assert_passes(_check(_run(q, k, v, do, cq, ck, causal=causal, scale=0.3), q, k, v, do, cq, ck, causal=causal,
+    assert_passes(_check(_run(q, k, v, do, cq, ck, causal=causal, scale=0.3), q, k, v, do, cq, ck, causal=causal,
                           scale=0.3))
 
 
 @pytest.mark.parametrize("d", [128, 256])
 def test_larger_head_dims_and_mqa(device, d):
     q, k, v, do, cq, ck = _packed([7, 20], [12, 20], 2, 1, d, torch.float16, device, seed=d)
-    _assert_passes(_check(_run(q, k, v, do, cq, ck, causal=True), q, k, v, do, cq, ck, causal=True))
+    assert_passes(_check(_run(q, k, v, do, cq, ck, causal=True), q, k, v, do, cq, ck, causal=True))
 
 
 def test_gradient_through_the_lse(device):
     q, k, v, do, cq, ck = _packed(*LENS, 2, 2, 64, torch.float16, device, seed=3)
     dlse = uniform((2, q.shape[0]), torch.float32, device, torch.Generator(device=device).manual_seed(9))
-    _assert_passes(_check(_run(q, k, v, do, cq, ck, causal=True, dlse=dlse), q, k, v, do, cq, ck, causal=True,
+    assert_passes(_check(_run(q, k, v, do, cq, ck, causal=True, dlse=dlse), q, k, v, do, cq, ck, causal=True,
                           dlse=dlse))
     # the check sees it when the LSE term is dropped
     assert not all(c.passed for c in _check(_run(q, k, v, do, cq, ck, causal=True), q, k, v, do, cq, ck,
@@ -94,7 +89,7 @@ def test_gradient_through_the_lse(device):
 
 def test_bf16io_backward_is_the_bf16_recipes(device):
     q, k, v, do, cq, ck = _packed([9, 24], [16, 24], 2, 2, 64, torch.bfloat16, device, seed=4)
-    _assert_passes(_check(_run(q, k, v, do, cq, ck, causal=False, precision="bf16io"), q, k, v, do, cq, ck,
+    assert_passes(_check(_run(q, k, v, do, cq, ck, causal=False, precision="bf16io"), q, k, v, do, cq, ck,
                           causal=False, precision="bf16io"))
 
 
@@ -118,7 +113,7 @@ def test_views_of_a_fused_qkv_tensor(device):
     q, k, v = qkv.unbind(1)
     do = uniform(q.shape, torch.float16, device, g)
     cu = _cu(lens, device)
-    _assert_passes(_check(_run(q, k, v, do, cu, cu, causal=True), q, k, v, do, cu, cu, causal=True))
+    assert_passes(_check(_run(q, k, v, do, cu, cu, causal=True), q, k, v, do, cu, cu, causal=True))
 
 
 def test_bad_cu_seqlens_give_nan_gradients(device, monkeypatch):
@@ -175,15 +170,7 @@ def test_opcheck_and_compiled_training_step(device):
     def loss(q, k, v):
         return xkernels.attention_varlen(q @ w, k, v, cq, ck, 17, 17, is_causal=True).float().square().sum()
 
-    def grads(fn):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        fn(*leaves).backward()
-        return [t.grad for t in leaves]
-
-    torch._dynamo.reset()
-    compiled = torch.compile(loss, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
-    for got, want in zip(grads(compiled), grads(loss), strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert_compiled_grads_match(loss, (q, k, v))
 
 
 @pytest.mark.parametrize("broken", ["dropped scale", "dk dv swapped", "gqa not summed", "top-left causal",

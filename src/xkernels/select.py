@@ -189,16 +189,22 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     ("hopper:stages=3") apply to the forward only. Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True)
+
+
+def _backward_choice(q, backend: str, *, hopper_by_default: bool) -> Choice:
+    """The backward kernels: the Hopper dK/dV and dQ kernels on sm_90 with a tested triton where "hopper" is forced,
+    or with `hopper_by_default` where no layer is, else the portable ones."""
     check_device(q.device, "q")
     override = parse_backend(backend)
     if q.device.type == "meta":
-        return recipe, Choice("meta", None)
+        return Choice("meta", None)
     d = int(q.shape[-1])
     portable = portable_configs.attention_bwd_config(d, _target(q.device))
-    if override.layer != "portable" and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
-        dq = ATTENTION_DQ_CONFIGS.get(d)
-        return recipe, Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, dq))
-    return recipe, Choice("portable", portable)
+    wanted = override.layer == "hopper" or (hopper_by_default and override.layer is None)
+    if wanted and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
+        return Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, ATTENTION_DQ_CONFIGS.get(d)))
+    return Choice("portable", portable)
 
 
 # Head dims the Hopper varlen kernel serves (the dense forward's configs).
@@ -240,15 +246,7 @@ def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_
     (recipe, Choice)."""
     recipe = check_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, precision=precision)
-    check_device(q.device, "q")
-    override = parse_backend(backend)
-    if q.device.type == "meta":
-        return recipe, Choice("meta", None)
-    d = int(q.shape[-1])
-    portable = portable_configs.attention_bwd_config(d, _target(q.device))
-    if override.layer == "hopper" and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
-        return recipe, Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, ATTENTION_DQ_CONFIGS[d]))
-    return recipe, Choice("portable", portable)
+    return recipe, _backward_choice(q, backend, hopper_by_default=False)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,

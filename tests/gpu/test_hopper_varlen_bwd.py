@@ -7,7 +7,8 @@ import pytest
 import torch
 
 import xkernels
-from tests.test_varlen_backward import _assert_passes, _check, _cu, _packed, _run
+from tests.helpers import assert_passes
+from tests.test_varlen_backward import _check, _cu, _packed, _run
 from xkernels import backward
 from xkernels.common.runtime import hopper_available
 from xkernels.testing.inputs import uniform
@@ -33,7 +34,7 @@ def test_matches_float64(d, causal, dtype):
     q, k, v, do, cq, ck = _packed(*LENS, 8, 2, d, dtype, "cuda", seed=d)
     grads = _run(q, k, v, do, cq, ck, causal=causal, backend="hopper")
     assert xkernels.last_backend().startswith("hopper.attention_varlen_backward"), xkernels.last_backend()
-    _assert_passes(_check(grads, q, k, v, do, cq, ck, causal=causal))
+    assert_passes(_check(grads, q, k, v, do, cq, ck, causal=causal))
 
 
 def test_lse_gradient_and_fused_qkv_views():
@@ -45,7 +46,7 @@ def test_lse_gradient_and_fused_qkv_views():
     dlse = uniform((4, q.shape[0]), torch.float32, "cuda", g)
     cu = _cu(lens, "cuda")
     grads = _run(q, k, v, do, cu, cu, causal=True, dlse=dlse, backend="hopper")
-    _assert_passes(_check(grads, q, k, v, do, cu, cu, causal=True, dlse=dlse))
+    assert_passes(_check(grads, q, k, v, do, cu, cu, causal=True, dlse=dlse))
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])

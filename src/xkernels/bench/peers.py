@@ -41,22 +41,24 @@ def _sdpa_peer(name: str, backend_name: str, case: AttentionCase) -> Peer:
     return Peer(name, lambda: sdpa_kernel([backend]), lambda x: x, fn)
 
 
-def _sdpa_grad_peer(name: str, backend_name: str, case: AttentionGradCase) -> Peer:
-    """The same step as ours through SDPA: prepared (for "bwd": the forward run once, its graph kept) under the
-    forced backend, so the timed backward is that backend's."""
+def _sdpa_grad_peer(name: str, backend_name: str, case: AttentionGradCase | VarlenGradCase) -> Peer:
+    """The same step as ours through SDPA under the forced backend: prepared (for "bwd": the forward run once, its
+    graph kept), so the timed backward is that backend's. A packed case runs on its batch padded to the longest
+    sequence (the padding outside the timing, dO zero on it)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     backend = getattr(SDPBackend, backend_name)
     gqa = case.hq != case.hkv
+    dense = case.padded if isinstance(case, VarlenGradCase) else (lambda inputs: inputs)
 
     def forward(q, k, v):
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
         return F.scaled_dot_product_attention(*leaves, is_causal=case.causal, enable_gqa=gqa), leaves
 
     def prepare(inputs):
+        q, k, v, do = dense(inputs)
         if case.step != "bwd":
-            return inputs
-        q, k, v, do = inputs
+            return q, k, v, do
         with sdpa_kernel([backend]):
             o, leaves = forward(q, k, v)
         return o, leaves, do
@@ -110,40 +112,10 @@ def _padded_peer(name: str, backend_name: str, case: VarlenCase) -> Peer:
     return Peer(name, lambda: sdpa_kernel([getattr(SDPBackend, backend_name)]), case.padded, fn)
 
 
-def _padded_grad_peer(name: str, backend_name: str, case: VarlenGradCase) -> Peer:
-    """The packed step through SDPA on the padded batch (padding outside the timing, dO zero on it)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = getattr(SDPBackend, backend_name)
-    gqa = case.hq != case.hkv
-
-    def forward(q, k, v):
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        return F.scaled_dot_product_attention(*leaves, is_causal=case.causal, enable_gqa=gqa), leaves
-
-    def prepare(inputs):
-        q, k, v, do = case.padded(inputs)
-        if case.step != "bwd":
-            return q, k, v, do
-        with sdpa_kernel([backend]):
-            o, leaves = forward(q, k, v)
-        return o, leaves, do
-
-    def fn(prepared):
-        if case.step == "bwd":
-            o, leaves, do = prepared
-            return torch.autograd.grad(o, leaves, do, retain_graph=True)
-        q, k, v, do = prepared
-        o, leaves = forward(q, k, v)
-        return torch.autograd.grad(o, leaves, do)
-
-    return Peer(name, lambda: sdpa_kernel([backend]), prepare, fn)
-
-
 def peers_for(case: Case) -> list[Peer]:
     if isinstance(case, VarlenGradCase):
-        return [_padded_grad_peer("SDPA-cuDNN padded", "CUDNN_ATTENTION", case),
-                _padded_grad_peer("SDPA-flash padded", "FLASH_ATTENTION", case)]
+        return [_sdpa_grad_peer("SDPA-cuDNN padded", "CUDNN_ATTENTION", case),
+                _sdpa_grad_peer("SDPA-flash padded", "FLASH_ATTENTION", case)]
     if isinstance(case, VarlenCase):
         return [_padded_peer("SDPA-cuDNN padded", "CUDNN_ATTENTION", case),
                 _padded_peer("SDPA-flash padded", "FLASH_ATTENTION", case)]

@@ -81,13 +81,27 @@ class AttentionCase:
         return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
 
 
-@dataclass(frozen=True)
-class AttentionGradCase(AttentionCase):
-    """The backward ("bwd": dQ, dK, dV from a saved forward, as `torch.autograd.grad(O, (q, k, v), dO)`) or a
-    training step ("fwd+bwd"). FLOPs: the backward's five matmuls are 2.5x the forward's two, halved for causal
-    like the forward's."""
+def _grad_out(like: torch.Tensor, seed: int) -> torch.Tensor:
+    g = torch.Generator(device=like.device).manual_seed(seed + 1000)
+    return (torch.rand(like.shape, generator=g, device=like.device) - 0.5).to(like.dtype)
 
-    step: str = "bwd"
+
+def _worst(grads, refs, recipe_name: str) -> Comparison:
+    """Every gradient against its float64 reference; the worst of the three is reported, with every failure."""
+    recipe = ATTENTION_RECIPES[recipe_name]
+    results = [(n, compare_grad(g, r, recipe)) for n, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)]
+    failed = [f"{n}: {c.reason}" for n, c in results if not c.passed]
+    worst = max((c for _, c in results), key=lambda c: c.rel_rms)
+    return dataclasses.replace(worst, passed=not failed, reason="; ".join(failed) or "ok")
+
+
+class _GradStep:
+    """What a gradient case adds to its forward case: the backward ("bwd": dQ, dK, dV from a saved forward, as
+    `torch.autograd.grad(O, (q, k, v), dO)`) or a training step ("fwd+bwd"). FLOPs: the backward's five matmuls are
+    2.5x the forward's two (masked work left out alike). Subclasses give `forward(inputs) -> (O, fresh leaves)` and
+    `references(inputs)`; inputs end with dO."""
+
+    step: str
 
     @property
     def shape(self) -> str:
@@ -101,44 +115,43 @@ class AttentionGradCase(AttentionCase):
     def nbytes(self) -> int:
         return 2 * super().nbytes  # q, k, v, O (the forward's) and dO, dQ, dK, dV
 
-    def inputs(self, device: str, seed: int = 0):
-        q, k, v = super().inputs(device, seed)
-        g = torch.Generator(device=device).manual_seed(seed + 1000)
-        do = (torch.rand(q.shape, generator=g, device=device) - 0.5).to(q.dtype)
-        return q, k, v, do
-
-    def forward(self, q, k, v):
-        """(O, leaves) with fresh leaves, so each call's graph is its own."""
-        leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
-        return super().run(leaves), leaves
-
-    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
-        """inputs: (q, k, v, dO), or for "bwd" the prepared (O, leaves, dO) of `prepare`."""
-        if self.step == "bwd":
-            o, leaves, do = inputs
-            return torch.autograd.grad(o, leaves, do, retain_graph=True)
-        q, k, v, do = inputs
-        o, leaves = self.forward(q, k, v)
-        return torch.autograd.grad(o, leaves, do)
-
     def prepare(self, inputs):
         """What a timed call starts from: for "bwd" the forward already run (its graph kept for every call)."""
         if self.step != "bwd":
             return inputs
-        q, k, v, do = inputs
-        o, leaves = self.forward(q, k, v)
-        return o, leaves, do
+        o, leaves = self.forward(inputs)
+        return o, leaves, inputs[-1]
+
+    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
+        """inputs: the case's inputs, or for "bwd" the prepared (O, leaves, dO) of `prepare`."""
+        if self.step == "bwd":
+            o, leaves, do = inputs
+            return torch.autograd.grad(o, leaves, do, retain_graph=True)
+        o, leaves = self.forward(inputs)
+        return torch.autograd.grad(o, leaves, inputs[-1])
 
     def check(self, inputs) -> Comparison:
-        """Every gradient against float64 autograd on the same q, k, v and dO; the worst of the three is reported."""
-        q, k, v, do = inputs
-        grads = AttentionGradCase.run(dataclasses.replace(self, step="fwd+bwd"), inputs)
-        refs = reference_attention_grads(q, k, v, do, is_causal=self.causal)
-        recipe = ATTENTION_RECIPES[self.recipe]
-        results = [(n, compare_grad(g, r, recipe)) for n, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)]
-        failed = [f"{n}: {c.reason}" for n, c in results if not c.passed]
-        worst = max((c for _, c in results), key=lambda c: c.rel_rms)
-        return dataclasses.replace(worst, passed=not failed, reason="; ".join(failed) or "ok")
+        grads = _GradStep.run(dataclasses.replace(self, step="fwd+bwd"), inputs)
+        return _worst(grads, self.references(inputs), self.recipe)
+
+
+@dataclass(frozen=True)
+class AttentionGradCase(_GradStep, AttentionCase):
+    """`AttentionCase`'s backward or training step; inputs (q, k, v, dO)."""
+
+    step: str = "bwd"
+
+    def inputs(self, device: str, seed: int = 0):
+        q, k, v = super().inputs(device, seed)
+        return q, k, v, _grad_out(q, seed)
+
+    def forward(self, inputs):
+        """(O, leaves) with fresh leaves, so each call's graph is its own."""
+        leaves = tuple(t.detach().requires_grad_() for t in inputs[:3])
+        return AttentionCase.run(self, leaves), leaves
+
+    def references(self, inputs):
+        return reference_attention_grads(*inputs, is_causal=self.causal)
 
 
 @dataclass(frozen=True)
@@ -306,29 +319,14 @@ class VarlenCase:
 
 
 @dataclass(frozen=True)
-class VarlenGradCase(VarlenCase):
-    """The packed batch's backward ("bwd", from a saved forward) or training step ("fwd+bwd"), FLOPs counted as for
-    `AttentionGradCase` (useful work only)."""
+class VarlenGradCase(_GradStep, VarlenCase):
+    """`VarlenCase`'s backward or training step; inputs (q, k, v, cu_seqlens, max_seqlen, dO)."""
 
     step: str = "bwd"
 
-    @property
-    def shape(self) -> str:
-        return f"{super().shape} {self.step}"
-
-    @property
-    def flops(self) -> int:
-        return int(super().flops * (2.5 if self.step == "bwd" else 3.5))
-
-    @property
-    def nbytes(self) -> int:
-        return 2 * super().nbytes
-
     def inputs(self, device: str, seed: int = 0):
-        """(q, k, v, cu_seqlens, max_seqlen, dO)."""
         q, k, v, cu, longest = super().inputs(device, seed)
-        g = torch.Generator(device=device).manual_seed(seed + 1000)
-        return q, k, v, cu, longest, (torch.rand(q.shape, generator=g, device=device) - 0.5).to(q.dtype)
+        return q, k, v, cu, longest, _grad_out(q, seed)
 
     def padded(self, inputs):
         """(q, k, v, dO) padded to the longest sequence (dO zero on the padding, so no gradient comes from it)."""
@@ -339,29 +337,9 @@ class VarlenGradCase(VarlenCase):
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
         return VarlenCase.run(self, (*leaves, cu, longest)), leaves
 
-    def prepare(self, inputs):
-        """For "bwd" the forward already run (its graph kept for every timed call)."""
-        if self.step != "bwd":
-            return inputs
-        o, leaves = self.forward(inputs)
-        return o, leaves, inputs[-1]
-
-    def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
-        if self.step == "bwd":
-            o, leaves, do = inputs
-            return torch.autograd.grad(o, leaves, do, retain_graph=True)
-        o, leaves = self.forward(inputs)
-        return torch.autograd.grad(o, leaves, inputs[-1])
-
-    def check(self, inputs) -> Comparison:
+    def references(self, inputs):
         q, k, v, cu, _, do = inputs
-        grads = VarlenGradCase.run(dataclasses.replace(self, step="fwd+bwd"), inputs)
-        refs = reference_attention_varlen_grads(q, k, v, do, cu, cu, is_causal=self.causal)
-        recipe = ATTENTION_RECIPES[self.recipe]
-        results = [(n, compare_grad(g, r, recipe)) for n, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)]
-        failed = [f"{n}: {c.reason}" for n, c in results if not c.passed]
-        worst = max((c for _, c in results), key=lambda c: c.rel_rms)
-        return dataclasses.replace(worst, passed=not failed, reason="; ".join(failed) or "ok")
+        return reference_attention_varlen_grads(q, k, v, do, cu, cu, is_causal=self.causal)
 
 
 @dataclass(frozen=True)
