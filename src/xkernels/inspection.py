@@ -372,13 +372,14 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 varlen = bool(packed)
                 for causal in (False, True):
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal. The fused-dQ variant (not selected) spills; so does the packed variant at D128
-                    # (8 / 64-80 bytes, full / causal: the sequence's bounds stay live in the consumers).
+                    # D128 causal. The fused-dQ variant (not selected) spills; so does the packed causal variant at
+                    # D128 (64-80 bytes, mostly around the loops; one value per query block inside).
                     mode = " causal" * causal + " varlen" * varlen
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,
                                        fused.constexprs(d, causal=causal, varlen=varlen), 4,
-                                       gluon=True, spill_free=not fused.fused_dq and not (varlen and d == 128)
+                                       gluon=True, spill_free=not fused.fused_dq
+                                       and not (varlen and d == 128 and causal)
                                        and (TRITON_TESTED or not (d == 128 and causal)))
 
     from xkernels.hopper import attention_dq as dq

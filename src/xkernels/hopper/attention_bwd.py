@@ -104,19 +104,19 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
-def _probabilities(s_t, lse, keys, limits, qk_scale, SKV, CAUSAL: gl.constexpr):
-    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV and (causal) keys past each query's limit (the
-    last key it sees: the query's own row top-left, shifted by Skv - Sq bottom-right)."""
+def _probabilities(s_t, lse, keys, diag_keys, queries, qk_scale, SKV, CAUSAL: gl.constexpr):
+    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV and (causal) keys after their query:
+    `diag_keys` are the keys shifted onto the queries' diagonal (key j - (Skv - Sq) bottom-right, j top-left)."""
     p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
     keep = gl.expand_dims(keys < SKV, 1)
     if CAUSAL:
-        keep = keep & (gl.expand_dims(keys, 1) <= gl.expand_dims(limits, 0))
+        keep = keep & (gl.expand_dims(diag_keys, 1) <= gl.expand_dims(queries, 0))
     return gl.where(keep, p_t, 0.0)
 
 
 @gluon.jit
-def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, limits, dk, dv, qk_scale,
-                   SKV, zero_s, CAUSAL: gl.constexpr):
+def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, diag_keys, queries, dk, dv,
+                   qk_scale, SKV, zero_s, CAUSAL: gl.constexpr):
     """One query block of SPLIT_D = 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
     SPLIT_D = 1 computes both in both), exchanged through slot it % 2 of `x` (`barriers.ScoreExchange`); then each
     adds its columns' dV += P^T dO and dK += dS^T Q with P^T and dS^T read from shared memory. Returns (dk, dv)."""
@@ -130,7 +130,8 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
     # arrive -> wait window: the product above runs while this waits for step it - 2's readers of the slot
     mbarrier.wait(x.free.index(slot), lap ^ 1)  # each slot's first use passes at once
     if W == 0:
-        p_t = _probabilities(warpgroup_mma_wait(0, deps=[s_tok]), lse, keys, limits, qk_scale, SKV, CAUSAL)
+        p_t = _probabilities(warpgroup_mma_wait(0, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, SKV,
+                             CAUSAL)
         x.p.index(slot).store(p_t.to(dtype))
         # arrive -> wait window: consumer 1's dP^T lands while P^T was computed and stored
         mbarrier.wait(x.dp_ready.index(slot), lap)
@@ -173,6 +174,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
         k_w = k_buf.slice(W * WG_KEYS, WG_KEYS)
         v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)
     keys = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, s_layout))
+    diag_keys = keys - offset  # causal: a key is seen from query diag_keys on
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # queries
     dk = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
     dv = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
@@ -190,19 +192,20 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
             else:
                 q_w = q
                 do_w = do
-            limits = start_m + offset + gl.arange(0, BLOCK_M, cols)  # causal: each query's last key
+            queries = start_m + gl.arange(0, BLOCK_M, cols)
             if SPLIT_D == 2:
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
-                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, limits, dk, dv,
-                                        qk_scale, skv, zero_s, CAUSAL)
+                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, diag_keys, queries,
+                                        dk, dv, qk_scale, skv, zero_s, CAUSAL)
                 qdo.release(it)
             else:
                 s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
                 dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
-                p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, limits, qk_scale, skv, CAUSAL)
+                p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, skv,
+                                     CAUSAL)
                 p_op = gl.convert_layout(p_t.to(dtype), op_layout)
                 dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
@@ -241,8 +244,9 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < skv, 1)
-    dk_ptrs = DK + b * dk_sb + hk * dk_sh + gl.expand_dims(k0 + rows, 1) * dk_ss + gl.expand_dims(d, 0)
-    dv_ptrs = DV + b * dv_sb + hk * dv_sh + gl.expand_dims(k0 + rows, 1) * dv_ss + gl.expand_dims(d, 0)
+    key_rows = gl.expand_dims((k0 + rows).to(gl.int64), 1)
+    dk_ptrs = DK + b * dk_sb + hk * dk_sh + key_rows * dk_ss + gl.expand_dims(d, 0)
+    dv_ptrs = DV + b * dv_sb + hk * dv_sh + key_rows * dv_ss + gl.expand_dims(d, 0)
     gl.store(dk_ptrs, (dk * scale).to(dtype), mask=keep_rows)
     gl.store(dv_ptrs, dv.to(dtype), mask=keep_rows)
 
@@ -267,6 +271,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     # causal: earlier queries see none of these keys; packed: a program past its sequence's keys walks no query
     lo, q_end = q_bounds(start_n, offset, sq, skv, BLOCK_M, CAUSAL, VARLEN)
+    if VARLEN:
+        k0_rows = k0.to(gl.int32)  # (a packed batch has fewer than 2^31 rows) one register through the consumers' loop
+    else:
+        k0_rows = 0
     k_buf = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_buf = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -292,11 +300,11 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         x = stats  # a placeholder the consumers never touch
     gl.warp_specialize([
         (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
-                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
-                     scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
+                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
+                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
         (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
-                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
-                     scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
+                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
+                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,
                      hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M, VARLEN)),
     ], [4, 1], [240, PRODUCER_REGS])
