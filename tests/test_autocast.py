@@ -51,3 +51,16 @@ def test_fp32_outside_autocast_is_still_refused(device):
     with torch.autocast(device, enabled=False):
         with pytest.raises(TypeError, match="a"):
             xkernels.matmul(q[0, 0], q[0, 0].T)
+
+
+def test_compiled_autocast_region(device):
+    """torch.compile(fullgraph=True) traces the cast: the same output as eager inside the region."""
+    q = _rand(1, 2, 16, 64, device=device, seed=7)
+
+    def f(q):
+        with _autocast(device):
+            return xkernels.attention(q, q, q, is_causal=True)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")
+    assert torch.equal(compiled(q), f(q))
