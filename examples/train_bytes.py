@@ -5,6 +5,10 @@ from the same weights and see the same batches; only the attention differs. A th
 the noise floor: two correct attentions in bf16 differ by rounding, and that difference grows with training, so the
 xkernels curve should sit as close to SDPA's as SDPA's own two backends sit to each other.
 
+With `--packed`, every row of a batch is cut into documents of random lengths that attend only within themselves
+(packed-sequence training): xkernels runs them through `attention_varlen` (one packed batch, no padding), SDPA and
+its math backend through a block-diagonal causal mask over the rows.
+
   python examples/train_bytes.py --steps 300 --out train-out            (GPU: bf16 autocast; writes JSON and PNG)
   TRITON_INTERPRET=1 python examples/train_bytes.py --steps 3 --tiny    (CPU, through the Triton interpreter)
 """
@@ -38,6 +42,8 @@ class Config:
     lr: float = 1e-3
     steps: int = 300
     seed: int = 0
+    packed: bool = False  # rows cut into documents of `min_doc`..`seq` bytes that attend only within themselves
+    min_doc: int = 16
 
     @property
     def width(self) -> int:
@@ -53,19 +59,37 @@ def corpus() -> torch.Tensor:
     return torch.frombuffer(bytearray(b"".join(p.read_bytes() for p in files)), dtype=torch.uint8)
 
 
-def attention_sdpa(q, k, v):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+@dataclass(frozen=True)
+class Documents:
+    """Where a packed batch's documents start: cu_seqlens over the B * S tokens (int32, row-major), the longest
+    document, and the same as a block-diagonal causal mask (B, 1, S, S) for SDPA."""
+
+    cu_seqlens: torch.Tensor
+    longest: int
+    mask: torch.Tensor
 
 
-def attention_sdpa_math(q, k, v):
+def attention_sdpa(q, k, v, docs=None):
+    if docs is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=docs.mask, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def attention_sdpa_math(q, k, v, docs=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     with sdpa_kernel([SDPBackend.MATH]):
-        return attention_sdpa(q, k, v)
+        return attention_sdpa(q, k, v, docs)
 
 
-def attention_xkernels(q, k, v):
-    return xkernels.attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+def attention_xkernels(q, k, v, docs=None):
+    if docs is None:
+        return xkernels.attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    b, h, s, d = q.shape
+    packed = [t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k, v)]  # (B * S, H, D), row-major
+    o = xkernels.attention_varlen(*packed, docs.cu_seqlens, docs.cu_seqlens, docs.longest, docs.longest,
+                                  is_causal=True)
+    return o.view(b, s, h, d).transpose(1, 2)
 
 
 ATTENTIONS = {"xkernels": attention_xkernels, "sdpa": attention_sdpa, "sdpa-math": attention_sdpa_math}
@@ -82,7 +106,7 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(cfg.width, 4 * cfg.width, bias=False), nn.GELU(),
                                  nn.Linear(4 * cfg.width, cfg.width, bias=False))
 
-    def forward(self, x, rope):
+    def forward(self, x, rope, docs):
         cfg = self.cfg
         b, s, _ = x.shape
         q, k, v = self.qkv(self.norm1(x)).split([cfg.width, cfg.kv_heads * cfg.head_dim,
@@ -91,7 +115,7 @@ class Block(nn.Module):
         k = rotate(k.view(b, s, cfg.kv_heads, cfg.head_dim), rope).transpose(1, 2)
         v = v.view(b, s, cfg.kv_heads, cfg.head_dim).transpose(1, 2)
         dtype = torch.bfloat16  # the kernels take 16-bit inputs; on the CPU the rest of the model stays fp32
-        o = self.attention(q.to(dtype), k.to(dtype), v.to(dtype)).to(x.dtype)
+        o = self.attention(q.to(dtype), k.to(dtype), v.to(dtype), docs).to(x.dtype)
         x = x + self.proj(o.transpose(1, 2).reshape(b, s, cfg.width))
         return x + self.mlp(self.norm2(x))
 
@@ -118,12 +142,28 @@ class ByteLM(nn.Module):
         self.head = nn.Linear(cfg.width, 256, bias=False)
         self.cfg = cfg
 
-    def forward(self, tokens):
+    def forward(self, tokens, docs=None):
         rope = rope_table(tokens.shape[1], self.cfg.head_dim, tokens.device)
         x = self.embed(tokens)
         for block in self.blocks:
-            x = block(x, rope)
+            x = block(x, rope, docs)
         return self.head(self.norm(x))
+
+
+def documents(cfg: Config, g: torch.Generator, device) -> Documents:
+    """Each row cut into documents of cfg.min_doc..cfg.seq bytes (the last one what is left)."""
+    lengths = []
+    for _ in range(cfg.batch):
+        left = cfg.seq
+        while left:
+            n = min(left, int(torch.randint(cfg.min_doc, cfg.seq + 1, (1,), generator=g)))
+            lengths.append(n)
+            left -= n
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).view(cfg.batch, cfg.seq)
+    pos = torch.arange(cfg.seq)
+    mask = (doc[:, :, None] == doc[:, None, :]) & (pos[None, None, :] <= pos[None, :, None])
+    return Documents(cu.to(device), max(lengths), mask[:, None].to(device))
 
 
 def batches(data: torch.Tensor, cfg: Config, device):
@@ -131,7 +171,7 @@ def batches(data: torch.Tensor, cfg: Config, device):
     for _ in range(cfg.steps):
         starts = torch.randint(0, len(data) - cfg.seq - 1, (cfg.batch,), generator=g)
         chunk = torch.stack([data[s:s + cfg.seq + 1] for s in starts.tolist()]).long().to(device)
-        yield chunk[:, :-1], chunk[:, 1:]
+        yield chunk[:, :-1], chunk[:, 1:], documents(cfg, g, device) if cfg.packed else None
 
 
 def train(cfg: Config, attention: str, device: str, data: torch.Tensor) -> list[float]:
@@ -143,9 +183,9 @@ def train(cfg: Config, attention: str, device: str, data: torch.Tensor) -> list[
         opt, lambda i: min(1.0, (i + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(i, cfg.steps) / cfg.steps)))
     autocast = torch.autocast("cuda", torch.bfloat16) if device == "cuda" else torch.autocast("cpu", enabled=False)
     losses = []
-    for x, y in batches(data, cfg, device):
+    for x, y, docs in batches(data, cfg, device):
         with autocast:
-            loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+            loss = F.cross_entropy(model(x, docs).float().flatten(0, 1), y.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -193,10 +233,11 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=Config.steps)
     p.add_argument("--tiny", action="store_true", help="a model small enough for the Triton interpreter")
+    p.add_argument("--packed", action="store_true", help="rows cut into documents: xkernels through attention_varlen")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="folder for train.json and train.png")
     args = p.parse_args(argv)
-    cfg = Config(steps=args.steps, **(TINY if args.tiny else {}))
+    cfg = Config(steps=args.steps, packed=args.packed, **(TINY if args.tiny else {}))
     data = corpus()
     losses, seconds = {}, {}
     for name in ATTENTIONS:
@@ -214,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict:
         (out / "train.json").write_text(json.dumps(result, indent=1))
         try:
             plot(losses, out / "train.png", f"byte LM {cfg.layers}L {cfg.heads}/{cfg.kv_heads} heads "
-                 f"D{cfg.head_dim} seq {cfg.seq} batch {cfg.batch}, {result['device']}")
+                 f"D{cfg.head_dim} seq {cfg.seq} batch {cfg.batch}{' packed' * cfg.packed}, {result['device']}")
         except ImportError:
             print("no plot: matplotlib is not installed (pip install -e '.[bench]')")
     return result

@@ -3,7 +3,7 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]"
+#                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -37,6 +37,7 @@ for part in "${@:-smoke host}"; do
       gradacc) stage timeout 300 python3 scripts/grad_accuracy.py --json "$OUT/grad_accuracy.json" ;;
       memory) stage timeout 120 python3 scripts/bwd_memory.py --json "$OUT/bwd_memory.json" ;;
       train) stage timeout 300 python3 examples/train_bytes.py --steps 300 --out "$OUT/train" ;;
+      trainpacked) stage timeout 300 python3 examples/train_bytes.py --steps 300 --packed --out "$OUT/train-packed" ;;
       dq) stage timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_dq.py
           stage timeout 300 python3 scripts/dq_ab.py --json "$OUT/dq_ab.json" ;;
       gpuinf)  # the inference ops and integrations on the GPU, the graph-captured decode step among the op tests

@@ -1,5 +1,6 @@
 """The training example runs end to end (a few steps of the tiny model; under the interpreter on CPU): its xkernels
-and SDPA runs start from the same weights and their losses stay together. (The gradients themselves are checked
+and SDPA runs start from the same weights and their losses stay together, dense and packed (documents through
+`attention_varlen` against SDPA's block-diagonal mask). (The gradients themselves are checked
 against float64 in tests/test_backward.py; three steps move the loss too little to tell a subtly wrong backward
 from bf16 noise: halving dV moves it by 1e-3, against 3e-4 of noise.)"""
 
@@ -34,3 +35,32 @@ def test_tiny_training_runs_and_agrees_with_sdpa(tmp_path):
     assert losses["xkernels"][-1] < losses["xkernels"][0]
     assert (tmp_path / "train.json").exists()
     assert (tmp_path / "train.png").exists() == (importlib.util.find_spec("matplotlib") is not None)
+
+
+def test_packed_attention_is_the_document_mask():
+    """--packed: xkernels' varlen call over the cut rows computes SDPA's block-diagonal causal attention (and not the
+    rows' plain causal attention, which the documents' boundaries change)."""
+    train = _load()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = train.Config(packed=True, **train.TINY)
+    docs = train.documents(cfg, torch.Generator().manual_seed(5), device)
+    assert int(docs.cu_seqlens[-1]) == cfg.batch * cfg.seq and len(docs.cu_seqlens) > cfg.batch + 1
+    g = torch.Generator().manual_seed(6)
+    q, k, v = ((torch.rand(cfg.batch, h, cfg.seq, cfg.head_dim, generator=g) - 0.5).to(torch.bfloat16).to(device)
+               for h in (cfg.heads, cfg.kv_heads, cfg.kv_heads))
+    ours = train.attention_xkernels(q, k, v, docs).float()
+    want = train.attention_sdpa_math(*(t.float() for t in (q, k, v)), docs)
+    plain = train.attention_sdpa_math(*(t.float() for t in (q, k, v)))
+    err = (ours - want).norm() / want.norm()
+    assert err < 1e-2, err
+    assert (ours - plain).norm() / plain.norm() > 10 * err
+
+
+def test_tiny_packed_training_runs_and_agrees_with_sdpa(tmp_path):
+    train = _load()
+    result = train.main(["--steps", "3", "--tiny", "--packed", "--device",
+                         "cuda" if torch.cuda.is_available() else "cpu"])
+    losses = result["losses"]
+    assert all(math.isfinite(x) for ls in losses.values() for x in ls)
+    assert result["agreement"]["xkernels_vs_sdpa"] < 1e-2  # measured 3e-4
+    assert losses["xkernels"][-1] < losses["xkernels"][0]
