@@ -52,7 +52,8 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
                               max_seqlen_k: int, *, is_causal: bool, scale: float | None, precision: str,
                               backend: str):
     """(dQ, dK, dV) of a packed varlen forward (q (total_q, Hq, D), LSE (Hq, total_q)), causal bottom-right, dK and
-    dV summed over each GQA group; the portable kernels. The cu_seqlens are checked on the device, as the forward's
+    dV summed over each GQA group, by the kernels `select.resolve_attention_varlen_backward` picks (`_varlen_launch`).
+    The cu_seqlens are checked on the device, as the forward's
     `sync_checks=False` does (the forward already raised on bad values with `sync_checks`; the saved tensors cannot
     change in between without autograd refusing): a bad call writes nothing and returns NaN gradients. During
     CUDA-graph capture nothing is checked."""

@@ -284,11 +284,12 @@ def _backward_matmul(ctx, grad):
     """C = A op(B), op(B) = B ("kn", B (K, N)) or B^T ("nk", B (N, K)): dA = dC op(B)^T and dB = A^T dC ("kn") or
     dC^T A ("nk"), each one `matmul`. dC is rounded to the inputs' dtype first when C is wider (out_dtype fp32), as
     the kernels multiply fp16/bf16 operands. A 2-D B's gradient folds A's batch dims into the product's inner
-    dim; other broadcasts are summed in fp32 from per-batch products. Forced layers: see `backend` above."""
+    dim; other broadcasts are summed in fp32 from per-batch products. A forced layer applies to the forward only
+    (but "portable", which serves every product)."""
     a, b = ctx.saved_tensors
     b_layout, backend = ctx.flags
-    # the products differ from the forward's (batched where it was one problem, fp32 where batches are summed): a
-    # forced layer other than the portable one, or a config override, applies to the forward only
+    # the products differ from the forward's (batched where it was one problem, fp32 where batches are summed), so a
+    # forced Hopper layer or config override might not serve them
     backend = "portable" if backend.partition(":")[0] == "portable" else "auto"
     g = grad if grad.dtype == a.dtype else grad.to(a.dtype)
     da = db = None
