@@ -174,7 +174,7 @@ def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, preci
 @torch.library.register_fake("xkernels::attention_varlen")
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
       sync_checks, backend):
-    resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+    resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              precision=precision, backend=backend)
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
@@ -184,7 +184,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
 def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
       precision, backend):
     resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
-                                      int(max_seqlen_q), int(max_seqlen_k), precision=precision, backend=backend)
+                                      max_seqlen_q, max_seqlen_k, precision=precision, backend=backend)
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 

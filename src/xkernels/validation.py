@@ -214,7 +214,8 @@ def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
         raise ValueError(f"cu_seqlens_k: shape {tuple(cu_seqlens_k.shape)} does not match cu_seqlens_q's "
                          f"{tuple(cu_seqlens_q.shape)} (one entry per sequence, plus one)")
     for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+        # a SymInt under torch.compile: symbolic, so a new longest sequence does not recompile the graph
+        if isinstance(m, bool) or not isinstance(m, int | torch.SymInt) or m < 0:
             raise TypeError(f"{name}: expected a non-negative int, got {m!r}")
     return resolve_attention_recipe(precision, q.dtype)
 
