@@ -289,3 +289,21 @@ def test_the_direct_path_needs_descriptor_ready_strides(monkeypatch, device, m, 
     out = None if out_cols is None else torch.empty(m, out_cols, dtype=torch.float16, device=device)[:, :n]
     plan = plans.MatmulPlan(a, b, out, b_layout=b_layout, walk="auto", out_dtype=None, backend="auto")
     assert plan.direct == direct
+
+
+def test_compiled_attention_keeps_its_graph_as_the_length_changes(device):
+    """Training at varying sequence lengths: after dynamo's automatic dynamic shapes kick in, Sq and Skv stay
+    symbolic (kernel choice reads only how Sq compares with the decode threshold, never its value), so new lengths
+    reuse the graph: 2 graphs for 5 lengths (one per length if the fake kernel read the value)."""
+    from torch._dynamo.utils import counters
+
+    def loss(q):
+        return xkernels.attention(q, q, q, is_causal=True).float().square().sum()
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(loss, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")
+    for s in (40, 48, 56, 64, 72):
+        q = attention_inputs(1, 2, s, s, 64, torch.float16, device, seed=s)[0].requires_grad_()
+        compiled(q).backward()
+    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])

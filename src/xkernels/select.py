@@ -175,7 +175,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
     d = int(q.shape[-1])
-    if override.layer != "hopper" and int(q.shape[2]) <= DECODE_MAX_SQ:
+    if override.layer != "hopper" and q.shape[2] <= DECODE_MAX_SQ:  # a guard on the relation, not on Sq
         return recipe, Choice("portable", portable_configs.decode_config(d, _target(q.device)), "decode")
     return recipe, select_attention(q.device, d, recipe, override)
 
