@@ -1,6 +1,7 @@
 """torch.autocast: `attention`, `attention_varlen` and `matmul` cast floating inputs to the autocast dtype, as
 F.scaled_dot_product_attention and torch.matmul do, so fp32 activations work inside an autocast region and give the
-same result as the cast inputs, gradients included (to the fp32 leaves); outside autocast fp32 is still refused."""
+same result as the cast inputs, gradients included (to the fp32 leaves); outside autocast fp32 is still refused, and
+as in torch float64 and out= calls are never cast."""
 
 import pytest
 import torch
@@ -64,3 +65,18 @@ def test_compiled_autocast_region(device):
     torch._dynamo.reset()
     compiled = torch.compile(f, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")
     assert torch.equal(compiled(q), f(q))
+
+
+def test_float64_and_out_calls_are_not_cast(device):
+    """As torch: autocast leaves float64 alone (so it is refused by dtype, as outside autocast), and out= calls are
+    not cast (a bf16 out with bf16 inputs works; fp32 inputs with out= are refused by dtype)."""
+    a64 = _rand(8, 16, device=device).double()
+    with _autocast(device):
+        with pytest.raises(TypeError, match="a"):
+            xkernels.matmul(a64, a64.T)
+        a, b = _rand(8, 16, device=device, seed=1), _rand(16, 8, device=device, seed=2)
+        out = torch.empty(8, 8, dtype=torch.bfloat16, device=device)
+        with pytest.raises(TypeError):
+            xkernels.matmul(a, b, out=out)
+        assert xkernels.matmul(a.bfloat16(), b.bfloat16(), out=out) is out
+    assert torch.equal(out, xkernels.matmul(a.bfloat16(), b.bfloat16()))

@@ -105,7 +105,11 @@ def test_checks_fail_on_a_broken_varlen_kernel(device):
     (dict(cu_seqlens_k="decreasing"), ValueError, "cu_seqlens_k: must be non-decreasing"),
     (dict(cu_seqlens_q="total"), ValueError, "cu_seqlens_q: ends at"),
     (dict(max_seqlen_k=3), ValueError, "max_seqlen_k: 3 is less than"),
-    (dict(max_seqlen_q=-1), TypeError, "max_seqlen_q"),
+    (dict(max_seqlen_q=-1), ValueError, "max_seqlen_q: -1 is outside"),
+    (dict(max_seqlen_q=2**31), ValueError, "max_seqlen_q: 2147483648 is outside"),
+    (dict(max_seqlen_k=7.0), TypeError, "max_seqlen_k: expected an int, got float"),
+    (dict(max_seqlen_k=True), TypeError, "max_seqlen_k: expected an int, got bool"),
+    (dict(cu_seqlens_q=[0, 4, 10]), TypeError, "cu_seqlens_q: expected a torch.Tensor"),
     (dict(q="4d"), ValueError, "q: expected 3 dims"),
     (dict(q="heads"), ValueError, "kv heads do not divide"),
     (dict(backend="hopper"), ValueError, "backend: 'hopper' was forced"),
@@ -157,6 +161,17 @@ def test_unsynced_checks(device, monkeypatch):
         assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v, cq_bad, ck_bad), strict=True)), name
     with pytest.raises(TypeError, match="sync_checks"):
         xkernels.attention_varlen(q, k, v, cq, ck, 6, 7, sync_checks=1)
+
+
+def test_unaligned_contiguous_inputs_are_copied(device):
+    """A contiguous q whose base is not 16-byte aligned (a slice of a larger buffer) is copied for the kernel's
+    descriptors, and the result is right."""
+    q, k, v, cq, ck = packed([5, 17], [9, 17], 2, 2, 64, torch.float16, device)
+    unaligned = torch.empty(q.numel() + 1, dtype=q.dtype, device=device)[1:].view(q.shape)
+    unaligned.copy_(q)
+    assert unaligned.is_contiguous() and unaligned.data_ptr() % 16
+    want = xkernels.attention_varlen(q, k, v, cq, ck, 17, 17, is_causal=True)
+    assert torch.equal(xkernels.attention_varlen(unaligned, k, v, cq, ck, 17, 17, is_causal=True), want)
 
 
 def test_strided_cu_seqlens_are_read_as_their_values(device):

@@ -10,6 +10,7 @@ from xkernels.validation import (
     B_LAYOUTS,
     MAX_SCALE,
     WALK_CHOICES,
+    check_max_seqlen,
     check_precision,
     check_scale,
     choice,
@@ -30,17 +31,19 @@ def _backend(backend: object) -> str:
 
 
 _AUTOCAST_DEVICES = ("cuda", "cpu", "xpu")
+_AUTOCAST_ELIGIBLE = (torch.float32, torch.float16, torch.bfloat16)  # autocast leaves float64 alone
 
 
 def _autocast(tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
-    """Under torch.autocast for the tensors' device, the floating inputs in the autocast dtype, as torch.matmul and
-    F.scaled_dot_product_attention get them (both are autocast's lower-precision ops); differentiable (`Tensor.to`).
-    Outside autocast the tensors themselves."""
+    """Under torch.autocast for the tensors' device, the fp32/fp16/bf16 inputs in the autocast dtype, as torch.matmul
+    and F.scaled_dot_product_attention get them (both are autocast's lower-precision ops); differentiable
+    (`Tensor.to`). Outside autocast the tensors themselves. The callers skip it for `out=` calls, as torch's out=
+    variants do."""
     device_type = tensors[0].device.type
     if device_type not in _AUTOCAST_DEVICES or not torch.is_autocast_enabled(device_type):
         return tensors
     dtype = torch.get_autocast_dtype(device_type)
-    return tuple(t.to(dtype) if t.is_floating_point() and t.dtype != dtype else t for t in tensors)
+    return tuple(t.to(dtype) if t.dtype in _AUTOCAST_ELIGIBLE and t.dtype != dtype else t for t in tensors)
 
 
 def _out(out: object) -> None:
@@ -73,8 +76,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     an -acc16 variant's that of its base.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
-    q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
-    `attention_varlen`'s and `matmul`'s inputs, as for torch.matmul; a KV cache is never cast).
+    fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
+    `attention_varlen`'s and `matmul`'s inputs, as for torch.matmul), except in calls with `out=` (as torch's out=
+    variants) and `attention_with_kvcache` calls (its q, k, v and caches are never cast).
     """
     # the common call passes this one test; anything else gets the full checks (and their named errors)
     if not (type(is_causal) is bool and type(enable_gqa) is bool and type(return_lse) is bool
@@ -86,7 +90,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
-    q, k, v = _autocast((q, k, v))
+    if out is None:
+        q, k, v = _autocast((q, k, v))
     if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # differentiable: the op that also returns the LSE, which the backward needs (ops.py registers it)
         o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
@@ -125,7 +130,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     backend="hopper" on sm_90 the Gluon backward's packed variants (not yet run on a GPU: opt-in); bf16io's backward
     is the bf16 recipe's, as for `attention`.
     """
-    tensor(q, "q"), tensor(k, "k"), tensor(v, "v")
+    tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), tensor(cu_seqlens_q, "cu_seqlens_q")
+    tensor(cu_seqlens_k, "cu_seqlens_k"), check_max_seqlen(max_seqlen_q, "max_seqlen_q")
+    check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
     q, k, v = _autocast((q, k, v))
@@ -197,8 +204,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
-    a, b = _autocast((a, b))
     if out is None:
+        a, b = _autocast((a, b))
         return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
     no_grad({"a": a, "b": b}, "a call with out= is not differentiable (as for torch's out= functions)")
     _out(out)

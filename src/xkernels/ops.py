@@ -265,8 +265,8 @@ def _backward_varlen(ctx, grad_out, grad_lse):
 
 
 def _no_double_backward(ctx, *grads):
-    raise RuntimeError("xkernels.attention: double backward (a gradient of the gradients, create_graph=True) is "
-                       "not supported")
+    raise RuntimeError("xkernels attention (dense or varlen): double backward (a gradient of the gradients, "
+                       "create_graph=True) is not supported")
 
 
 def _save_matmul(ctx, inputs, output) -> None:

@@ -182,6 +182,18 @@ def check_attention_varlen_backward(grad_out: torch.Tensor, q: torch.Tensor, k: 
     return recipe
 
 
+MAX_SEQLEN = 2**31 - 1  # token rows are int32 inside the kernels
+
+
+def check_max_seqlen(m: object, name: str) -> None:
+    """A max_seqlen argument: an int (a SymInt under torch.compile: kept symbolic, so a new longest sequence does
+    not recompile the graph) from 0 to MAX_SEQLEN; bool is refused."""
+    if isinstance(m, bool) or not isinstance(m, int | torch.SymInt):
+        raise TypeError(f"{name}: expected an int, got {type(m).__name__} {m!r}")
+    if m < 0 or m > MAX_SEQLEN:
+        raise ValueError(f"{name}: {m} is outside 0..{MAX_SEQLEN} (token rows are 32-bit in the kernels)")
+
+
 def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                            precision: str) -> AttentionRecipe:
@@ -213,10 +225,7 @@ def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     if cu_seqlens_q.shape != cu_seqlens_k.shape:
         raise ValueError(f"cu_seqlens_k: shape {tuple(cu_seqlens_k.shape)} does not match cu_seqlens_q's "
                          f"{tuple(cu_seqlens_q.shape)} (one entry per sequence, plus one)")
-    for name, m in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        # a SymInt under torch.compile: symbolic, so a new longest sequence does not recompile the graph
-        if isinstance(m, bool) or not isinstance(m, int | torch.SymInt) or m < 0:
-            raise TypeError(f"{name}: expected a non-negative int, got {m!r}")
+    check_max_seqlen(max_seqlen_q, "max_seqlen_q"), check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     return resolve_attention_recipe(precision, q.dtype)
 
 

@@ -16,8 +16,11 @@ from xkernels.validation import check_cu_seqlens
 
 
 def _tiled(t: torch.Tensor) -> torch.Tensor:
-    """Token rows with a unit last stride and 16-byte aligned strides and base: what the kernel's descriptors read."""
-    return t if t.data_ptr() % 16 == 0 and strides_ok(t.stride(), t.element_size()) else t.contiguous()
+    """Token rows with a unit last stride and 16-byte aligned strides and base: what the kernel's descriptors read (a
+    copy otherwise: a fresh allocation, since `contiguous()` keeps a contiguous tensor's unaligned base)."""
+    if t.data_ptr() % 16 == 0 and strides_ok(t.stride(), t.element_size()):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def output_like(q: torch.Tensor) -> torch.Tensor:
