@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xkernels
-from xkernels.bench.timing import interleaved_graph_ms
+from xkernels.bench.timing import graph_ms, interleaved_graph_ms
 from xkernels.testing.cases import VarlenGradCase
 
 CASES = [VarlenGradCase(32, 256, 4096, 32, 32, 128, False), VarlenGradCase(32, 256, 4096, 32, 32, 128, True),
@@ -40,7 +40,9 @@ def row(case: VarlenGradCase, rounds: int) -> dict:
             o = xkernels.attention_varlen(*leaves, cu, cu, longest, longest, is_causal=case.causal, backend=backend)
             grads[name] = torch.autograd.grad(o, leaves, do, retain_graph=True)
             kernels[name] = xkernels.last_backend()
-            fns[name] = (lambda o=o, leaves=leaves: torch.autograd.grad(o, leaves, do, retain_graph=True))
+            fn = (lambda o=o, leaves=leaves: torch.autograd.grad(o, leaves, do, retain_graph=True))
+            graph_ms(fn, reps=1, repeats=1)  # it captures (a failure is recorded, not fatal)
+            fns[name] = fn
         except Exception as e:  # a variant that cannot run this row is recorded
             out["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
     padded = case.padded(inputs)
