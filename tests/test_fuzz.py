@@ -66,8 +66,8 @@ def test_few_row_gemm_fuzz(device, m, n, k, b_layout, dtype, fp32_out, batch, se
        page=st.sampled_from([0, 16, 32]), causal=st.booleans(), splits=st.integers(0, 4), leftpad=st.booleans(),
        data=st.data())
 def test_kvcache_fuzz(device, recipe, d, b, hkv, group, sq, append, page, causal, splits, leftpad, data):
-    """attention_with_kvcache over random lengths, pages, appends, splits and left pads against float64 over each
-    sequence's valid rows (bottom-right causal)."""
+    """attention_with_kvcache over random lengths, pages, appends, splits, left pads and sliding windows against
+    float64 over each sequence's valid rows (bottom-right causal)."""
     from xkernels.testing import reference_attention_varlen
 
     rec = ATTENTION_RECIPES[recipe]
@@ -75,6 +75,8 @@ def test_kvcache_fuzz(device, recipe, d, b, hkv, group, sq, append, page, causal
     new = sq if append else 0
     lengths = [data.draw(st.integers(0, s_max - new)) for _ in range(b)]
     pads = [data.draw(st.integers(0, n)) for n in lengths] if leftpad and not page else None
+    window = (data.draw(st.sampled_from([-1, 0, 1, 5, 17, 40])),
+              0 if causal else data.draw(st.sampled_from([-1, 0, 3])))
     g = torch.Generator(device=device).manual_seed(sum(lengths) + 7 * sq)
 
     def rnd(*shape):
@@ -94,7 +96,8 @@ def test_kvcache_fuzz(device, recipe, d, b, hkv, group, sq, append, page, causal
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
     pad_t = None if pads is None else torch.tensor(pads, dtype=torch.int32, device=device)
     o = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, k=k, v=v, block_table=table,
-                                        cache_leftpad=pad_t, is_causal=causal, precision=recipe, num_splits=splits)
+                                        cache_leftpad=pad_t, is_causal=causal, precision=recipe, num_splits=splits,
+                                        window_size=window)
     if new:  # the reference reads the appended rows from the dense copy
         for i, n in enumerate(lengths):
             k_cache[i, n:n + new], v_cache[i, n:n + new] = k[i], v[i]
@@ -105,7 +108,7 @@ def test_kvcache_fuzz(device, recipe, d, b, hkv, group, sq, append, page, causal
                          .tolist()], dtype=torch.int32)
     cu_q = torch.arange(b + 1, dtype=torch.int32) * sq
     ref, _ = reference_attention_varlen(q.reshape(b * sq, -1, d).cpu(), keys.cpu(), values.cpu(), cu_q, cu_k,
-                                        is_causal=causal)
+                                        is_causal=causal, window=window)
     c = compare_attention(o, ref.view(b, sq, -1, d).to(o.device), rec)
     assert c.passed, c
 

@@ -29,7 +29,7 @@ def setup(device, *, batch=3, sq=2, new=2, s_max=48, hq=4, hkv=2, d=64, lengths=
     return q, k_cache, v_cache, k, v, cache_seqlens
 
 
-def reference(q, k_cache, v_cache, lengths, *, causal):
+def reference(q, k_cache, v_cache, lengths, *, causal, window=(-1, -1)):
     """float64 O over rows [0, lengths[b]) of each sequence's (already updated) cache."""
     batch, sq, hq, d = q.shape
     keys = torch.cat([k_cache[b, :n] for b, n in enumerate(lengths)])
@@ -37,7 +37,7 @@ def reference(q, k_cache, v_cache, lengths, *, causal):
     cu_q = torch.arange(batch + 1, dtype=torch.int32) * sq
     cu_k = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
     o, _ = reference_attention_varlen(q.reshape(batch * sq, hq, d).cpu(), keys.cpu(), values.cpu(), cu_q, cu_k,
-                                      is_causal=causal)
+                                      is_causal=causal, window=window)
     return o.view(batch, sq, hq, d)
 
 
@@ -183,7 +183,7 @@ def test_opcheck_and_compile(device):
     for sync in (True, False):
         torch.library.opcheck(ops.attention_with_kvcache_op,
                               (q, k_cache.clone(), v_cache.clone(), lengths, k, v, None, None, True, None, "auto", True,
-                               0, sync, "auto"))
+                               0, sync, -1, -1, "auto"))
 
     def step(q, k_cache, v_cache, k, v):
         return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
@@ -316,3 +316,44 @@ def test_checks_fail_on_a_broken_decode(device):
     last_split_only = xkernels.attention_with_kvcache(q, k_cache[:, 96:], v_cache[:, 96:],
                                                       cache_seqlens=(lengths - 96).clamp(min=0))
     assert not compare_attention(last_split_only, want, recipe).passed
+
+
+@pytest.mark.parametrize("causal,window", [(True, (37, 0)), (True, (0, -1)), (False, (20, 9)), (False, (-1, 5))])
+@pytest.mark.parametrize("page,sq", [(0, 1), (16, 1), (0, 5), (16, 5)])
+def test_sliding_window_matches_float64_and_reads_only_its_window(device, causal, window, page, sq):
+    """window_size=(left, right), flash_attn_with_kvcache's: query at position p sees keys p - left .. p (causal) or
+    .. p + right. The cache rows before the first query's window are NaN here: the kernel never reads them (the
+    splits cut the window only), so the output stays finite and right."""
+    lengths = (300, 41, 7)
+    q, k_cache, v_cache, _, _, seqlens = setup(device, sq=sq, new=0, s_max=320, lengths=lengths, seed=3)
+    if window[0] >= 0:
+        for b, n in enumerate(lengths):
+            first = max(n - sq - window[0], 0)  # the first query's first key
+            k_cache[b, :first] = float("nan")
+            v_cache[b, :first] = float("nan")
+    table = None
+    kc, vc = k_cache, v_cache
+    if page:
+        per_seq = 320 // page
+        table = torch.randperm(3 * per_seq, generator=torch.Generator().manual_seed(1)).view(3, per_seq)
+        table = table.to(torch.int32).to(device)
+        kc = torch.empty((3 * per_seq, page, 2, 64), dtype=k_cache.dtype, device=device)
+        vc = torch.empty_like(kc)
+        kc[table.long()] = k_cache.view(3, per_seq, page, 2, 64)
+        vc[table.long()] = v_cache.view(3, per_seq, page, 2, 64)
+    o = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, is_causal=causal,
+                                        window_size=window)
+    assert "window" in xkernels.last_backend()
+    ref = reference(q, k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0), lengths, causal=causal, window=window)
+    c = compare_attention(o, ref.to(o.device), ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason
+
+
+@pytest.mark.parametrize("window,causal,exc,match", [
+    ((4,), True, TypeError, "window_size: expected a"), ((4, 2.0), False, TypeError, "window_size"),
+    ((-2, 0), True, ValueError, "below -1"), ((4, 3), True, ValueError, "right = 3 with is_causal")])
+def test_bad_window_names_the_argument(device, window, causal, exc, match):
+    q, k_cache, v_cache, _, _, seqlens = setup(device, new=0)
+    with pytest.raises(exc, match=match):
+        xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, is_causal=causal,
+                                        window_size=window)

@@ -13,6 +13,7 @@ from xkernels.validation import (
     check_max_seqlen,
     check_precision,
     check_scale,
+    check_window,
     choice,
     flag,
     no_grad,
@@ -148,7 +149,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_table: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                            is_causal: bool = True, scale: float | None = None,
                            precision: str = "auto", return_lse: bool = False, num_splits: int = 0,
-                           sync_checks: bool = True,
+                           sync_checks: bool = True, window_size: tuple[int, int] = (-1, -1),
                            backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention against a KV cache, like flash_attn_with_kvcache (decode, speculative decoding, chunked prefill).
 
@@ -165,7 +166,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     (B, Hq, Sq) fp32. Forward only. The split-KV kernel reads the cache in place (dense or paged); `num_splits`
     sets how many key splits each (sequence, kv head) is cut into (0: a heuristic from the batch, heads, cache
     length and SM count). `cache_leftpad` (B,) int32, dense caches only: sequence b's keys start at that row (a
-    left-padded batch), so it attends rows cache_leftpad[b] .. cache_seqlens[b] + new.
+    left-padded batch), so it attends rows cache_leftpad[b] .. cache_seqlens[b] + new. `window_size` (left, right),
+    as flash_attn_with_kvcache's: query i (at position p = i + L - Sq of its sequence of L keys) sees keys p - left ..
+    p (causal) or p - left .. p + right (not causal), -1 leaving a side unbounded; a decode step then reads only its
+    window (sliding-window models: Mistral, Gemma, ...). With is_causal, right must be -1 or 0.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         tensor(t, name)
@@ -173,10 +177,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
     if type(num_splits) is not int or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0: heuristic), got {num_splits!r}")
+    left, right = check_window(window_size, is_causal)
     no_grad({"q": q, "k": k, "v": v}, "attention_with_kvcache is an inference op (no backward)")
     o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
-                                           is_causal, scale, precision, return_lse, num_splits, sync_checks,
-                                           backend)
+                                           is_causal, scale, precision, return_lse, num_splits, sync_checks, left,
+                                           right, backend)
     return (o, lse) if return_lse else o
 
 

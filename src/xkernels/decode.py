@@ -56,35 +56,48 @@ class Geometry:
     table_stride: int
 
 
+NO_WINDOW = 1 << 30  # a window side the kernel never reaches (keys are int32)
+
+
 class DecodePlan:
     def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
-                 splits: int = 0, key_starts: bool = False):
+                 splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1)):
+        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side."""
         self.g, self.device, self.write_lse = g, device, write_lse
         group = g.hq // g.hkv
         rows = g.sq * group
         block_m = cfg.block_m(rows)
         programs = g.batch * g.hkv * triton.cdiv(rows, block_m)
         sms = INTERPRETED_SMS if INTERPRET or device.type != "cuda" else sm_count(device.index or 0)
+        # the keys a row block can see: the cache, or with a left window at most the window and the block's rows
+        # (and the right window, not causal); the splits cut that span
+        span = g.capacity
+        if window[0] >= 0:
+            right = 0 if is_causal else (window[1] if window[1] >= 0 else g.capacity)
+            span = min(g.capacity, window[0] + g.sq + right)
         if splits <= 0:
-            splits = num_splits(programs, g.capacity, cfg.block_n, sms)
-        tiles = triton.cdiv(max(g.capacity, 1), cfg.block_n)
+            splits = num_splits(programs, span, cfg.block_n, sms)
+        tiles = triton.cdiv(max(span, 1), cfg.block_n)
         split_keys = triton.cdiv(tiles, min(splits, tiles)) * cfg.block_n
-        self.splits = triton.cdiv(max(g.capacity, 1), split_keys)
+        self.splits = triton.cdiv(max(span, 1), split_keys)
         self.rows = g.batch * g.sq * g.hq
         self.grid = programs * self.splits
         split = self.splits > 1
+        windowed = window[0] >= 0 or (window[1] >= 0 and not is_causal)
         self.constexprs = cfg.constexprs(g.head_dim, recipe, rows=rows, page=g.page, seq_lengths=seq_lengths,
                                          causal=is_causal, bottom_right=bottom_right, write_lse=write_lse,
-                                         split=split, key_starts=key_starts)
+                                         split=split, key_starts=key_starts, windowed=windowed)
         self.options = cfg.options()
         self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
         self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,
-                     g.capacity, split_keys, self.rows, self.splits)
+                     g.capacity, split_keys, self.rows, self.splits,
+                     *(NO_WINDOW if side < 0 else side for side in window))
         self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
         self.combine_ints = (*g.o_strides, self.rows, g.sq, g.hq, self.splits)
         self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
-        self.name = f"portable.decode[{recipe.name} {cfg} BM{block_m} splits={self.splits}]"
+        self.name = (f"portable.decode[{recipe.name} {cfg} BM{block_m} splits={self.splits}"
+                     + (f" window={window[0]},{window[1]}" if windowed else "") + "]")
         self.direct = launch.direct_launch_available(device)
         self.kernel: launch.Kernel | None = None
         self.combine: launch.Kernel | None = None
@@ -143,14 +156,15 @@ def _plan(key: tuple, make) -> DecodePlan:
 
 
 def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, recipe: AttentionRecipe,
-                 cfg: DecodeConfig, write_lse: bool, splits: int, key_starts: bool = False) -> DecodePlan:
+                 cfg: DecodeConfig, write_lse: bool, splits: int, key_starts: bool = False,
+                 window: tuple[int, int] = (-1, -1)) -> DecodePlan:
     """The plan of an `attention_with_kvcache` call: q, O (B, Sq, Hq, D); a dense (B, S_max, Hkv, D) or paged
     (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths (and, for a left-padded dense
     cache, first keys) read on the device."""
     paged = block_table is not None
     key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), out.stride(),
            None if not paged else (block_table.shape, block_table.stride()), q.dtype, q.device, is_causal,
-           recipe.name, cfg, write_lse, splits, key_starts)
+           recipe.name, cfg, write_lse, splits, key_starts, window)
 
     def make() -> DecodePlan:
         batch, sq, hq, d = q.shape
@@ -159,7 +173,7 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
                      page, q.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3], out.stride()[:3],
                      block_table.stride(0) if paged else 0)
         return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
-                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts)
+                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window)
 
     return _plan(key, make)
 

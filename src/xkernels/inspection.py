@@ -203,8 +203,8 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
 def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     """The split-KV kernel per head dim, bf16, one decode row per query head of a GQA group of 4 (16-row tiles): the
     dense API's variant (one page per sequence, no split), the cache's (per-sequence lengths, causal, split) on
-    pages of 16 and 64 keys and on a left-padded dense cache; and the merge of the splits. On sm_90 a 16-row tile
-    takes mma.sync (wgmma needs 64)."""
+    pages of 16 and 64 keys, on a left-padded dense cache and with a sliding window; and the merge of the splits. On
+    sm_90 a 16-row tile takes mma.sync (wgmma needs 64)."""
     from xkernels.portable import attention_decode as dec
     from xkernels.portable.configs import decode_config
     from xkernels.recipes import ATTENTION_RECIPES
@@ -219,12 +219,15 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     matrix = "HMMA" if target.name == "sm_90" else "target"
     for d in HEAD_DIMS:
         cfg = decode_config(d, target, interpret=False)
-        for page, causal, split, left in ((0, False, False, False), (16, True, True, False), (64, False, True, False),
-                                          (0, True, True, True)):
+        for page, causal, split, left, window in ((0, False, False, False, False), (16, True, True, False, False),
+                                                  (64, False, True, False, False), (0, True, True, True, False),
+                                                  (16, True, True, False, True)):
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
-                                bottom_right=True, write_lse=True, split=split, key_starts=left, interpret=False)
+                                bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
+                                interpret=False)
             yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
-                               f"{' split' if split else ''}{' leftpad' if left else ''} {cfg}",
+                               f"{' split' if split else ''}{' leftpad' if left else ''}{' window' if window else ''}"
+                               f" {cfg}",
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix)
         yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,

@@ -102,7 +102,7 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table, flags=None) -> No
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
                            scale: float | None, precision: str, return_lse: bool, num_splits: int, sync_checks: bool,
-                           backend: str):
+                           window: tuple[int, int] = (-1, -1), backend: str):
     """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). The cache checks raise
     when `sync_checks`; without, bad values leave the cache as it was and make every output NaN, with nothing read
     outside the cache (four small device ops more than a synchronized call, and no read to the host). During
@@ -138,7 +138,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
             cache_leftpad = cache_leftpad.masked_fill(bad, 0)
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
-                               key_starts=cache_leftpad is not None)
+                               key_starts=cache_leftpad is not None, window=window)
     plan.run(q, keys, values, out, lse if return_lse else None, seqlens, block_table, scale, cache_leftpad)
     if bad is not None:
         out.masked_fill_(bad, float("nan"))

@@ -15,8 +15,8 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse?, cu_seqlens_q, cu_seqlens_k,
                                       max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend) -> (dQ, dK, dV)
   xkernels::attention_with_kvcache(q, k_cache!, v_cache!, cache_seqlens, k?, v?, block_table?, cache_leftpad?,
-                                   is_causal, scale,
-                                   precision, return_lse, num_splits, sync_checks, backend)
+                                   is_causal, scale, precision, return_lse, num_splits, sync_checks, window_left,
+                                   window_right, backend)
                                    -> (O, LSE (B, Hq, Sq) or empty)
                                    (writes k, v into the caches first)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
@@ -65,8 +65,8 @@ _lib.define("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tens
             "bool is_causal, float? scale, str precision, str backend) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
-            "str precision, bool return_lse, "
-            "int num_splits, bool sync_checks, str backend) -> (Tensor, Tensor)")
+            "str precision, bool return_lse, int num_splits, bool sync_checks, int window_left, int window_right, "
+            "str backend) -> (Tensor, Tensor)")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
 _DEVICES = ("CPU", "CUDA", "XPU")
@@ -114,11 +114,11 @@ def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens
 
 
 def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale,
-                            precision, return_lse, num_splits, sync_checks, backend):
+                            precision, return_lse, num_splits, sync_checks, window_left, window_right, backend):
     return kvcache.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
                                           is_causal=is_causal, scale=scale, precision=precision,
                                           return_lse=return_lse, num_splits=num_splits, sync_checks=sync_checks,
-                                          backend=backend)
+                                          window=(window_left, window_right), backend=backend)
 
 
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
@@ -190,7 +190,7 @@ def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
 @torch.library.register_fake("xkernels::attention_with_kvcache")
 def _(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale, precision, return_lse,
-      num_splits, sync_checks, backend):
+      num_splits, sync_checks, window_left, window_right, backend):
     resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, precision=precision,
                               backend=backend)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)

@@ -194,6 +194,20 @@ def check_max_seqlen(m: object, name: str) -> None:
         raise ValueError(f"{name}: {m} is outside 0..{MAX_SEQLEN} (token rows are 32-bit in the kernels)")
 
 
+def check_window(window: object, is_causal: bool) -> tuple[int, int]:
+    """FlashAttention's window_size: (left, right) ints >= -1 (-1: unbounded); causal windows end at the query
+    (right -1 or 0). Returns (left, right) with a causal right of -1 made 0."""
+    if not (isinstance(window, tuple | list) and len(window) == 2
+            and all(type(side) is int for side in window)):
+        raise TypeError(f"window_size: expected a (left, right) pair of ints, got {window!r}")
+    left, right = window
+    if left < -1 or right < -1:
+        raise ValueError(f"window_size: {tuple(window)} has a side below -1 (-1: unbounded)")
+    if is_causal and right > 0:
+        raise ValueError(f"window_size: right = {right} with is_causal (a causal window ends at the query: -1 or 0)")
+    return left, 0 if is_causal else right
+
+
 def check_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *,
                            precision: str) -> AttentionRecipe:

@@ -14,7 +14,9 @@ dense API's (B, H, S, D) and the cache's (B, S, H, D) differ only in strides. K/
 (a page may be smaller than a key tile, so rows of one tile may come from several blocks); rows past a sequence's
 length are never read, so uninitialized cache rows (NaN bit patterns included) cannot leak into P.V.
 Causal is aligned bottom-right (query t sees keys j <= t + L - Sq, the KV-cache convention) or top-left (the dense
-API's); rows that see no key return O = 0 and LSE = -inf.
+API's); rows that see no key return O = 0 and LSE = -inf. A sliding window (WINDOWED, FlashAttention's
+window_size=(left, right)) keeps keys limit - left .. limit (causal) or .. limit + right (not causal), with limit =
+t + L - Sq; the split's keys before the block's first window are skipped, so a decode step reads only its window.
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.cons
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss, qk_scale,
-            HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
-            MASKED: tl.constexpr, PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss,
+            qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
+            MASKED: tl.constexpr, WINDOWED: tl.constexpr, PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED: keys >= hi and (causal) keys past each row's `limit`
-    are dropped, and their K/V rows are not read. A paged cache's block ids are read one tile ahead (a loop-carried
-    value), so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early."""
+    are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys below limit - win_left and
+    (not causal) above limit + win_right. A paged cache's block ids are read one tile ahead (a loop-carried value),
+    so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early."""
     cols = tl.arange(0, HEAD_DIM)
     blocks = _blocks(lo, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
     for start_n in tl.range(lo, hi, BLOCK_N):
@@ -68,6 +71,10 @@ def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, BLOCK_TABLE, bt_sb, k_sp, 
             keep = keys[None, :] < hi
             if CAUSAL:
                 keep = keep & (keys[None, :] <= limit[:, None])
+            if WINDOWED:
+                keep = keep & (keys[None, :] >= (limit - win_left)[:, None])
+                if not CAUSAL:
+                    keep = keep & (keys[None, :] <= (limit + win_right)[:, None])
             s = tl.where(keep, s, float("-inf"))
         p, m_i, l_i, acc = online_step(s, m_i, l_i, acc, True)
         if MASKED:
@@ -81,12 +88,12 @@ def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, BLOCK_TABLE, bt_sb, k_sp, 
 @triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS"])
 def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START,
                             q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
-                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, qk_scale,
+                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, win_left, win_right, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
-                            CAUSAL: tl.constexpr,
-                            BOTTOM_RIGHT: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                            SPLIT: tl.constexpr, INTERPRET: tl.constexpr):
+                            CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
+                            PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
+                            INTERPRET: tl.constexpr):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] keys (SEQ_LENGTHS) or SKV, of which KEY_STARTS skips the first KEY_START[b] (a left-padded dense
@@ -120,14 +127,21 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     # keys this program visits: its split, cut at the sequence end and (causal) at the block's last row's limit
     offset = L - SQ if BOTTOM_RIGHT else 0
     limit = t + offset  # row t sees keys j <= limit[t]
-    lo = split * SPLIT_KEYS
+    t_last = min(start_r + BLOCK_M - 1, SQ * GROUP - 1) // GROUP
+    base = 0
+    if WINDOWED:  # the splits cut the block's window, from the first row's first key (keys before are skipped)
+        base = max(start_r // GROUP + offset - win_left, 0)
+    lo = base + split * SPLIT_KEYS
     hi = max(min(lo + SPLIT_KEYS, L), lo)
     full_hi = hi
     if CAUSAL:
-        t_last = min(start_r + BLOCK_M - 1, SQ * GROUP - 1) // GROUP
         hi = max(min(hi, t_last + offset + 1), lo)
         full_hi = max(min(hi, start_r // GROUP + offset + 1), lo)  # every row of the block sees keys below this
     full_hi = lo + ((full_hi - lo) // BLOCK_N) * BLOCK_N  # whole mask-free tiles; the rest is masked
+    if WINDOWED:  # every tile masked: each row's window starts elsewhere
+        if not CAUSAL:
+            hi = max(min(hi, t_last + offset + win_right + 1), lo)
+        full_hi = lo
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -137,10 +151,12 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     if KEY_STARTS:
         k_base += first.to(tl.int64) * k_ss
         v_base += first.to(tl.int64) * v_ss
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, lo, full_hi, limit, BLOCK_TABLE, bt_sb, k_sp,
-                            k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, PV_DTYPE, INTERPRET)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, full_hi, hi, limit, BLOCK_TABLE, bt_sb, k_sp,
-                            k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, lo, full_hi, limit, win_left, win_right,
+                            BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL,
+                            False, WINDOWED, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, full_hi, hi, limit, win_left, win_right,
+                            BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL,
+                            True, WINDOWED, PV_DTYPE, INTERPRET)
     o, lse = finish(acc, l_i, m_i, True)
 
     hq = HKV * GROUP

@@ -74,10 +74,11 @@ def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                               cu_seqlens_k: torch.Tensor, *, is_causal: bool = False,
-                               scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                               cu_seqlens_k: torch.Tensor, *, is_causal: bool = False, scale: float | None = None,
+                               window: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) in float64 for packed sequences, causal aligned bottom-right (query
-    i sees keys j <= i + Sk - Sq); rows that see no key give O = 0 and LSE = -inf."""
+    i sees keys j <= i + Sk - Sq); `window` (left, right), -1 unbounded, keeps keys i + Sk - Sq - left .. + right;
+    rows that see no key give O = 0 and LSE = -inf."""
     hq, d = q.shape[1], q.shape[2]
     group = hq // k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
@@ -91,10 +92,14 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         if sq == 0 or sk == 0:
             continue
         s = (qs @ ks.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+        i = torch.arange(sq, device=q.device)[:, None] + sk - sq  # each query's position among the keys
+        j = torch.arange(sk, device=q.device)[None, :]
         if is_causal:
-            i = torch.arange(sq, device=q.device)[:, None]
-            j = torch.arange(sk, device=q.device)[None, :]
-            s = s.masked_fill(j > i + sk - sq, float("-inf"))
+            s = s.masked_fill(j > i, float("-inf"))
+        if window[0] >= 0:
+            s = s.masked_fill(j < i - window[0], float("-inf"))
+        if window[1] >= 0:
+            s = s.masked_fill(j > i + window[1], float("-inf"))
         out[cq[b]:cq[b + 1]] = (torch.softmax(s, -1).nan_to_num(0.0) @ vs).transpose(0, 1)
         lse[:, cq[b]:cq[b + 1]] = torch.logsumexp(s, -1)
     return out, lse
