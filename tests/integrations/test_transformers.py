@@ -104,3 +104,43 @@ def test_training_step_with_left_padding_matches_sdpa(device, length):
     for name, g in got.items():
         assert g is not None and torch.isfinite(g).all(), name
         assert _rel(g, want[name]) < 5e-2, (name, _rel(g, want[name]))
+
+
+def tiny_mistral(attn_implementation: str, device: str, window: int):
+    config = transformers.MistralConfig(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                        num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                        max_position_embeddings=128, sliding_window=window)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                          dtype=torch.bfloat16)
+    return model.to(device).eval()
+
+
+def test_sliding_window_model_matches_sdpa(device):
+    """A Mistral with a sliding window of 8 on 19-token prompts (left padding in one row): prefill and greedy
+    decoding through the KV-cache kernel's window match sdpa's masked attention; the window really cuts (a model
+    without it gives other logits)."""
+    ours, sdpa = tiny_mistral("xkernels", device, 8), tiny_mistral("sdpa", device, 8)
+    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(4)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    with torch.no_grad():
+        logits = ours(ids, attention_mask=mask).logits
+        ran = xkernels.last_backend()
+        ref = sdpa(ids, attention_mask=mask).logits
+        unwindowed = tiny_mistral("sdpa", device, 64)(ids, attention_mask=mask).logits
+    keep = mask.bool()
+    assert "window=7,0" in ran, ran
+    assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
+    assert _rel(unwindowed[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
+    with torch.no_grad():  # no padding: the window alone
+        assert _rel(ours(ids).logits, sdpa(ids).logits) < 2e-2
+    with torch.no_grad():
+        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=0)
+        out = ours.generate(ids, attention_mask=mask, **kw)
+        want = sdpa.generate(ids, attention_mask=mask, **kw)
+    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
+        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
+        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
+            break

@@ -10,9 +10,11 @@ the left (what `generate()` makes of prompts of different lengths): each row's m
 valid position to the end, causal or not", which is checked on the device (a few reads to the host); prefill packs
 the valid rows and keys through `xkernels.attention_varlen`, decoding reads the cache in place as a left-padded
 cache (`attention_with_kvcache(cache_leftpad=...)`); rows that see no key return 0, as SDPA.
-Another mask (right padding with causal attention, sliding windows, arbitrary patterns) raises a ValueError saying
-so; so do dropout, softcapping and attention sinks. Inputs must be fp16 or bf16 (the model's dtype) with head dims
-64, 128 or 256. Training works too: padded batches through the varlen backward (decoding steps are inference only).
+Sliding-window layers (Mistral, Gemma, ...; the `sliding_window` argument, its mask) run through the KV-cache
+kernel's window (inference only). Another mask (right padding with causal attention, arbitrary patterns) raises a
+ValueError saying so; so do dropout, softcapping and attention sinks. Inputs must be fp16 or bf16 (the model's
+dtype) with head dims 64, 128 or 256. Training works too: padded batches through the varlen backward (decoding
+steps and sliding windows are inference only).
 """
 
 from __future__ import annotations
@@ -39,8 +41,16 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
         raise ValueError(f"dropout: {dropout} is not supported by attn_implementation='xkernels' (use 0 at "
                          "inference, or attn_implementation='sdpa')")
     q_length, kv_length = query.shape[2], key.shape[2]
+    window = kwargs.get("sliding_window")  # transformers' rule: key j is seen from query i when j > i - window
+    if window is not None and kv_length <= window:
+        window = None  # every key is inside every query's window
     if attention_mask is not None:
-        return _left_padded(query, key, value, attention_mask, scaling), None
+        return _left_padded(query, key, value, attention_mask, scaling, window), None
+    if window is not None:  # no mask, but the window cuts keys: causal, no padding
+        mask = torch.ones((query.shape[0], 1, q_length, kv_length), dtype=torch.bool, device=query.device)
+        return _left_padded(query, key, value, mask.tril(kv_length - q_length) & _window_mask(q_length, kv_length,
+                                                                                              window, query.device),
+                            scaling, window), None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(q_length > 1 and is_causal)  # one query token attends to the whole cache
     if is_causal and kv_length > q_length:  # SDPA's top-left causal: keys past the queries are never attended
@@ -50,13 +60,20 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
     return out.transpose(1, 2).contiguous(), None
 
 
+def _window_mask(sq: int, skv: int, window: int, device) -> torch.Tensor:
+    """(Sq, Skv): key j inside query i's sliding window (transformers' rule, j > i + Skv - Sq - window)."""
+    keys = torch.arange(skv, device=device)[None, :]
+    return keys > torch.arange(sq, device=device)[:, None] + (skv - sq) - window
+
+
 def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                 scaling: float | None) -> torch.Tensor:
+                 scaling: float | None, window: int | None = None) -> torch.Tensor:
     """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, Skv), causally (key j for query i
-    when j <= i + Skv - Sq) or all of them. Decoding steps (a few causal rows) read K and V in place as a
-    left-padded cache (`attention_with_kvcache(cache_leftpad=...)`); prefill packs the valid rows and keys into one
-    varlen call and unpacks them, the rows that see no key at 0; so does every call that needs gradients (the
-    split-KV kernel has no backward). Any other mask raises."""
+    when j <= i + Skv - Sq) or all of them, and with a sliding `window` only keys j > i + Skv - Sq - window. Decoding
+    steps (a few causal rows) and every windowed call read K and V in place as a left-padded cache
+    (`attention_with_kvcache(cache_leftpad=..., window_size=(window - 1, 0))`); other prefill packs the valid rows and
+    keys into one varlen call and unpacks them, the rows that see no key at 0; so does every call that needs
+    gradients (the split-KV kernel has no backward; a windowed one raises). Any other mask raises."""
     batch, _, sq, _ = query.shape
     skv = key.shape[2]
     if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (batch, 1, sq, skv):
@@ -68,13 +85,25 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     start = torch.where(valid.any(1), valid.to(torch.int8).argmax(1), skv)  # first valid key of each sequence
     key_ok = keys[None, :] >= start[:, None]
     causal = keys[None, None, :] <= torch.arange(sq, device=mask.device)[None, :, None] + (skv - sq)
+    if window is not None:
+        causal = causal & _window_mask(sq, skv, window, mask.device)[None]
     is_causal = torch.equal(mask, key_ok[:, None, :] & causal)  # each equal() is one read to the host
-    if not (is_causal or torch.equal(mask, key_ok[:, None, :].expand_as(mask))):
+    if not (is_causal or (window is None and torch.equal(mask, key_ok[:, None, :].expand_as(mask)))):
         raise ValueError("attention_mask: attn_implementation='xkernels' serves masks where each sequence sees the "
-                         "keys from its first valid position to the end (left padding, causal or not); this one "
-                         "differs (right padding, a window, or another pattern): use attn_implementation='sdpa'")
+                         "keys from its first valid position to the end (left padding, causal or not, a causal "
+                         "sliding window); this one differs (right padding, another pattern): use "
+                         "attn_implementation='sdpa'")
     q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    if window is not None:
+        if training:
+            raise ValueError(f"sliding_window: {window} with gradients is not supported by "
+                             "attn_implementation='xkernels' (windows are served by the inference-only KV-cache "
+                             "kernel); use attn_implementation='sdpa' to train")
+        lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
+        return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,
+                                               cache_leftpad=start.to(torch.int32), scale=scaling, sync_checks=False,
+                                               window_size=(window - 1, 0))
     if is_causal and sq <= DECODE_MAX_SQ and not training:  # decoding: the split-KV kernel reads the cache in place
         lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
         # lengths and first keys come from the mask checked above: no second read of the cache checks
