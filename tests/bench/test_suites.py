@@ -9,7 +9,8 @@ from xkernels.testing.cases import DecodeCase
 def test_decode_suite_has_each_cache_call_with_and_without_the_host_read():
     for quick in (True, False):
         shapes = [c.shape for c in decode_suite(quick)]
-        synced = [s for s in shapes if " dense" in s and "nosync" not in s and "dense-api" not in s]
+        synced = [s for s in shapes if " dense" in s and "nosync" not in s and "dense-api" not in s
+                  and "window" not in s]
         assert len(synced) == len(DECODE_ROWS)
         assert all(s + " nosync" in shapes for s in synced)
         assert not any("dense-api nosync" in s for s in shapes)  # the dense API has no cache checks
@@ -42,3 +43,17 @@ def test_varlen_grad_case_checks_and_pads_its_gradient(device):
     prepared = dataclasses.replace(case, step="bwd").prepare(inputs)
     grads = dataclasses.replace(case, step="bwd").run(prepared)
     assert all(torch.isfinite(g).all() for g in grads)
+
+
+def test_windowed_decode_case_reads_its_window(device):
+    """A sliding-window decode case: its FLOPs and bytes count the window's keys, its float64 check passes, and
+    its SDPA peer gets exactly the window's keys."""
+    import pytest
+
+    case = DecodeCase(2, 4, 2, 90, 64, cache="paged16", window=20)
+    assert case.keys == 21 and case.bytes_read == 2 * 2 * 2 * 2 * 21 * 64
+    inputs = case.inputs(device)
+    assert case.check(inputs).passed
+    assert case.dense(inputs)[1].shape == (2, 2, 21, 64)
+    with pytest.raises(ValueError, match="window"):
+        DecodeCase(2, 4, 2, 90, 64, window=20)  # the dense API has no window

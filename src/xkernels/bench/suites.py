@@ -100,8 +100,8 @@ DECODE_ROWS = ((8, 32, 8, 8192), (64, 32, 8, 4096), (1, 32, 8, 131072), (16, 64,
 
 def decode_suite(quick: bool) -> list[Case]:
     """Each anchor through the dense API and a dense cache, the cache call also with `sync_checks=False` (its checks
-    stay on the device: no host read per call); paged caches (16 and 64 keys a page) in the full suite, and
-    speculative decoding (4 query rows)."""
+    stay on the device: no host read per call); paged caches (16 and 64 keys a page) in the full suite, speculative
+    decoding (4 query rows), and sliding windows of 4K keys over long caches."""
     caches = ("dense-api", "dense") if quick else ("dense-api", "dense", "paged16", "paged64")
     cases: list[Case] = []
     for b, hq, hkv, s in DECODE_ROWS:
@@ -110,6 +110,9 @@ def decode_suite(quick: bool) -> list[Case]:
     if not quick:
         cases += [DecodeCase(8, 32, 8, 8192, 128, cache="paged64", sq=4), DecodeCase(8, 32, 8, 8192, 64),
                   DecodeCase(8, 32, 8, 8192, 256)]
+        # sliding windows: a 4K window over 32K and 128K caches reads what a 4K cache does (SDPA: the window's keys)
+        cases += [DecodeCase(16, 64, 8, 32768, 128, cache=c, window=4096) for c in ("dense", "paged64")]
+        cases += [DecodeCase(1, 32, 8, 131072, 128, cache="dense", window=4096)]
     return cases
 
 

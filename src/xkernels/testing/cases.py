@@ -171,21 +171,32 @@ class DecodeCase:
     sq: int = 1
     backend: str | None = None
     sync_checks: bool = True  # cache calls: read the cache checks' flag on the host (False: checks stay on device)
+    window: int = -1  # cache calls with one query row: a sliding window of this many keys before it (-1: none)
+
+    def __post_init__(self):
+        if self.window >= 0 and (self.cache == "dense-api" or self.sq != 1):
+            raise ValueError("window: cache calls with one query row only (the peer reads the window's keys)")
+
+    @property
+    def keys(self) -> int:
+        """Keys a call reads: the cache, or the window and the query's own key."""
+        return self.s if self.window < 0 else min(self.s, self.window + 1)
 
     @property
     def shape(self) -> str:
         nosync = "" if self.sync_checks or self.cache == "dense-api" else " nosync"
-        return (f"B{self.b} H{self.hq}/{self.hkv} {self.sq}x{_k(self.s)} D{self.d} {self.cache}{nosync}"
+        window = f" window {_k(self.window)}" if self.window >= 0 else ""
+        return (f"B{self.b} H{self.hq}/{self.hkv} {self.sq}x{_k(self.s)} D{self.d} {self.cache}{nosync}{window}"
                 f"{_forced(self.backend)}")
 
     @property
     def flops(self) -> int:
-        return 4 * self.d * self.sq * self.s * self.b * self.hq
+        return 4 * self.d * self.sq * self.keys * self.b * self.hq
 
     @property
     def bytes_read(self) -> int:
-        """K and V, each byte once: the decode floor."""
-        return 2 * 2 * self.b * self.hkv * self.s * self.d
+        """K and V of the keys read, each byte once: the decode floor."""
+        return 2 * 2 * self.b * self.hkv * self.keys * self.d
 
     @property
     def nbytes(self) -> int:
@@ -217,12 +228,13 @@ class DecodeCase:
         return q, paged[0], paged[1], table
 
     def dense(self, inputs):
-        """The same problem as (B, H, S, D) q, k, v for SDPA and the reference."""
+        """The same problem as (B, H, S, D) q, k, v for SDPA and the reference (a window's keys only)."""
         q, k, v, table = inputs
         if self.cache == "dense-api":
             return q, k, v
         if table is not None:
             k, v = (t[table.long()].flatten(1, 2)[:, :self.s] for t in (k, v))
+        k, v = k[:, self.s - self.keys:self.s], v[:, self.s - self.keys:self.s]
         return tuple(t.transpose(1, 2).contiguous() for t in (q, k, v))
 
     def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
@@ -233,7 +245,9 @@ class DecodeCase:
         lengths = torch.full((self.b,), self.s, dtype=torch.int32, device=q.device)
         return xkernels.attention_with_kvcache(q, k, v, cache_seqlens=lengths, block_table=table, is_causal=False,
                                                precision=self.recipe, return_lse=return_lse,
-                                               sync_checks=self.sync_checks, backend=self.backend)
+                                               sync_checks=self.sync_checks,
+                                               window_size=(self.window, 0) if self.window >= 0 else (-1, -1),
+                                               backend=self.backend)
 
     def check(self, inputs) -> Comparison:
         q, k, v = self.dense(inputs)
