@@ -376,7 +376,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 for causal in (False, True):
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
                     # D128 causal. The fused-dQ variant (not selected) spills; so does the packed causal variant at
-                    # D128 (64-80 bytes, mostly around the loops; one value per query block inside).
+                    # D128 (56-64 bytes, mostly around the loops; one value per query block inside).
                     mode = " causal" * causal + " varlen" * varlen
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,
