@@ -349,6 +349,18 @@ def test_sliding_window_matches_float64_and_reads_only_its_window(device, causal
     assert c.passed, c.reason
 
 
+@pytest.mark.parametrize("window,causal", [((3, 2**31 - 1), False), ((2**31 - 1, 0), True), ((-1, 2**31 - 1), False)])
+def test_window_sides_longer_than_the_cache_are_unbounded(device, window, causal):
+    """A side near 2^31 (int32 in the kernel) is the same as -1: the positions never wrap."""
+    q, k_cache, v_cache, _, _, seqlens = setup(device, sq=4, new=0, lengths=(40, 3, 12))
+    o = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, is_causal=causal,
+                                        window_size=window)
+    bounded = tuple(-1 if side > 1000 else side for side in window)
+    ref = reference(q, k_cache, v_cache, (40, 3, 12), causal=causal, window=bounded)
+    c = compare_attention(o, ref.to(o.device), ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason
+
+
 @pytest.mark.parametrize("window,causal,exc,match", [
     ((4,), True, TypeError, "window_size: expected a"), ((4, 2.0), False, TypeError, "window_size"),
     ((-2, 0), True, ValueError, "below -1"), ((4, 3), True, ValueError, "right = 3 with is_causal")])

@@ -169,7 +169,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     left-padded batch), so it attends rows cache_leftpad[b] .. cache_seqlens[b] + new. `window_size` (left, right),
     as flash_attn_with_kvcache's: query i (at position p = i + L - Sq of its sequence of L keys) sees keys p - left ..
     p (causal) or p - left .. p + right (not causal), -1 leaving a side unbounded; a decode step then reads only its
-    window (sliding-window models: Mistral, Gemma, ...). With is_causal, right must be -1 or 0.
+    window (sliding-window models: Mistral, Gemma, ...). With is_causal, right must be -1 or 0. The checks still
+    read every page below a sequence's length, so pages before the window must be valid blocks too.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         tensor(t, name)

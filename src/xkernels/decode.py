@@ -64,6 +64,8 @@ class DecodePlan:
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
                  splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1)):
         """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side."""
+        # a side as long as the cache cuts nothing: unbounded (so the kernel's int32 position arithmetic never wraps)
+        window = tuple(-1 if side >= g.capacity else side for side in window)
         self.g, self.device, self.write_lse = g, device, write_lse
         group = g.hq // g.hkv
         rows = g.sq * group
