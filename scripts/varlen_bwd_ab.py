@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import traceback
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,10 @@ def row(case: VarlenGradCase, rounds: int) -> dict:
             fn = (lambda o=o, leaves=leaves: torch.autograd.grad(o, leaves, do, retain_graph=True))
             graph_ms(fn, reps=1, repeats=1)  # it captures (a failure is recorded, not fatal)
             fns[name] = fn
-        except Exception as e:  # a variant that cannot run this row is recorded
-            out["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        except Exception as e:  # a variant that cannot run this row is recorded, with where it failed
+            out["variants"][name] = {"error": f"{type(e).__name__}: {str(e)[:300]}",
+                                     "traceback": traceback.format_exc()[-3000:]}
+            print(out["variants"][name]["traceback"], flush=True)
     padded = case.padded(inputs)
     for name, backend in (("cuDNN padded", SDPBackend.CUDNN_ATTENTION), ("FA2 padded", SDPBackend.FLASH_ATTENTION)):
         leaves = [t.detach().clone().requires_grad_() for t in padded[:3]]

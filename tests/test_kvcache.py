@@ -131,12 +131,13 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
     assert torch.equal(before[0], k_cache) and torch.equal(before[1], v_cache)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", ["too_short", "negative", "page_table", "leftpad_past_end", "strided"])
-def test_unsynced_checks_leave_the_cache_and_poison_the_outputs(device, case):
-    """sync_checks=False (and CUDA-graph capture): no read to the host; a bad value writes nothing (the strided path
-    included) and every output is NaN; good values give the synchronized call's results bitwise."""
+def test_unsynced_checks_leave_the_cache_and_poison_the_outputs(device, case, splits):
+    """sync_checks=False: no read to the host; a bad value writes nothing (the strided path included) and every
+    output is NaN, whether the attention kernel writes them (one split) or the merge of its splits does."""
     q, k_cache, v_cache, k, v, lengths = setup(device)
-    kwargs = dict(cache_seqlens=lengths, k=k, v=v, return_lse=True)
+    kwargs = dict(cache_seqlens=lengths, k=k, v=v, return_lse=True, num_splits=splits)
     if case == "too_short":
         kwargs["cache_seqlens"] = torch.tensor([5, 47, 3], dtype=torch.int32, device=device)
     elif case == "negative":
@@ -161,10 +162,11 @@ def test_unsynced_checks_leave_the_cache_and_poison_the_outputs(device, case):
         xkernels.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("paged", [False, True])
-def test_unsynced_checks_on_good_values_match_the_synced_call(device, paged):
+def test_unsynced_checks_on_good_values_match_the_synced_call(device, paged, splits):
     q, k_cache, v_cache, k, v, lengths = setup(device)
-    kwargs = dict(cache_seqlens=lengths, return_lse=True)
+    kwargs = dict(cache_seqlens=lengths, return_lse=True, num_splits=splits)
     if paged:
         kwargs["block_table"] = torch.arange(9, dtype=torch.int32, device=device).view(3, 3).flip(1)
         k_cache = k_cache.reshape(-1, 16, *k_cache.shape[2:])

@@ -207,20 +207,23 @@ def test_compiled_step_keeps_its_graph_as_lengths_change(device):
     so new lengths reuse the graph instead of recompiling; the gradients equal eager's."""
     from torch._dynamo.utils import counters
 
-    def loss(q, cu, m):
-        return xkernels.attention_varlen(q, q, q, cu, cu, m, m, is_causal=True).float().square().sum()
+    def loss(q, k, v, cu, m):
+        return xkernels.attention_varlen(q, k, v, cu, cu, m, m, is_causal=True).float().square().sum()
 
     torch._dynamo.reset()
     counters.clear()
     compiled = torch.compile(loss, fullgraph=True, backend="inductor" if torch.cuda.is_available() else "aot_eager")
     batches = [[10, 30], [20, 20], [5, 35], [1, 39], [24, 24], [30, 30], [7, 50, 3]]
     for i, lens in enumerate(batches):
-        q = uniform((sum(lens), 2, 64), torch.float16, device, torch.Generator(device=device).manual_seed(i))
+        g = torch.Generator(device=device).manual_seed(i)
+        qkv = [uniform((sum(lens), 2, 64), torch.float16, device, g) for _ in range(3)]
         cu = _cu(lens, device)
-        a, b = q.clone().requires_grad_(), q.clone().requires_grad_()
-        compiled(a, cu, max(lens)).backward()
-        loss(b, cu, max(lens)).backward()
-        torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=0)
+        # separate leaves: one tensor as q, k and v would sum three gradients, in an order inductor may change
+        a, b = ([t.clone().requires_grad_() for t in qkv] for _ in range(2))
+        compiled(*a, cu, max(lens)).backward()
+        loss(*b, cu, max(lens)).backward()
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x.grad, y.grad, rtol=0, atol=0)
     # static; then the longest sequence, the total, the sequence count dynamic: 4 graphs for 7 batches (6 distinct
     # longest sequences: a value read by the fake kernel would compile once per value)
     assert counters["stats"]["unique_graphs"] <= 4, dict(counters["stats"])

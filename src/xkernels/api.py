@@ -127,9 +127,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     then leaves that sequence's rows past it unwritten, in O and in the gradients. Returns O (total_q, Hq, D), or
     (O, LSE) with LSE (Hq, total_q) fp32 natural log. Differentiable in q, k and v through O and the LSE: the
     forward saves O and the LSE, and the backward recomputes the attention matrix tile by tile, checking the
-    cu_seqlens on the device (bad values give NaN gradients); its kernels are the portable ones, or with
-    backend="hopper" on sm_90 the Gluon backward's packed variants (not yet run on a GPU: opt-in); bf16io's backward
-    is the bf16 recipe's, as for `attention`.
+    cu_seqlens on the device (bad values give NaN gradients); its kernels are the Gluon backward's packed variants on
+    sm_90, the portable ones elsewhere or with backend="portable"; bf16io's backward is the bf16 recipe's, as for
+    `attention`.
     """
     tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), tensor(cu_seqlens_q, "cu_seqlens_q")
     tensor(cu_seqlens_k, "cu_seqlens_k"), check_max_seqlen(max_seqlen_q, "max_seqlen_q")

@@ -62,8 +62,10 @@ NO_WINDOW = 1 << 30  # a window side the kernel never reaches (keys are int32)
 class DecodePlan:
     def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
-                 splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1)):
-        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side."""
+                 splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1),
+                 checked: bool = False):
+        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side. `checked`: `run` takes
+        the cache check's flags, and a flag up makes O and the LSE NaN (no key read)."""
         # a side as long as the cache cuts nothing: unbounded (so the kernel's int32 position arithmetic never wraps)
         window = tuple(-1 if side >= g.capacity else side for side in window)
         self.g, self.device, self.write_lse = g, device, write_lse
@@ -89,13 +91,14 @@ class DecodePlan:
         windowed = window[0] >= 0 or (window[1] >= 0 and not is_causal)
         self.constexprs = cfg.constexprs(g.head_dim, recipe, rows=rows, page=g.page, seq_lengths=seq_lengths,
                                          causal=is_causal, bottom_right=bottom_right, write_lse=write_lse,
-                                         split=split, key_starts=key_starts, windowed=windowed)
+                                         split=split, key_starts=key_starts, windowed=windowed, checked=checked)
         self.options = cfg.options()
         self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
         self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,
-                     g.capacity, split_keys, self.rows, self.splits,
-                     *(NO_WINDOW if side < 0 else side for side in window))
-        self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
+                     g.capacity, split_keys, self.rows, self.splits)
+        self.window_ints = tuple(NO_WINDOW if side < 0 else side for side in window)
+        self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse,
+                                       CHECKED=checked)
         self.combine_ints = (*g.o_strides, self.rows, g.sq, g.hq, self.splits)
         self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
         self.name = (f"portable.decode[{recipe.name} {cfg} BM{block_m} splits={self.splits}"
@@ -104,9 +107,12 @@ class DecodePlan:
         self.kernel: launch.Kernel | None = None
         self.combine: launch.Kernel | None = None
 
-    def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None) -> None:
-        """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`. `key_start`
-        (B,) int32: each sequence's first key row, for a plan made with `key_starts`."""
+    def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None, new: int = 0,
+            flags=None) -> None:
+        """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`. `seqlens` (B,)
+        int32: each sequence's cached keys, to which `new` keys were appended (they count too); `key_start` (B,)
+        int32: each sequence's first key row, for a plan made with `key_starts`; `flags`: the cache check's, for a
+        plan made `checked`."""
         g = self.g
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
         if self.splits > 1:
@@ -114,34 +120,32 @@ class DecodePlan:
             lse_part = torch.empty((self.splits, self.rows), dtype=torch.float32, device=self.device)
         else:
             o_part = lse_part = out  # never touched
+        flags = out if flags is None else flags
         tensors = (q, k, v, out, out if lse is None else lse, o_part, lse_part, out if seqlens is None else seqlens,
-                   out if block_table is None else block_table, out if key_start is None else key_start)
+                   out if block_table is None else block_table, out if key_start is None else key_start, flags)
+        ints = (*self.ints, new, *self.window_ints, qk_scale)
+        combine = (o_part, lse_part, out, out if lse is None else lse, flags)
         if self.direct and all(t.data_ptr() % 16 == 0 for t in tensors):
-            self._direct(tensors, o_part, lse_part, out, lse, qk_scale)
+            self._direct(tensors, ints, combine)
             return
-        launch.generic_launch(kernel.attention_decode_kernel, self.grid, (*tensors, *self.ints, qk_scale),
-                              self.constexprs, self.options)
+        launch.generic_launch(kernel.attention_decode_kernel, self.grid, (*tensors, *ints), self.constexprs,
+                              self.options)
         if self.splits > 1:
-            launch.generic_launch(kernel.combine_kernel, self.rows, (o_part, lse_part, out,
-                                                                     out if lse is None else lse,
-                                                                     *self.combine_ints),
+            launch.generic_launch(kernel.combine_kernel, self.rows, (*combine, *self.combine_ints),
                                   self.combine_constexprs, dict(num_warps=1, num_stages=1))
 
-    def _direct(self, tensors, o_part, lse_part, out, lse, qk_scale: float) -> None:
+    def _direct(self, tensors, ints, combine) -> None:
         if self.kernel is None:
-            self.kernel = launch.compile_kernel(kernel.attention_decode_kernel, self.grid,
-                                                (*tensors, *self.ints, qk_scale), self.constexprs, self.options,
-                                                self.device)
-        self.kernel.launch(self.grid, (*(t.data_ptr() for t in tensors), *self.ints, qk_scale, *self.tail))
+            self.kernel = launch.compile_kernel(kernel.attention_decode_kernel, self.grid, (*tensors, *ints),
+                                                self.constexprs, self.options, self.device)
+        self.kernel.launch(self.grid, (*(t.data_ptr() for t in tensors), *ints, *self.tail))
         if self.splits > 1:
-            lse_arg = out if lse is None else lse
             if self.combine is None:
                 self.combine = launch.compile_kernel(kernel.combine_kernel, self.rows,
-                                                     (o_part, lse_part, out, lse_arg, *self.combine_ints),
-                                                     self.combine_constexprs, dict(num_warps=1, num_stages=1),
-                                                     self.device)
-            self.combine.launch(self.rows, (o_part.data_ptr(), lse_part.data_ptr(), out.data_ptr(),
-                                            lse_arg.data_ptr(), *self.combine_ints, *self.combine_tail))
+                                                     (*combine, *self.combine_ints), self.combine_constexprs,
+                                                     dict(num_warps=1, num_stages=1), self.device)
+            self.combine.launch(self.rows, (*(t.data_ptr() for t in combine), *self.combine_ints,
+                                            *self.combine_tail))
 
 
 _PLANS: dict = {}
@@ -159,14 +163,14 @@ def _plan(key: tuple, make) -> DecodePlan:
 
 def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, recipe: AttentionRecipe,
                  cfg: DecodeConfig, write_lse: bool, splits: int, key_starts: bool = False,
-                 window: tuple[int, int] = (-1, -1)) -> DecodePlan:
+                 window: tuple[int, int] = (-1, -1), checked: bool = False) -> DecodePlan:
     """The plan of an `attention_with_kvcache` call: q, O (B, Sq, Hq, D); a dense (B, S_max, Hkv, D) or paged
     (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths (and, for a left-padded dense
     cache, first keys) read on the device."""
     paged = block_table is not None
     key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), out.stride(),
            None if not paged else (block_table.shape, block_table.stride()), q.dtype, q.device, is_causal,
-           recipe.name, cfg, write_lse, splits, key_starts, window)
+           recipe.name, cfg, write_lse, splits, key_starts, window, checked)
 
     def make() -> DecodePlan:
         batch, sq, hq, d = q.shape
@@ -175,7 +179,8 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
                      page, q.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3], out.stride()[:3],
                      block_table.stride(0) if paged else 0)
         return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
-                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window)
+                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window,
+                          checked=checked)
 
     return _plan(key, make)
 

@@ -213,9 +213,10 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     recipe = ATTENTION_RECIPES["bf16"]
     p = POINTER_TYPE[recipe.io_dtype]
     types = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32",
-             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "qk_scale": "fp32"}
-    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "q_sb",
-                 "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh", "bt_sb")
+             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "FLAGS": "*i32", "qk_scale": "fp32"}
+    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "FLAGS",
+                 "q_sb", "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh",
+                 "bt_sb")
     matrix = "HMMA" if target.name == "sm_90" else "target"
     for d in HEAD_DIMS:
         cfg = decode_config(d, target, interpret=False)
@@ -224,16 +225,17 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
                                                   (16, True, True, False, True)):
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
-                                interpret=False)
+                                checked=page == 16, interpret=False)
             yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
                                f"{' split' if split else ''}{' leftpad' if left else ''}{' window' if window else ''}"
+                               f"{' checked' if page == 16 else ''}"
                                f" {cfg}",
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix)
         yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,
-                           {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
-                           dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True), 1, 1,
-                           divisible=("O_PART", "LSE_PART", "O", "LSE"), matrix_op=None)
+                           {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32", "FLAGS": "*i32"},
+                           dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True, CHECKED=True), 1, 1,
+                           divisible=("O_PART", "LSE_PART", "O", "LSE", "FLAGS"), matrix_op=None)
 
 
 _BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss",

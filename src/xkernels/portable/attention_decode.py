@@ -85,22 +85,29 @@ def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK
     return acc, l_i, m_i
 
 
-@triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS"])
-def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START,
+@triton.jit
+def _flagged(FLAGS):
+    """Whether any of the cache check's 4 flags (`portable/kv_cache.py`) is up."""
+    return tl.max(tl.load(FLAGS + tl.arange(0, 4)), 0) > 0
+
+
+@triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW"])
+def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, FLAGS,
                             q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
-                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, win_left, win_right, qk_scale,
+                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, NEW, win_left, win_right, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
-                            INTERPRET: tl.constexpr):
+                            CHECKED: tl.constexpr, INTERPRET: tl.constexpr):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
-    SEQLENS[b] keys (SEQ_LENGTHS) or SKV, of which KEY_STARTS skips the first KEY_START[b] (a left-padded dense
-    cache: its keys are rows KEY_START[b] .. SEQLENS[b]); ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32)
-    and LSE of the split to
-    O_PART (splits, B, SQ, HQ, D) and LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE
-    (B, HQ, SQ) contiguous."""
+    SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
+    the first KEY_START[b] (a left-padded dense cache: its keys are rows KEY_START[b] .. SEQLENS[b] + NEW);
+    ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to O_PART (splits, B, SQ, HQ, D) and
+    LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE (B, HQ, SQ) contiguous. CHECKED: with a
+    flag of the cache check up (`_flagged`) no key is read and O and the LSE are NaN (the combine writes them when
+    split), so an unsynchronized call needs no other op to poison its outputs."""
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
     pid = tl.program_id(0)
     per_split = tl.num_programs(0) // SPLITS
@@ -110,11 +117,17 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     b = bh // HKV
     hk = bh % HKV
     if SEQ_LENGTHS:
-        L = tl.load(SEQLENS + b)
+        L = tl.load(SEQLENS + b) + NEW
     else:
         L = SKV
     if KEY_STARTS:  # dense caches only: the sequence's keys begin `first` rows in
         first = tl.load(KEY_START + b)
+    if CHECKED:  # a bad call reads no key (its lengths, pads or pages may point anywhere)
+        bad = _flagged(FLAGS)
+        L = tl.where(bad, 0, L)
+        if KEY_STARTS:
+            first = tl.where(bad, 0, first)
+    if KEY_STARTS:
         L = L - first
     rows = start_r + tl.arange(0, BLOCK_M)
     t = rows // GROUP  # token of each packed row
@@ -158,6 +171,9 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
                             BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL,
                             True, WINDOWED, PV_DTYPE, INTERPRET)
     o, lse = finish(acc, l_i, m_i, True)
+    if CHECKED and not SPLIT:
+        o = tl.where(bad, float("nan"), o)
+        lse = tl.where(bad, float("nan"), lse)
 
     hq = HKV * GROUP
     if SPLIT:
@@ -172,11 +188,12 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
 
 
 @triton.jit(do_not_specialize=["ROWS", "SQ", "HQ", "SPLITS"])
-def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPLITS,
-                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr):
+def combine_kernel(O_PART, LSE_PART, O, LSE, FLAGS, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPLITS,
+                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr, CHECKED: tl.constexpr):
     """One program per row r = (b, t, h) of O_PART (SPLITS, ROWS = B * SQ * HQ, D): merge its splits through their
     LSEs, O = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), CHUNK splits per load. Splits that saw no
-    key (lse_s = -inf) weigh 0; a row no split saw gets O = 0 and LSE = -inf."""
+    key (lse_s = -inf) weigh 0; a row no split saw gets O = 0 and LSE = -inf. CHECKED: O and LSE are NaN when a
+    flag of the cache check is up (as in `attention_decode_kernel`)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
     chunk = tl.arange(0, CHUNK)
@@ -197,10 +214,14 @@ def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPL
         total += tl.sum(w, 0)
     seen = total > 0
     o = tl.where(seen, acc / tl.where(seen, total, 1.0), 0.0)
+    lse = tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    if CHECKED:
+        bad = _flagged(FLAGS)
+        o = tl.where(bad, float("nan"), o)
+        lse = tl.where(bad, float("nan"), lse)
     h = row % HQ
     t = (row // HQ) % SQ
     b = row // (HQ * SQ)
     tl.store(O + b * o_sb + t * o_ss + h * o_sh + cols, o.to(O.dtype.element_ty))
     if WRITE_LSE:  # (B, HQ, SQ)
-        tl.store(LSE + (b * HQ + h) * SQ + t, tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)),
-                                                       float("-inf")))
+        tl.store(LSE + (b * HQ + h) * SQ + t, lse)
