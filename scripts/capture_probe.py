@@ -3,7 +3,7 @@ kernels, then the portable ones) and, for comparison, the dense one. Prints each
 processes under different settings (CUDA_MODULE_LOADING, XKERNELS_DIRECT_LAUNCH) to find what the first capture
 trips on.
 
-    python scripts/capture_probe.py [varlen|varlen-portable|dense]
+    python scripts/capture_probe.py [varlen|varlen-portable|dense|torch|fwdbwd]
 """
 
 from __future__ import annotations
@@ -20,7 +20,13 @@ from xkernels.testing.inputs import uniform
 def main() -> None:
     which = sys.argv[1] if len(sys.argv) > 1 else "varlen"
     g = torch.Generator(device="cuda").manual_seed(0)
-    if which == "dense":
+    if which == "fwdbwd":  # forward and backward in one capture (make_graphed_callables' pattern), packed
+        return fwd_bwd(g)
+    if which == "torch":  # no xkernels op: a matmul's backward
+        q, k, v, do = (uniform((512, 512), torch.bfloat16, "cuda", g) for _ in range(4))
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = (leaves[0] @ leaves[1]) @ leaves[2]
+    elif which == "dense":
         q, k, v, do = (uniform((2, 8, 512, 128), torch.bfloat16, "cuda", g) for _ in range(4))
         leaves = [t.clone().requires_grad_() for t in (q, k, v)]
         o = xkernels.attention(*leaves, is_causal=True)
@@ -47,6 +53,32 @@ def main() -> None:
         print(which, "capture OK, bitwise equal:", all(torch.equal(a, b) for a, b in zip(got, want, strict=True)))
     except Exception:
         print(which, "capture FAILED:", traceback.format_exc()[-1200:])
+
+
+def fwd_bwd(g) -> None:
+    cu = torch.tensor([0, 100, 357, 388], dtype=torch.int32, device="cuda")
+    q, k, v, do = (uniform((388, 8, 128), torch.bfloat16, "cuda", g) for _ in range(4))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+
+    def step():
+        o = xkernels.attention_varlen(*leaves, cu, cu, 257, 257, is_causal=True)
+        return torch.autograd.grad(o, leaves, do)
+
+    want = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            got = step()
+        graph.replay()
+        torch.cuda.synchronize()
+        print("fwdbwd capture OK, bitwise equal:", all(torch.equal(a, b) for a, b in zip(got, want, strict=True)))
+    except Exception:
+        print("fwdbwd capture FAILED:", traceback.format_exc()[-1200:])
 
 
 if __name__ == "__main__":
