@@ -1,8 +1,8 @@
 """The packed backward on the bench's batches (32 sequences of 256-4096 tokens, bf16): the portable kernels
 (backend="portable") and the default (on sm_90 the Gluon kernels' VARLEN variants) against SDPA-cuDNN and
 SDPA-flash on the batch padded to its longest sequence (dO zero on the padding), backward only
-(`torch.autograd.grad` of a saved forward), device time from CUDA-graph replay in interleaved shuffled rounds. Each variant's gradients are compared with the portable
-kernels' (relative RMS per gradient).
+(`torch.autograd.grad` of a saved forward), device time from CUDA-graph replay in interleaved shuffled
+rounds. Each variant's gradients are compared with the portable kernels' (relative RMS per gradient).
 
     python scripts/varlen_bwd_ab.py --json varlen_bwd_ab.json [--md varlen_bwd_ab.md] [--rounds 3]
 """
