@@ -76,21 +76,28 @@ def test_hopper_is_the_default_and_portable_can_be_forced():
     assert_passes(_check(grads, q, k, v, do, cq, ck, causal=True))
 
 
-def test_the_backward_captures_in_a_cuda_graph():
-    """The packed backward replayed from a CUDA graph (no checks read during capture) gives the eager gradients."""
+def test_a_training_step_captures_in_a_cuda_graph():
+    """Forward and backward of the packed op captured together (torch.cuda.make_graphed_callables' pattern; no
+    checks read during capture) and replayed give the eager gradients, for the default and the portable kernels.
+    (A backward-only capture after an eager forward fails as a process's first capture for any op, a torch matmul
+    included: scripts/capture_probe.py.)"""
     q, k, v, do, cq, ck = _packed([100, 257, 31], [100, 257, 31], 4, 2, 128, torch.bfloat16, "cuda", seed=2)
     for backend in ("auto", "portable"):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        o = xkernels.attention_varlen(*leaves, cq, ck, 257, 257, is_causal=True, backend=backend)
-        want = torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+        def step(backend=backend, leaves=leaves):
+            o = xkernels.attention_varlen(*leaves, cq, ck, 257, 257, is_causal=True, backend=backend)
+            return torch.autograd.grad(o, leaves, do)
+
+        want = step()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            torch.autograd.grad(o, leaves, do, retain_graph=True)
+            step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            got = torch.autograd.grad(o, leaves, do, retain_graph=True)
+            got = step()
         graph.replay()
         torch.cuda.synchronize()
         for g, w in zip(got, want, strict=True):
