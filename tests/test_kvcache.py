@@ -133,31 +133,48 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", ["too_short", "negative", "page_table", "leftpad_past_end", "strided"])
-def test_unsynced_checks_leave_the_cache_and_poison_the_outputs(device, case, splits):
-    """sync_checks=False: no read to the host; a bad value writes nothing (the strided path included) and every
-    output is NaN, whether the attention kernel writes them (one split) or the merge of its splits does."""
+def test_unsynced_checks_isolate_a_bad_sequence(device, case, splits):
+    """sync_checks=False (and CUDA-graph capture): no read to the host; the kernels check each sequence's values as
+    they read them. The bad sequence gets nothing written (the strided path included) and NaN outputs, whether the
+    attention kernel writes them (one split) or the merge of its splits does; the other sequences get exactly what
+    a call with the bad value fixed gives them, appends included."""
     q, k_cache, v_cache, k, v, lengths = setup(device)
     kwargs = dict(cache_seqlens=lengths, k=k, v=v, return_lse=True, num_splits=splits)
-    if case == "too_short":
-        kwargs["cache_seqlens"] = torch.tensor([5, 47, 3], dtype=torch.int32, device=device)
+    fixed = dict(kwargs)
+    bad = 1
+    i32 = dict(dtype=torch.int32, device=device)
+    if case in ("too_short", "strided"):
+        kwargs["cache_seqlens"] = torch.tensor([5, 47, 3], **i32)  # 47 + 2 new > 48
+        fixed["cache_seqlens"] = torch.tensor([5, 0, 3], **i32)
     elif case == "negative":
-        kwargs["cache_seqlens"] = torch.tensor([5, -1, 3], dtype=torch.int32, device=device)
+        kwargs["cache_seqlens"] = torch.tensor([5, -1, 3], **i32)
+        fixed["cache_seqlens"] = torch.tensor([5, 0, 3], **i32)
     elif case == "page_table":
+        bad = 0
         k_cache = k_cache.reshape(-1, 16, *k_cache.shape[2:])
         v_cache = v_cache.reshape(-1, 16, *v_cache.shape[2:])
-        table = torch.arange(9, dtype=torch.int32, device=device).view(3, 3)
-        table[0, 0] = k_cache.shape[0]  # one past the last block
-        kwargs["block_table"] = table
-    elif case == "leftpad_past_end":
-        kwargs["cache_leftpad"] = torch.tensor([0, 1, 0], dtype=torch.int32, device=device)
-    else:  # head-dim rows strided: the torch-indexing append, with a length past the end
+        fixed["block_table"] = torch.arange(9, **i32).view(3, 3)
+        kwargs["block_table"] = fixed["block_table"].clone()
+        kwargs["block_table"][0, 0] = k_cache.shape[0]  # one past the last block
+    else:
+        kwargs["cache_leftpad"] = torch.tensor([0, 1, 0], **i32)  # past sequence 1's 0 keys
+        fixed["cache_leftpad"] = torch.tensor([0, 0, 0], **i32)
+    if case == "strided":  # head-dim rows strided: the torch-indexing append
         k_cache = torch.stack([k_cache, k_cache], -1)[..., 0]
         v_cache = torch.stack([v_cache, v_cache], -1)[..., 0]
-        kwargs["cache_seqlens"] = torch.tensor([5, 47, 3], dtype=torch.int32, device=device)
-    before = k_cache.clone(), v_cache.clone()
-    o, lse = xkernels.attention_with_kvcache(q, k_cache, v_cache, sync_checks=False, **kwargs)
-    assert o.isnan().all() and lse.isnan().all()
-    assert torch.equal(before[0], k_cache) and torch.equal(before[1], v_cache)
+    runs = []
+    for args in (kwargs, fixed):
+        caches = (k_cache.clone(), v_cache.clone())
+        runs.append((*xkernels.attention_with_kvcache(q, *caches, sync_checks=False, **args), *caches))
+    (o, lse, k_bad, v_bad), (o_fix, lse_fix, k_fix, v_fix) = runs
+    good = [b for b in range(3) if b != bad]
+    assert o[bad].isnan().all() and lse[bad].isnan().all()
+    assert not o[good].isnan().any() and torch.equal(o[good], o_fix[good]) and torch.equal(lse[good], lse_fix[good])
+    blocks = fixed["block_table"].long() if case == "page_table" else torch.arange(3, device=device)[:, None]
+    for new_cache, fix_cache, old in ((k_bad, k_fix, k_cache), (v_bad, v_fix, v_cache)):
+        assert torch.equal(new_cache[blocks[good]], fix_cache[blocks[good]])  # the good sequences' appends
+        assert torch.equal(new_cache[blocks[bad]], old[blocks[bad]])  # nothing of the bad one's
+    assert not torch.equal(k_bad, k_cache)
     with pytest.raises(ValueError):  # the same call, synchronized, names the argument
         xkernels.attention_with_kvcache(q, k_cache, v_cache, **kwargs)
 

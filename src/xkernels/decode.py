@@ -40,7 +40,7 @@ class Geometry:
     """A call's shapes as the kernel sees them. q, O: (B, SQ, HQ, D) by (batch, token, head) strides; K, V: key n
     of sequence b at block b (dense, page = 0) or at block table[b, n // page], row n % page, by (block, row, head)
     strides; `capacity`: the most keys a sequence can have (the split count follows it, never the lengths on the
-    device, so nothing is read back)."""
+    device, so nothing is read back); `num_blocks`: the cache's blocks (pages, or sequences when dense)."""
 
     batch: int
     sq: int
@@ -54,6 +54,7 @@ class Geometry:
     v_strides: tuple[int, int, int]
     o_strides: tuple[int, int, int]
     table_stride: int
+    num_blocks: int
 
 
 NO_WINDOW = 1 << 30  # a window side the kernel never reaches (keys are int32)
@@ -64,8 +65,9 @@ class DecodePlan:
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
                  splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1),
                  checked: bool = False):
-        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side. `checked`: `run` takes
-        the cache check's flags, and a flag up makes O and the LSE NaN (no key read)."""
+        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side. `checked` (per-sequence
+        lengths only): the kernel checks each sequence's length, left pad and block ids as it reads them, and a bad
+        sequence reads no key (block 0 for a bad id) and gets NaN outputs."""
         # a side as long as the cache cuts nothing: unbounded (so the kernel's int32 position arithmetic never wraps)
         window = tuple(-1 if side >= g.capacity else side for side in window)
         self.g, self.device, self.write_lse = g, device, write_lse
@@ -96,9 +98,8 @@ class DecodePlan:
         self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
         self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,
                      g.capacity, split_keys, self.rows, self.splits)
-        self.window_ints = tuple(NO_WINDOW if side < 0 else side for side in window)
-        self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse,
-                                       CHECKED=checked)
+        self.tail_ints = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in window))
+        self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
         self.combine_ints = (*g.o_strides, self.rows, g.sq, g.hq, self.splits)
         self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
         self.name = (f"portable.decode[{recipe.name} {cfg} BM{block_m} splits={self.splits}"
@@ -107,12 +108,11 @@ class DecodePlan:
         self.kernel: launch.Kernel | None = None
         self.combine: launch.Kernel | None = None
 
-    def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None, new: int = 0,
-            flags=None) -> None:
+    def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None,
+            new: int = 0) -> None:
         """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`. `seqlens` (B,)
         int32: each sequence's cached keys, to which `new` keys were appended (they count too); `key_start` (B,)
-        int32: each sequence's first key row, for a plan made with `key_starts`; `flags`: the cache check's, for a
-        plan made `checked`."""
+        int32: each sequence's first key row, for a plan made with `key_starts`."""
         g = self.g
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
         if self.splits > 1:
@@ -120,11 +120,10 @@ class DecodePlan:
             lse_part = torch.empty((self.splits, self.rows), dtype=torch.float32, device=self.device)
         else:
             o_part = lse_part = out  # never touched
-        flags = out if flags is None else flags
         tensors = (q, k, v, out, out if lse is None else lse, o_part, lse_part, out if seqlens is None else seqlens,
-                   out if block_table is None else block_table, out if key_start is None else key_start, flags)
-        ints = (*self.ints, new, *self.window_ints, qk_scale)
-        combine = (o_part, lse_part, out, out if lse is None else lse, flags)
+                   out if block_table is None else block_table, out if key_start is None else key_start)
+        ints = (*self.ints, new, *self.tail_ints, qk_scale)
+        combine = (o_part, lse_part, out, out if lse is None else lse)
         if self.direct and all(t.data_ptr() % 16 == 0 for t in tensors):
             self._direct(tensors, ints, combine)
             return
@@ -177,7 +176,7 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
         page = k_cache.shape[1] if paged else 0
         g = Geometry(batch, sq, hq, k_cache.shape[2], d, page * block_table.shape[1] if paged else k_cache.shape[1],
                      page, q.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3], out.stride()[:3],
-                     block_table.stride(0) if paged else 0)
+                     block_table.stride(0) if paged else 0, k_cache.shape[0])
         return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
                           write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window,
                           checked=checked)
@@ -195,6 +194,6 @@ def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: D
     def bsh(t):  # (batch, token, head) strides of a (B, H, S, D) tensor
         return t.stride(0), t.stride(2), t.stride(1)
 
-    g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0)
+    g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0, batch)
     return DecodePlan(g, seq_lengths=False, is_causal=is_causal, bottom_right=False, recipe=recipe, cfg=cfg,
                       write_lse=write_lse, device=q.device)

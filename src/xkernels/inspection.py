@@ -203,9 +203,10 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
 def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     """The split-KV kernel per head dim, bf16, one decode row per query head of a GQA group of 4 (16-row tiles): the
     dense API's variant (one page per sequence, no split), the cache's (per-sequence lengths, causal, split) on
-    pages of 16 and 64 keys, on a left-padded dense cache and with a sliding window; and the merge of the splits. On
-    sm_90 a 16-row tile takes mma.sync (wgmma needs 64)."""
+    pages of 16 and 64 keys, on a left-padded dense cache and with a sliding window; the merge of the splits and the
+    checked cache append. On sm_90 a 16-row tile takes mma.sync (wgmma needs 64)."""
     from xkernels.portable import attention_decode as dec
+    from xkernels.portable import kv_cache as kv
     from xkernels.portable.configs import decode_config
     from xkernels.recipes import ATTENTION_RECIPES
     from xkernels.validation import HEAD_DIMS
@@ -213,10 +214,9 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     recipe = ATTENTION_RECIPES["bf16"]
     p = POINTER_TYPE[recipe.io_dtype]
     types = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32",
-             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "FLAGS": "*i32", "qk_scale": "fp32"}
-    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "FLAGS",
-                 "q_sb", "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh",
-                 "bt_sb")
+             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "qk_scale": "fp32"}
+    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "q_sb",
+                 "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh", "bt_sb")
     matrix = "HMMA" if target.name == "sm_90" else "target"
     for d in HEAD_DIMS:
         cfg = decode_config(d, target, interpret=False)
@@ -233,9 +233,15 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix)
         yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,
-                           {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32", "FLAGS": "*i32"},
-                           dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True, CHECKED=True), 1, 1,
-                           divisible=("O_PART", "LSE_PART", "O", "LSE", "FLAGS"), matrix_op=None)
+                           {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
+                           dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True), 1, 1,
+                           divisible=("O_PART", "LSE_PART", "O", "LSE"), matrix_op=None)
+        # the cache append with its per-sequence checks (an unsynchronized call's), 8 kv heads on pages of 16
+        tensors = ("K_NEW", "V_NEW", "K_CACHE", "V_CACHE", "SEQLENS", "BLOCK_TABLE", "LEFT_PAD")
+        yield KernelConfig(f"portable.decode.append bf16 D{d} page16 checked", kv.cache_append_kernel,
+                           dict(zip(tensors, (p, p, p, p, "*i32", "*i32", "*i32"), strict=True)),
+                           dict(HEAD_DIM=d, HEADS=8, PAGE=16, CHECKED=True, LEFTPAD=False, CHUNK=16), 4, 1,
+                           divisible=tensors, matrix_op=None)
 
 
 _BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss",

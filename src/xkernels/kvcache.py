@@ -14,26 +14,22 @@ from xkernels.common.runtime import unit_last_stride
 from xkernels.portable.kv_cache import cache_append_kernel, cache_check_kernel
 
 
-def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=None, *,
-                 sync: bool = True) -> torch.Tensor:
-    """The values the kernels trust, checked by one kernel: lengths in range, pages in range, left pads within the
-    lengths. Returns the kernel's 4 int32 flags (device). With `sync` they are read to the host once and a bad value
-    raises, before anything is written, so a bad call leaves the cache as it was; without, the append writes nothing
-    and the outputs are NaN when a flag is up (`attention_with_kvcache`)."""
+def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=None) -> None:
+    """The values the kernels trust, checked by one kernel (lengths in range, pages in range, left pads within the
+    lengths) whose flags are read to the host once: a bad value raises, before anything is written, so a bad call
+    leaves the cache as it was."""
     page = k_cache.shape[1]
     paged = block_table is not None
     capacity = page * block_table.shape[1] if paged else page
     flags = torch.zeros(4, dtype=torch.int32, device=cache_seqlens.device)
     if cache_seqlens.shape[0] == 0:
-        return flags
+        return
     table = block_table if paged else cache_seqlens  # never read for a dense cache
     leftpad = cache_seqlens if cache_leftpad is None else cache_leftpad  # read only with LEFTPAD
     args = (cache_seqlens, table, leftpad, flags, table.stride(0), new, capacity, k_cache.shape[0],
             block_table.shape[1] if paged else 0)
     _launch(cache_check_kernel, cache_seqlens.shape[0], args, 4,
             dict(PAGE=page if paged else 0, LEFTPAD=cache_leftpad is not None, CHUNK=64), 1)
-    if not sync:
-        return flags
     negative, too_long, outside, bad_pad = flags.tolist()  # the one read to the host
     if negative:
         raise ValueError(f"cache_seqlens: negative lengths {cache_seqlens.tolist()}")
@@ -45,7 +41,6 @@ def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=No
     if bad_pad:
         raise ValueError(f"cache_leftpad: values {cache_leftpad.tolist()} must lie in [0, cache_seqlens] "
                          f"({cache_seqlens.tolist()})")
-    return flags
 
 
 _KERNELS: dict = {}
@@ -68,46 +63,55 @@ def _launch(fn, grid: int, args: tuple, tensors: int, constexprs: dict, num_warp
     kernel.launch(grid, (*(t.data_ptr() for t in args[:tensors]), *args[tensors:], *constexprs.values()))
 
 
-def append(k_cache, v_cache, k, v, cache_seqlens, block_table, flags=None) -> None:
+def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=None, *,
+           checked: bool = False) -> None:
     """Write k, v (B, new, Hkv, D) at positions cache_seqlens[b]... of each sequence (in place), one launch
-    (`portable/kv_cache.py`); with the check's `flags`, nothing is written when one is up. Caches or inputs whose
-    head-dim rows are strided go through torch indexing (with flags: positions clamped into the cache, and the old
-    rows written back when a flag is up)."""
+    (`portable/kv_cache.py`). `checked`: each sequence's length, left pad and the pages its new tokens land on are
+    checked on the device, and nothing is written for a sequence with a bad one. Caches or inputs whose head-dim
+    rows are strided go through torch indexing (checked: positions clamped into the cache, and a bad sequence's old
+    rows written back)."""
     batch, new, hkv, d = k.shape
+    page = k_cache.shape[1]
+    capacity = page * (block_table.shape[1] if block_table is not None else 1)
     if any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
-        page = k_cache.shape[1]
         pos = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)[None, :]
-        if flags is not None:
-            pos = pos.clamp(0, page * (block_table.shape[1] if block_table is not None else 1) - 1)
+        ok = None
+        if checked:
+            ok = (cache_seqlens >= 0) & (cache_seqlens.long() + new <= capacity)
+            if cache_leftpad is not None:
+                ok = ok & (cache_leftpad >= 0) & (cache_leftpad <= cache_seqlens)
+            pos = pos.clamp(0, capacity - 1)
         rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
         if block_table is not None:
             rows, pos = block_table.long().gather(1, pos // page), pos % page
-            if flags is not None:
+            if checked:
+                ok = ok & ((rows >= 0) & (rows < k_cache.shape[0])).all(1)
                 rows = rows.clamp(0, k_cache.shape[0] - 1)
-        if flags is None:
+        if ok is None:
             k_cache[rows, pos] = k
             v_cache[rows, pos] = v
             return
-        ok = (flags.amax() == 0).view(1, 1, 1, 1)
+        ok = ok.view(batch, 1, 1, 1)
         k_cache[rows, pos] = torch.where(ok, k, k_cache[rows, pos])
         v_cache[rows, pos] = torch.where(ok, v, v_cache[rows, pos])
         return
-    page = 0 if block_table is None else k_cache.shape[1]
     table = cache_seqlens if block_table is None else block_table  # never read for a dense cache
-    args = (k, v, k_cache, v_cache, cache_seqlens, table, cache_seqlens if flags is None else flags, *k.stride()[:3],
-            *v.stride()[:3], *k_cache.stride()[:3], *v_cache.stride()[:3], table.stride(0), new, hkv)
+    leftpad = cache_seqlens if cache_leftpad is None else cache_leftpad  # read only with LEFTPAD
+    args = (k, v, k_cache, v_cache, cache_seqlens, table, leftpad, *k.stride()[:3], *v.stride()[:3],
+            *k_cache.stride()[:3], *v_cache.stride()[:3], table.stride(0), new, hkv, capacity, k_cache.shape[0])
     _launch(cache_append_kernel, batch * new, args, 7,
-            dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=page, CHECKED=flags is not None), 4)
+            dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=0 if block_table is None else page,
+                 CHECKED=checked, LEFTPAD=checked and cache_leftpad is not None, CHUNK=16), 4)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
                            scale: float | None, precision: str, return_lse: bool, num_splits: int, sync_checks: bool,
                            window: tuple[int, int] = (-1, -1), backend: str):
-    """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). The cache checks raise
-    when `sync_checks`; without, bad values leave the cache as it was and make every output NaN, with nothing read
-    outside the cache: the append and attention kernels read the check's flags themselves, so an unsynchronized
-    call costs one small check kernel and a 16-byte memset more than a synchronized one, and no read to the host.
-    During CUDA-graph capture nothing is checked."""
+    """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). With `sync_checks` the
+    cache values are checked by one kernel and read to the host: a bad one raises before anything is written.
+    Without, and during CUDA-graph capture, the append and attention kernels check each sequence's own values as
+    they read them: a bad sequence gets nothing written and NaN outputs, the others are served as usual, nothing is
+    read or written outside the cache, and no other op runs."""
     recipe, choice = select.resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table,
                                                       cache_leftpad, precision=precision, backend=backend)
     batch, sq, hq, d = q.shape
@@ -117,13 +121,12 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
         block_table = block_table.contiguous()
     if cache_leftpad is not None:
         cache_leftpad = cache_leftpad.contiguous()
-    flags = None  # during CUDA-graph capture nothing is checked (a read would break the capture), as flash_attn
-    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        flags = check_values(k_cache, cache_seqlens, block_table, new, cache_leftpad, sync=sync_checks)
-        if sync_checks:
-            flags = None  # checked: the values are good
+    # a read to the host would break a graph capture: there the kernels check, as without sync_checks
+    checked = not sync_checks or (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    if not checked:
+        check_values(k_cache, cache_seqlens, block_table, new, cache_leftpad)
     if new:
-        append(k_cache, v_cache, k, v, cache_seqlens, block_table, flags)
+        append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, checked=checked)
     out = varlen.output_like(q)
     lse = torch.empty((batch, hq, sq) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if batch * sq * hq == 0:
@@ -131,11 +134,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
         return out, lse
     # another layout of the cache is read from a copy (correct, slower); the append above wrote the cache itself
     q, keys, values = unit_last_stride(q), unit_last_stride(k_cache), unit_last_stride(v_cache)
-    # unsynced: the kernels read the flags, and a bad call reads no key and writes NaN to O and the LSE
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
-                               key_starts=cache_leftpad is not None, window=window, checked=flags is not None)
+                               key_starts=cache_leftpad is not None, window=window, checked=checked)
     plan.run(q, keys, values, out, lse if return_lse else None, cache_seqlens, block_table, scale, cache_leftpad,
-             new=new, flags=flags)
+             new=new)
     plans._record(plan.name + (" paged" if block_table is not None else ""))
     return out, lse

@@ -39,6 +39,15 @@ def _blocks(start_n, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N: tl.constexpr, PAGE: tl.
 
 
 @triton.jit
+def _valid_blocks(blocks, start_n, hi, bad, num_blocks, BLOCK_N: tl.constexpr):
+    """Block ids outside [0, num_blocks) below `hi` raise `bad` (int32) and read block 0 instead, so a bad page table
+    sends no load outside the cache."""
+    keys = start_n + tl.arange(0, BLOCK_N)
+    wrong = ((blocks < 0) | (blocks >= num_blocks)) & (keys < hi)
+    return tl.where(wrong, 0, blocks), tl.maximum(bad, tl.max(wrong.to(tl.int32), 0))
+
+
+@triton.jit
 def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
     """Element offsets of keys start_n .. start_n + BLOCK_N (held in `blocks`) in a cache, kv head aside."""
     keys = start_n + tl.arange(0, BLOCK_N)
@@ -48,20 +57,26 @@ def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.cons
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss,
-            qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr,
-            MASKED: tl.constexpr, WINDOWED: tl.constexpr, PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+def _attend(acc, l_i, m_i, bad, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks, k_sp,
+            k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+            CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, CHECKED: tl.constexpr,
+            PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED: keys >= hi and (causal) keys past each row's `limit`
     are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys below limit - win_left and
     (not causal) above limit + win_right. A paged cache's block ids are read one tile ahead (a loop-carried value),
-    so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early."""
+    so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early; CHECKED, a
+    block id outside the cache raises `bad` (`_valid_blocks`)."""
     cols = tl.arange(0, HEAD_DIM)
     blocks = _blocks(lo, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
+    if CHECKED and PAGE > 0:
+        blocks, bad = _valid_blocks(blocks, lo, hi, bad, num_blocks, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)
         k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE)
         v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE)
         blocks = _blocks(start_n + BLOCK_N, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
+        if CHECKED and PAGE > 0:
+            blocks, bad = _valid_blocks(blocks, start_n + BLOCK_N, hi, bad, num_blocks, BLOCK_N)
         if MASKED:
             k = tl.load(K + k_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
         else:
@@ -82,19 +97,14 @@ def _attend(acc, l_i, m_i, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK
         else:
             v = tl.load(V + v_rows[:, None] + cols[None, :])
         acc = mma(p.to(PV_DTYPE), v.to(PV_DTYPE), acc, INTERPRET)
-    return acc, l_i, m_i
+    return acc, l_i, m_i, bad
 
 
-@triton.jit
-def _flagged(FLAGS):
-    """Whether any of the cache check's 4 flags (`portable/kv_cache.py`) is up."""
-    return tl.max(tl.load(FLAGS + tl.arange(0, 4)), 0) > 0
-
-
-@triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW"])
-def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, FLAGS,
+@triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW", "NUM_BLOCKS"])
+def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START,
                             q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
-                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, NEW, win_left, win_right, qk_scale,
+                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right,
+                            qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
@@ -105,9 +115,11 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
     the first KEY_START[b] (a left-padded dense cache: its keys are rows KEY_START[b] .. SEQLENS[b] + NEW);
     ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to O_PART (splits, B, SQ, HQ, D) and
-    LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE (B, HQ, SQ) contiguous. CHECKED: with a
-    flag of the cache check up (`_flagged`) no key is read and O and the LSE are NaN (the combine writes them when
-    split), so an unsynchronized call needs no other op to poison its outputs."""
+    LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE (B, HQ, SQ) contiguous. CHECKED (with
+    SEQ_LENGTHS): the program checks the values it trusts, its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW
+    <= SKV), left pad (0 <= KEY_START[b] <= SEQLENS[b]) and each block id it reads ([0, NUM_BLOCKS)); a bad one
+    reads no key (or block 0 for a bad id) and writes NaN to its O and LSE (partial ones when split: the merge then
+    gives NaN), so a bad sequence's outputs are NaN and the other sequences' are untouched."""
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
     pid = tl.program_id(0)
     per_split = tl.num_programs(0) // SPLITS
@@ -116,17 +128,21 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     bh = (pid % per_split) // m_blocks
     b = bh // HKV
     hk = bh % HKV
+    bad = pid * 0  # int32: raised by a value that would send a load outside the cache (CHECKED)
     if SEQ_LENGTHS:
-        L = tl.load(SEQLENS + b) + NEW
+        cached = tl.load(SEQLENS + b)
+        L = cached + NEW
     else:
         L = SKV
     if KEY_STARTS:  # dense caches only: the sequence's keys begin `first` rows in
         first = tl.load(KEY_START + b)
-    if CHECKED:  # a bad call reads no key (its lengths, pads or pages may point anywhere)
-        bad = _flagged(FLAGS)
-        L = tl.where(bad, 0, L)
+    if CHECKED:  # a bad sequence reads no key
+        wrong = (cached < 0) | (L > SKV)
         if KEY_STARTS:
-            first = tl.where(bad, 0, first)
+            wrong = wrong | (first < 0) | (first > cached)
+            first = tl.where(wrong, 0, first)
+        L = tl.where(wrong, 0, L)
+        bad = wrong.to(tl.int32)
     if KEY_STARTS:
         L = L - first
     rows = start_r + tl.arange(0, BLOCK_M)
@@ -164,16 +180,16 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     if KEY_STARTS:
         k_base += first.to(tl.int64) * k_ss
         v_base += first.to(tl.int64) * v_ss
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, lo, full_hi, limit, win_left, win_right,
-                            BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL,
-                            False, WINDOWED, PV_DTYPE, INTERPRET)
-    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, full_hi, hi, limit, win_left, win_right,
-                            BLOCK_TABLE, bt_sb, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N, PAGE, CAUSAL,
-                            True, WINDOWED, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i, bad = _attend(acc, l_i, m_i, bad, q, k_base, v_base, b, lo, full_hi, limit, win_left, win_right,
+                                 BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N,
+                                 PAGE, CAUSAL, False, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i, bad = _attend(acc, l_i, m_i, bad, q, k_base, v_base, b, full_hi, hi, limit, win_left, win_right,
+                                 BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N,
+                                 PAGE, CAUSAL, True, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
     o, lse = finish(acc, l_i, m_i, True)
-    if CHECKED and not SPLIT:
-        o = tl.where(bad, float("nan"), o)
-        lse = tl.where(bad, float("nan"), lse)
+    if CHECKED:
+        o = tl.where(bad > 0, float("nan"), o)
+        lse = tl.where(bad > 0, float("nan"), lse)
 
     hq = HKV * GROUP
     if SPLIT:
@@ -188,19 +204,21 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
 
 
 @triton.jit(do_not_specialize=["ROWS", "SQ", "HQ", "SPLITS"])
-def combine_kernel(O_PART, LSE_PART, O, LSE, FLAGS, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPLITS,
-                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr, CHECKED: tl.constexpr):
+def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPLITS,
+                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr):
     """One program per row r = (b, t, h) of O_PART (SPLITS, ROWS = B * SQ * HQ, D): merge its splits through their
     LSEs, O = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), CHUNK splits per load. Splits that saw no
-    key (lse_s = -inf) weigh 0; a row no split saw gets O = 0 and LSE = -inf. CHECKED: O and LSE are NaN when a
-    flag of the cache check is up (as in `attention_decode_kernel`)."""
+    key (lse_s = -inf) weigh 0; a row no split saw gets O = 0 and LSE = -inf; a NaN partial LSE (a split that found
+    a bad cache value) makes O and the LSE NaN (max() would skip it)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
     chunk = tl.arange(0, CHUNK)
     m = float("-inf")
+    poisoned = 0
     for s0 in range(0, SPLITS, CHUNK):
         lse_s = tl.load(LSE_PART + (s0 + chunk) * ROWS + row, mask=s0 + chunk < SPLITS, other=float("-inf"))
         m = tl.maximum(m, tl.max(lse_s, 0))
+        poisoned = tl.maximum(poisoned, tl.max((lse_s != lse_s).to(tl.int32), 0))
     m_safe = tl.where(m == float("-inf"), 0.0, m)
     total = 0.0
     acc = tl.zeros([HEAD_DIM], tl.float32)
@@ -215,10 +233,8 @@ def combine_kernel(O_PART, LSE_PART, O, LSE, FLAGS, o_sb, o_ss, o_sh, ROWS, SQ, 
     seen = total > 0
     o = tl.where(seen, acc / tl.where(seen, total, 1.0), 0.0)
     lse = tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
-    if CHECKED:
-        bad = _flagged(FLAGS)
-        o = tl.where(bad, float("nan"), o)
-        lse = tl.where(bad, float("nan"), lse)
+    o = tl.where(poisoned > 0, float("nan"), o)
+    lse = tl.where(poisoned > 0, float("nan"), lse)
     h = row % HQ
     t = (row // HQ) % SQ
     b = row // (HQ * SQ)

@@ -1,6 +1,6 @@
 """The KV-cache kernels besides attention (`attention_with_kvcache`): the check of the values the other kernels trust
-(one launch, its flags read back once unless the caller asked for no synchronization), and the in-place append of new
-keys and values (k=, v=), which writes nothing when a flag is up."""
+(one launch, its flags read back once, for a synchronized call that raises), and the in-place append of new keys and
+values (k=, v=), which can check its own sequence's values and then writes nothing for a bad one."""
 
 from __future__ import annotations
 
@@ -8,21 +8,37 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["NEW", "HKV"])
-def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, FLAGS,
+@triton.jit(do_not_specialize=["NEW", "HKV", "CAPACITY", "NUM_BLOCKS"])
+def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, LEFT_PAD,
                         kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh, kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh, bt_sb,
-                        NEW, HKV, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr, PAGE: tl.constexpr,
-                        CHECKED: tl.constexpr):
-    """HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache. CHECKED: FLAGS holds
-    `cache_check_kernel`'s flags, and if any is up nothing is written (no address derived from the bad values is
-    touched); else FLAGS is not read."""
-    ok = True
-    if CHECKED:
-        ok = tl.max(tl.load(FLAGS + tl.arange(0, 4)), 0) == 0
+                        NEW, HKV, CAPACITY, NUM_BLOCKS, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr,
+                        PAGE: tl.constexpr, CHECKED: tl.constexpr, LEFTPAD: tl.constexpr, CHUNK: tl.constexpr):
+    """One program per new token (b, t). HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache.
+    CHECKED: the program checks its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW <= CAPACITY), left pad
+    (LEFTPAD: 0 <= LEFT_PAD[b] <= SEQLENS[b]) and (paged) every block id the sequence's NEW tokens land on
+    ([0, NUM_BLOCKS)), CHUNK ids a load; if one is bad, no program of that sequence writes (no address derived from
+    the bad values is touched), and the others write as usual."""
     pid = tl.program_id(0)
     b = (pid // NEW).to(tl.int64)
     t = pid % NEW
-    pos = tl.where(ok, tl.load(SEQLENS + b) + t, 0)
+    cached = tl.load(SEQLENS + b)
+    if CHECKED:
+        ok = (cached >= 0) & (cached + NEW <= CAPACITY)
+        if LEFTPAD:
+            pad = tl.load(LEFT_PAD + b)
+            ok = ok & (pad >= 0) & (pad <= cached)
+        if PAGE > 0:  # the pages of positions cached .. cached + NEW - 1
+            first = tl.maximum(cached, 0) // PAGE
+            pages = tl.where(ok, (cached + NEW - 1) // PAGE - first + 1, 0)
+            wrong = 0
+            for p0 in range(0, pages, CHUNK):
+                idx = p0 + tl.arange(0, CHUNK)
+                entry = tl.load(BLOCK_TABLE + b * bt_sb + first + idx, mask=idx < pages, other=0)
+                wrong = tl.maximum(wrong, tl.max(((entry < 0) | (entry >= NUM_BLOCKS)).to(tl.int32), 0))
+            ok = ok & (wrong == 0)
+    else:
+        ok = True
+    pos = tl.where(ok, cached + t, 0)
     if PAGE == 0:
         block = b
         row = pos.to(tl.int64)
