@@ -39,12 +39,13 @@ def _blocks(start_n, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N: tl.constexpr, PAGE: tl.
 
 
 @triton.jit
-def _valid_blocks(blocks, start_n, hi, bad, num_blocks, BLOCK_N: tl.constexpr):
-    """Block ids outside [0, num_blocks) below `hi` raise `bad` (int32) and read block 0 instead, so a bad page table
-    sends no load outside the cache."""
+def _valid_blocks(blocks, start_n, hi, bad_keys, num_blocks, BLOCK_N: tl.constexpr):
+    """Block ids outside [0, num_blocks) below `hi` read block 0 instead, so a bad page table sends no load outside
+    the cache, and raise their lanes of `bad_keys` ([BLOCK_N] int32, elementwise: reduced once after the loop, as a
+    reduction per tile would put a barrier in it)."""
     keys = start_n + tl.arange(0, BLOCK_N)
     wrong = ((blocks < 0) | (blocks >= num_blocks)) & (keys < hi)
-    return tl.where(wrong, 0, blocks), tl.maximum(bad, tl.max(wrong.to(tl.int32), 0))
+    return tl.where(wrong, 0, blocks), tl.maximum(bad_keys, wrong.to(tl.int32))
 
 
 @triton.jit
@@ -57,26 +58,26 @@ def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.cons
 
 
 @triton.jit
-def _attend(acc, l_i, m_i, bad, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks, k_sp,
-            k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+def _attend(acc, l_i, m_i, bad_keys, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks,
+            k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
             CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, CHECKED: tl.constexpr,
             PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED: keys >= hi and (causal) keys past each row's `limit`
     are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys below limit - win_left and
     (not causal) above limit + win_right. A paged cache's block ids are read one tile ahead (a loop-carried value),
     so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early; CHECKED, a
-    block id outside the cache raises `bad` (`_valid_blocks`)."""
+    block id outside the cache raises a lane of `bad_keys` (`_valid_blocks`)."""
     cols = tl.arange(0, HEAD_DIM)
     blocks = _blocks(lo, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
     if CHECKED and PAGE > 0:
-        blocks, bad = _valid_blocks(blocks, lo, hi, bad, num_blocks, BLOCK_N)
+        blocks, bad_keys = _valid_blocks(blocks, lo, hi, bad_keys, num_blocks, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)
         k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE)
         v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE)
         blocks = _blocks(start_n + BLOCK_N, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
         if CHECKED and PAGE > 0:
-            blocks, bad = _valid_blocks(blocks, start_n + BLOCK_N, hi, bad, num_blocks, BLOCK_N)
+            blocks, bad_keys = _valid_blocks(blocks, start_n + BLOCK_N, hi, bad_keys, num_blocks, BLOCK_N)
         if MASKED:
             k = tl.load(K + k_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
         else:
@@ -97,7 +98,7 @@ def _attend(acc, l_i, m_i, bad, q, K, V, b, lo, hi, limit, win_left, win_right, 
         else:
             v = tl.load(V + v_rows[:, None] + cols[None, :])
         acc = mma(p.to(PV_DTYPE), v.to(PV_DTYPE), acc, INTERPRET)
-    return acc, l_i, m_i, bad
+    return acc, l_i, m_i, bad_keys
 
 
 @triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW", "NUM_BLOCKS"])
@@ -180,14 +181,17 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     if KEY_STARTS:
         k_base += first.to(tl.int64) * k_ss
         v_base += first.to(tl.int64) * v_ss
-    acc, l_i, m_i, bad = _attend(acc, l_i, m_i, bad, q, k_base, v_base, b, lo, full_hi, limit, win_left, win_right,
-                                 BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N,
-                                 PAGE, CAUSAL, False, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
-    acc, l_i, m_i, bad = _attend(acc, l_i, m_i, bad, q, k_base, v_base, b, full_hi, hi, limit, win_left, win_right,
-                                 BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM, BLOCK_N,
-                                 PAGE, CAUSAL, True, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
+    bad_keys = tl.zeros([BLOCK_N], tl.int32)
+    acc, l_i, m_i, bad_keys = _attend(acc, l_i, m_i, bad_keys, q, k_base, v_base, b, lo, full_hi, limit, win_left,
+                                      win_right, BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
+                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i, bad_keys = _attend(acc, l_i, m_i, bad_keys, q, k_base, v_base, b, full_hi, hi, limit, win_left,
+                                      win_right, BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
+                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
     o, lse = finish(acc, l_i, m_i, True)
     if CHECKED:
+        if PAGE > 0:
+            bad = tl.maximum(bad, tl.max(bad_keys, 0))
         o = tl.where(bad > 0, float("nan"), o)
         lse = tl.where(bad > 0, float("nan"), lse)
 
