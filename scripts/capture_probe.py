@@ -14,6 +14,7 @@ import traceback
 import torch
 
 import xkernels
+from xkernels.bench.timing import capture
 from xkernels.testing.inputs import uniform
 
 
@@ -39,20 +40,18 @@ def main() -> None:
                                       backend="portable" if which == "varlen-portable" else "auto")
     want = torch.autograd.grad(o, leaves, do, retain_graph=True)
     print(which, "eager backward:", xkernels.last_backend(), flush=True)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        torch.autograd.grad(o, leaves, do, retain_graph=True)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    _try(which, lambda: torch.autograd.grad(o, leaves, do, retain_graph=True), want)
+
+
+def _try(name: str, step, want) -> None:
+    """Capture `step` (after its warm-up), replay it, and print whether that worked and matched `want`."""
     try:
-        with torch.cuda.graph(graph):
-            got = torch.autograd.grad(o, leaves, do, retain_graph=True)
+        graph, got = capture(step)
         graph.replay()
         torch.cuda.synchronize()
-        print(which, "capture OK, bitwise equal:", all(torch.equal(a, b) for a, b in zip(got, want, strict=True)))
+        print(name, "capture OK, bitwise equal:", all(torch.equal(a, b) for a, b in zip(got, want, strict=True)))
     except Exception:
-        print(which, "capture FAILED:", traceback.format_exc()[-1200:])
+        print(name, "capture FAILED:", traceback.format_exc()[-1200:])
 
 
 def fwd_bwd(g) -> None:
@@ -64,21 +63,7 @@ def fwd_bwd(g) -> None:
         o = xkernels.attention_varlen(*leaves, cu, cu, 257, 257, is_causal=True)
         return torch.autograd.grad(o, leaves, do)
 
-    want = step()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            got = step()
-        graph.replay()
-        torch.cuda.synchronize()
-        print("fwdbwd capture OK, bitwise equal:", all(torch.equal(a, b) for a, b in zip(got, want, strict=True)))
-    except Exception:
-        print("fwdbwd capture FAILED:", traceback.format_exc()[-1200:])
+    _try("fwdbwd", step, step())
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import xkernels
 from tests.helpers import assert_passes
 from tests.test_varlen_backward import _check, _cu, _packed, _run
 from xkernels import backward
+from xkernels.bench.timing import capture
 from xkernels.common.runtime import hopper_available
 from xkernels.testing.inputs import uniform
 
@@ -90,14 +91,7 @@ def test_a_training_step_captures_in_a_cuda_graph():
             return torch.autograd.grad(o, leaves, do)
 
         want = step()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            got = step()
+        graph, got = capture(step)
         graph.replay()
         torch.cuda.synchronize()
         for g, w in zip(got, want, strict=True):

@@ -71,9 +71,10 @@ def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, w
     return Timing(statistics.median(ms), min(ms), max(ms), iters, n, host_s * 1e6)
 
 
-def graph_ms(fn: Callable[[], object], reps: int = 10, repeats: int = 5) -> float:
-    """Device time per call of `fn`: `reps` calls captured in one CUDA graph (after a warm-up on a side stream),
-    replayed `repeats` times between events; the median replay, per call."""
+def capture(fn: Callable[[], object], reps: int = 1) -> tuple[torch.cuda.CUDAGraph, object]:
+    """`reps` calls of `fn` captured in one CUDA graph after a warm-up call on a side stream (torch's recipe: the
+    warm-up's lazy initializations stay out of the capture). Returns the graph, not yet replayed, and the last
+    call's result (tensors the graph writes at each replay)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -82,7 +83,14 @@ def graph_ms(fn: Callable[[], object], reps: int = 10, repeats: int = 5) -> floa
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(reps):
-            fn()
+            result = fn()
+    return graph, result
+
+
+def graph_ms(fn: Callable[[], object], reps: int = 10, repeats: int = 5) -> float:
+    """Device time per call of `fn`: `reps` calls captured in one CUDA graph (`capture`), replayed `repeats` times
+    between events; the median replay, per call."""
+    graph, _ = capture(fn, reps)
     graph.replay()
     torch.cuda.synchronize()
     times = []
