@@ -41,3 +41,17 @@ def test_outputs_render_failed_rows(tmp_path):
     assert tmp_path / "bench.json" in written
     summary = report.summary_markdown(json.loads((tmp_path / "bench.json").read_text())["rows"])
     assert "B1 H32 8Kx8K D128" in summary and "consumers=3" not in summary  # only timed rows are summarized
+
+
+def test_terminal_table_fits_120_columns_and_wide_has_every_peer():
+    from rich.console import Console
+
+    def render(wide):
+        console = Console(width=250 if wide else 120, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+        console.print(report.rich_table(_rows(), CEILINGS, wide=wide))
+        return console.export_text()
+
+    compact = render(False)
+    assert max(len(line) for line in compact.splitlines()) <= 120
+    assert "SDPA-cuDNN" in compact and "0.94" in compact and "FAIL" in compact  # best peer, ratio, failed row
+    assert "SDPA-efficient" not in compact and "SDPA-efficient" in render(True)  # every peer only when wide

@@ -54,14 +54,33 @@ def headers(peers: list[str]) -> list[str]:
     return cols + ["x best"]
 
 
-def rich_table(rows: list[Row], ceilings: Ceilings) -> Table:
+COMPACT_HEADERS = ["kernel", "recipe", "shape", "check", "ms", "host us", "ours", "best peer", "x best"]
+
+
+def _compact_cells(r: Row) -> list[str]:
+    """One row of the terminal's default table: the timing, our throughput, and the best peer's, no spread."""
+    check = "PASS" if r.passed else "FAIL " + str(r.check["reason"])
+    if r.ours is None:
+        return [r.kernel, r.recipe, r.shape, check] + ["—"] * 5
+    unit, rate = (("TB/s", r.tbps) if r.bytes_read else ("TFLOP/s", r.tflops))
+    best = r.best_peer()
+    peer = f"{best} {rate(r.peers[best]):.2f}" if best and r.bytes_read else (
+        f"{best} {rate(r.peers[best]):.0f}" if best else "—")
+    ours = f"{rate(r.ours):.2f} {unit}" if r.bytes_read else f"{rate(r.ours):.0f} {unit}"
+    return [r.kernel, r.recipe, r.shape, check, f"{r.ours.median_ms:.3f}", _f(r.ours.host_us), ours, peer,
+            _f(r.speedup(best), ".2f") if best else "—"]
+
+
+def rich_table(rows: list[Row], ceilings: Ceilings, *, wide: bool = False) -> Table:
+    """The terminal's table: by default the columns that fit ~120 characters (time, host time, throughput, the best
+    peer and the ratio to it); `wide`: every column of the Markdown report (spread, ceilings, each peer)."""
     peers = _peer_names(rows)
     t = Table(title=f"xkernels bench on {ceilings.device}: matmul ceiling {ceilings.matmul_tflops:.0f} TFLOP/s, "
                     f"copy {ceilings.copy_tbps:.2f} TB/s, datasheet {_f(ceilings.datasheet_tflops)} TFLOP/s")
-    for h in headers(peers):
+    for h in headers(peers) if wide else COMPACT_HEADERS:
         t.add_column(h, overflow="fold")
     for r in rows:
-        t.add_row(*(escape(c) for c in _cells(r, ceilings, peers)))
+        t.add_row(*(escape(c) for c in (_cells(r, ceilings, peers) if wide else _compact_cells(r))))
     return t
 
 

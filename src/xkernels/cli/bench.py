@@ -57,7 +57,7 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
             rows.append(run_case(case, timed=timed, warmup=args.warmup, iters=args.iters, sleep_s=args.sleep))
             report.write_json(rows, ceilings, json_path, command)
             progress.advance(task)
-    console.print(report.rich_table(rows, ceilings))
+    console.print(report.rich_table(rows, ceilings, wide=args.wide))
     written = report.write_outputs(rows, ceilings, out_dir, json_path, command)
     console.print("wrote " + ", ".join(map(str, written)))
     failed = [r for r in rows if not r.passed]

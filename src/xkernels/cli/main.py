@@ -36,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=20, help="warm-up runs per row (at least 20)")
     p.add_argument("--sleep", type=float, default=0.0, help="seconds to sleep before each row's timings (seeds: 5)")
     p.add_argument("--out", metavar="DIR", default="bench-out", help="folder for the JSON, Markdown and PNG")
+    p.add_argument("--wide", action="store_true",
+                   help="every column on the terminal (spread, ceilings, each peer), as in the Markdown report")
     p.add_argument("--json", metavar="PATH", help="JSON path (default: DIR/bench.json)")
 
     p = sub.add_parser("inspect", help="compile each kernel config for a target (no GPU needed): registers, spills, "
