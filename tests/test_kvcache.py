@@ -388,3 +388,21 @@ def test_bad_window_names_the_argument(device, window, causal, exc, match):
     with pytest.raises(exc, match=match):
         xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, is_causal=causal,
                                         window_size=window)
+
+
+def test_resolved_calls_keep_checking_and_hold_no_tensor(device):
+    """The per-metadata cache of the checks (`kvcache._resolve`): a call whose metadata differs is checked again, and
+    nothing of a call's tensors outlives it."""
+    import gc
+    import weakref
+
+    q, k_cache, v_cache, k, v, lengths = setup(device)
+    xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
+    with pytest.raises(ValueError, match="cache_seqlens: expected int32"):
+        xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths.long(), k=k, v=v)
+    with pytest.raises(ValueError, match="k: expected"):
+        xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k[:, :, :1], v=v[:, :, :1])
+    refs = [weakref.ref(t) for t in (q, k_cache, v_cache, k, v, lengths)]
+    del q, k_cache, v_cache, k, v, lengths
+    gc.collect()
+    assert all(r() is None for r in refs)
