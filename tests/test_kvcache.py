@@ -135,7 +135,7 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
 @pytest.mark.parametrize("case", ["too_short", "negative", "page_table", "leftpad_past_end", "strided"])
 def test_unsynced_checks_isolate_a_bad_sequence(device, case, splits):
     """sync_checks=False (and CUDA-graph capture): no read to the host; the kernels check each sequence's values as
-    they read them. The bad sequence gets nothing written (the strided path included) and NaN outputs, whether the
+    they read them. The bad sequence gets nothing written (strided caches included) and NaN outputs, whether the
     attention kernel writes them (one split) or the merge of its splits does; the other sequences get exactly what
     a call with the bad value fixed gives them, appends included."""
     q, k_cache, v_cache, k, v, lengths = setup(device)
@@ -159,7 +159,7 @@ def test_unsynced_checks_isolate_a_bad_sequence(device, case, splits):
     else:
         kwargs["cache_leftpad"] = torch.tensor([0, 1, 0], **i32)  # past sequence 1's 0 keys
         fixed["cache_leftpad"] = torch.tensor([0, 0, 0], **i32)
-    if case == "strided":  # head-dim rows strided: the torch-indexing append
+    if case == "strided":  # head-dim rows strided
         k_cache = torch.stack([k_cache, k_cache], -1)[..., 0]
         v_cache = torch.stack([v_cache, v_cache], -1)[..., 0]
     runs = []
@@ -261,14 +261,19 @@ def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq
         assert f"splits={splits}" in xkernels.last_backend()
 
 
-@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.parametrize("strided", ["none", "new", "cache"])
 def test_append_writes_exactly_the_new_rows(device, strided):
-    """The append kernel (unit-stride rows) and the indexing fallback (strided new keys) write the same rows."""
+    """The append kernel writes exactly the new rows, whatever the strides of the new keys or of the cache (head-dim
+    stride 2 here)."""
     q, k_cache, v_cache, k, v, lengths = setup(device, sq=3, new=3)
-    if strided:
+    if strided == "new":
         k = torch.stack([k, torch.zeros_like(k)], -1)[..., 0]  # last stride 2
         v = torch.stack([v, torch.zeros_like(v)], -1)[..., 0]
         assert k.stride(-1) == 2
+    elif strided == "cache":
+        k_cache = torch.stack([k_cache, torch.zeros_like(k_cache)], -1)[..., 0]
+        v_cache = torch.stack([v_cache, torch.zeros_like(v_cache)], -1)[..., 0]
+        assert k_cache.stride(-1) == 2
     want_k, want_v = k_cache.clone(), v_cache.clone()
     for b, n in enumerate(lengths.tolist()):
         want_k[b, n:n + 3], want_v[b, n:n + 3] = k[b], v[b]
@@ -406,3 +411,61 @@ def test_resolved_calls_keep_checking_and_hold_no_tensor(device):
     del q, k_cache, v_cache, k, v, lengths
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_a_length_near_int32_max_is_caught(device, sync):
+    """cache_seqlens + new wraps in int32 for a length near 2^31: the checks compare against capacity - new, so the
+    call raises (synchronized) or writes nothing and returns NaN for that sequence (not a write at row 2^31 - 1)."""
+    q, k_cache, v_cache, k, v, _ = setup(device)
+    lengths = torch.tensor([5, 2**31 - 1, 3], dtype=torch.int32, device=device)
+    before = k_cache.clone()
+    if sync:
+        with pytest.raises(ValueError, match="cache_seqlens"):
+            xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v)
+        assert torch.equal(k_cache, before)
+        return
+    o = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, k=k, v=v, sync_checks=False)
+    assert o[1].isnan().all() and not o[[0, 2]].isnan().any()
+    assert torch.equal(k_cache[1], before[1])
+
+
+def test_a_bad_page_in_another_sequences_place_does_not_touch_it(device):
+    """A strided paged cache: sequence 1's bad block id must not be redirected onto sequence 0's block (where its
+    write-back of old rows would race sequence 0's append); sequence 0 is served as with a good table."""
+    g = torch.Generator(device=device).manual_seed(5)
+    q = uniform((2, 1, 2, 64), torch.float16, device, g)
+    k, v = (uniform((2, 2, 2, 64), torch.float16, device, g) for _ in range(2))
+    base = uniform((4, 16, 2, 64), torch.float16, device, g)
+    lengths = torch.tensor([5, 5], dtype=torch.int32, device=device)
+    runs = []
+    for table in ([[0, 1], [-1, 3]], [[0, 1], [2, 3]]):  # bad, fixed
+        caches = [torch.stack([base, base], -1)[..., 0] for _ in range(2)]  # head-dim stride 2
+        o = xkernels.attention_with_kvcache(q, *caches, cache_seqlens=lengths, k=k, v=v, sync_checks=False,
+                                            block_table=torch.tensor(table, dtype=torch.int32, device=device))
+        runs.append((o, caches[0]))
+    (o_bad, k_bad), (o_fix, k_fix) = runs
+    assert torch.equal(k_bad[0, 5:7], k[0]) and torch.equal(k_bad[0], k_fix[0])
+    assert torch.equal(o_bad[0], o_fix[0]) and o_bad[1].isnan().all()
+    assert torch.equal(k_bad[2:], base[2:])  # sequence 1's real pages untouched
+
+
+def test_a_bad_page_outside_the_window_is_never_used(device):
+    """The kernels check the values they use: a bad block id in a page the sliding window never reaches is not read,
+    so the outputs are the correct ones (those of a good table) and the new tokens land in their good page; the
+    synchronized call, which checks every page below the length, raises."""
+    g = torch.Generator(device=device).manual_seed(6)
+    q, k, v = (uniform((1, 4, 2, 64), torch.float16, device, g) for _ in range(3))
+    base = uniform((4, 16, 2, 64), torch.float16, device, g)
+    lengths = torch.tensor([20], dtype=torch.int32, device=device)  # positions 20..23 new: page 1
+    runs = []
+    for table in ([[99, 1]], [[0, 1]]):  # page 0 bad, fixed
+        caches = [base.clone(), base.clone()]
+        kwargs = dict(cache_seqlens=lengths, k=k, v=v, window_size=(2, 0),
+                      block_table=torch.tensor(table, dtype=torch.int32, device=device))
+        runs.append((xkernels.attention_with_kvcache(q, *caches, sync_checks=False, **kwargs), caches[0]))
+    (o_bad, k_bad), (o_fix, k_fix) = runs
+    assert not o_bad.isnan().any() and torch.equal(o_bad, o_fix) and torch.equal(k_bad, k_fix)
+    with pytest.raises(ValueError, match="block_table"):
+        xkernels.attention_with_kvcache(q, base.clone(), base.clone(), **kwargs | dict(block_table=torch.tensor(
+            [[99, 1]], dtype=torch.int32, device=device)))

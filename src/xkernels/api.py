@@ -161,9 +161,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     left pads within the lengths). With `sync_checks` (the default) the result is read to the host (one
     synchronization) and a bad value raises a ValueError naming the argument before anything is written. With
     `sync_checks=False`, and during CUDA-graph capture, nothing is read and nothing else runs: the append and
-    attention kernels check each sequence's values as they use them, and a sequence with a bad one gets nothing
-    written and NaN outputs while the others are served as usual (no read or write outside the cache; flash_attn
-    checks nothing). Returns O (B, Sq, Hq, D), or (O, LSE) with LSE
+    attention kernels check the values they use, nothing is read or written through a bad one, and every output
+    that depends on it is NaN (flash_attn checks nothing). A length or left pad out of range: none of that
+    sequence's tokens is written and all its outputs are NaN; a block id out of range: the rows that would read its
+    page are NaN, and tokens bound for it are not written. Other sequences and rows are served as usual. Returns
+    O (B, Sq, Hq, D), or (O, LSE) with LSE
     (B, Hq, Sq) fp32. Forward only. The split-KV kernel reads the cache in place (dense or paged); `num_splits`
     sets how many key splits each (sequence, kv head) is cut into (0: a heuristic from the batch, heads, cache
     length and SM count). `cache_leftpad` (B,) int32, dense caches only: sequence b's keys start at that row (a

@@ -82,39 +82,15 @@ def _launch(fn, grid: int, args: tuple, tensors: int, constexprs: dict, num_warp
 def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=None, *,
            checked: bool = False) -> None:
     """Write k, v (B, new, Hkv, D) at positions cache_seqlens[b]... of each sequence (in place), one launch
-    (`portable/kv_cache.py`). `checked`: each sequence's length, left pad and the pages its new tokens land on are
-    checked on the device, and nothing is written for a sequence with a bad one. Caches or inputs whose head-dim
-    rows are strided go through torch indexing (checked: positions clamped into the cache, and a bad sequence's old
-    rows written back)."""
+    (`portable/kv_cache.py`, any strides). `checked`: each sequence's length, left pad and the pages its new tokens
+    land on are checked on the device, and nothing is written for a sequence with a bad one."""
     batch, new, hkv, d = k.shape
     page = k_cache.shape[1]
     capacity = page * (block_table.shape[1] if block_table is not None else 1)
-    if any(t.stride(-1) != 1 for t in (k_cache, v_cache, k, v)):
-        pos = cache_seqlens.long()[:, None] + torch.arange(new, device=k.device)[None, :]
-        ok = None
-        if checked:
-            ok = (cache_seqlens >= 0) & (cache_seqlens.long() + new <= capacity)
-            if cache_leftpad is not None:
-                ok = ok & (cache_leftpad >= 0) & (cache_leftpad <= cache_seqlens)
-            pos = pos.clamp(0, capacity - 1)
-        rows = torch.arange(batch, device=k.device)[:, None].expand(batch, new)
-        if block_table is not None:
-            rows, pos = block_table.long().gather(1, pos // page), pos % page
-            if checked:
-                ok = ok & ((rows >= 0) & (rows < k_cache.shape[0])).all(1)
-                rows = rows.clamp(0, k_cache.shape[0] - 1)
-        if ok is None:
-            k_cache[rows, pos] = k
-            v_cache[rows, pos] = v
-            return
-        ok = ok.view(batch, 1, 1, 1)
-        k_cache[rows, pos] = torch.where(ok, k, k_cache[rows, pos])
-        v_cache[rows, pos] = torch.where(ok, v, v_cache[rows, pos])
-        return
     table = cache_seqlens if block_table is None else block_table  # never read for a dense cache
     leftpad = cache_seqlens if cache_leftpad is None else cache_leftpad  # read only with LEFTPAD
-    args = (k, v, k_cache, v_cache, cache_seqlens, table, leftpad, *k.stride()[:3], *v.stride()[:3],
-            *k_cache.stride()[:3], *v_cache.stride()[:3], table.stride(0), new, hkv, capacity, k_cache.shape[0])
+    args = (k, v, k_cache, v_cache, cache_seqlens, table, leftpad, *k.stride(), *v.stride(), *k_cache.stride(),
+            *v_cache.stride(), table.stride(0), new, hkv, capacity, k_cache.shape[0])
     _launch(cache_append_kernel, batch * new, args, 7,
             dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=0 if block_table is None else page,
                  CHECKED=checked, LEFTPAD=checked and cache_leftpad is not None, CHUNK=16), 4)
@@ -125,9 +101,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
                            window: tuple[int, int] = (-1, -1), backend: str):
     """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). With `sync_checks` the
     cache values are checked by one kernel and read to the host: a bad one raises before anything is written.
-    Without, and during CUDA-graph capture, the append and attention kernels check each sequence's own values as
-    they read them: a bad sequence gets nothing written and NaN outputs, the others are served as usual, nothing is
-    read or written outside the cache, and no other op runs."""
+    Without, and during CUDA-graph capture, the append and attention kernels check the values they use: nothing is
+    read or written through a bad one, every output that depends on it is NaN (all of a sequence's for a bad length
+    or left pad, the rows that would read a bad page's for a bad block id), the rest is served as usual, and no
+    other op runs."""
     recipe, choice = _resolve(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, precision,
                               backend)
     batch, sq, hq, d = q.shape

@@ -120,7 +120,8 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     SEQ_LENGTHS): the program checks the values it trusts, its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW
     <= SKV), left pad (0 <= KEY_START[b] <= SEQLENS[b]) and each block id it reads ([0, NUM_BLOCKS)); a bad one
     reads no key (or block 0 for a bad id) and writes NaN to its O and LSE (partial ones when split: the merge then
-    gives NaN), so a bad sequence's outputs are NaN and the other sequences' are untouched."""
+    gives NaN), so every output that depends on a bad value is NaN (a bad block id: the rows of the programs that
+    would read its page) and the others are untouched."""
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
     pid = tl.program_id(0)
     per_split = tl.num_programs(0) // SPLITS
@@ -138,7 +139,7 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     if KEY_STARTS:  # dense caches only: the sequence's keys begin `first` rows in
         first = tl.load(KEY_START + b)
     if CHECKED:  # a bad sequence reads no key
-        wrong = (cached < 0) | (L > SKV)
+        wrong = (cached < 0) | (cached > SKV - NEW)  # not L > SKV: cached + NEW wraps for a length near 2^31
         if KEY_STARTS:
             wrong = wrong | (first < 0) | (first > cached)
             first = tl.where(wrong, 0, first)

@@ -10,10 +10,12 @@ import triton.language as tl
 
 @triton.jit(do_not_specialize=["NEW", "HKV", "CAPACITY", "NUM_BLOCKS"])
 def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, LEFT_PAD,
-                        kn_sb, kn_ss, kn_sh, vn_sb, vn_ss, vn_sh, kc_sp, kc_ss, kc_sh, vc_sp, vc_ss, vc_sh, bt_sb,
-                        NEW, HKV, CAPACITY, NUM_BLOCKS, HEAD_DIM: tl.constexpr, HEADS: tl.constexpr,
-                        PAGE: tl.constexpr, CHECKED: tl.constexpr, LEFTPAD: tl.constexpr, CHUNK: tl.constexpr):
-    """One program per new token (b, t). HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache.
+                        kn_sb, kn_ss, kn_sh, kn_sd, vn_sb, vn_ss, vn_sh, vn_sd, kc_sp, kc_ss, kc_sh, kc_sd, vc_sp,
+                        vc_ss, vc_sh, vc_sd, bt_sb, NEW, HKV, CAPACITY, NUM_BLOCKS, HEAD_DIM: tl.constexpr,
+                        HEADS: tl.constexpr, PAGE: tl.constexpr, CHECKED: tl.constexpr, LEFTPAD: tl.constexpr,
+                        CHUNK: tl.constexpr):
+    """One program per new token (b, t), any strides (a head-dim stride of 1 specializes to vector accesses).
+    HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache.
     CHECKED: the program checks its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW <= CAPACITY), left pad
     (LEFTPAD: 0 <= LEFT_PAD[b] <= SEQLENS[b]) and (paged) every block id the sequence's NEW tokens land on
     ([0, NUM_BLOCKS)), CHUNK ids a load; if one is bad, no program of that sequence writes (no address derived from
@@ -23,7 +25,7 @@ def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, LE
     t = pid % NEW
     cached = tl.load(SEQLENS + b)
     if CHECKED:
-        ok = (cached >= 0) & (cached + NEW <= CAPACITY)
+        ok = (cached >= 0) & (cached <= CAPACITY - NEW)  # not cached + NEW: it wraps for a length near 2^31
         if LEFTPAD:
             pad = tl.load(LEFT_PAD + b)
             ok = ok & (pad >= 0) & (pad <= cached)
@@ -48,10 +50,10 @@ def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, LE
     heads = tl.arange(0, HEADS).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
     keep = (heads < HKV)[:, None] & ok
-    k = tl.load(K_NEW + b * kn_sb + t * kn_ss + heads[:, None] * kn_sh + cols[None, :], mask=keep)
-    v = tl.load(V_NEW + b * vn_sb + t * vn_ss + heads[:, None] * vn_sh + cols[None, :], mask=keep)
-    tl.store(K_CACHE + block * kc_sp + row * kc_ss + heads[:, None] * kc_sh + cols[None, :], k, mask=keep)
-    tl.store(V_CACHE + block * vc_sp + row * vc_ss + heads[:, None] * vc_sh + cols[None, :], v, mask=keep)
+    k = tl.load(K_NEW + b * kn_sb + t * kn_ss + heads[:, None] * kn_sh + cols[None, :] * kn_sd, mask=keep)
+    v = tl.load(V_NEW + b * vn_sb + t * vn_ss + heads[:, None] * vn_sh + cols[None, :] * vn_sd, mask=keep)
+    tl.store(K_CACHE + block * kc_sp + row * kc_ss + heads[:, None] * kc_sh + cols[None, :] * kc_sd, k, mask=keep)
+    tl.store(V_CACHE + block * vc_sp + row * vc_ss + heads[:, None] * vc_sh + cols[None, :] * vc_sd, v, mask=keep)
 
 
 @triton.jit(do_not_specialize=["NEW", "CAPACITY", "NUM_BLOCKS", "MAX_PAGES"])
@@ -63,12 +65,12 @@ def cache_check_kernel(SEQLENS, BLOCK_TABLE, LEFT_PAD, FLAGS, bt_sb, NEW, CAPACI
     b = tl.program_id(0).to(tl.int64)
     n = tl.load(SEQLENS + b)
     tl.atomic_max(FLAGS + 0, (n < 0).to(tl.int32))
-    tl.atomic_max(FLAGS + 1, (n + NEW > CAPACITY).to(tl.int32))
+    tl.atomic_max(FLAGS + 1, (n > CAPACITY - NEW).to(tl.int32))  # not n + NEW: it wraps for a length near 2^31
     if LEFTPAD:
         pad = tl.load(LEFT_PAD + b)
         tl.atomic_max(FLAGS + 3, ((pad < 0) | (pad > n)).to(tl.int32))
     if PAGE > 0:
-        pages = tl.minimum(tl.cdiv(tl.maximum(n, 0) + NEW, PAGE), MAX_PAGES)
+        pages = tl.minimum(tl.cdiv(tl.minimum(tl.maximum(n, 0), CAPACITY) + NEW, PAGE), MAX_PAGES)
         bad = tl.zeros([CHUNK], tl.int32)
         for p0 in range(0, pages, CHUNK):
             idx = p0 + tl.arange(0, CHUNK)
