@@ -223,14 +223,14 @@ def test_each_check_fails_on_a_broken_backward(device, broken):
         dk = dk / 2
     elif broken == "no causal mask":
         dq, dk, dv = _run(q, k, v, do, causal=False, scale=scale)
-    elif broken == "one row wrong":  # one key of 66 (2 kv heads x 33): below the rel-RMS bound, over the row bound
-        dv[0, 1, 7] *= 1.013
+    elif broken == "one row wrong":  # one key of 66 (2 kv heads x 33) 15 % off: over the row bound (0.1 for fp16)
+        dv[0, 1, 7] *= 1.15
     else:
         dq[0, 0, 3, 5] = float("nan")
     results = _check((dq, dk, dv), q, k, v, do, causal=causal, scale=scale)
     assert not all(c.passed for c in results.values()), {n: (c.rel_rms, c.worst_row_rel) for n, c in results.items()}
-    if broken == "one row wrong":
-        assert results["dv"].rel_rms < results["dv"].rel_rms_bound and "worst row" in results["dv"].reason
+    if broken == "one row wrong":  # (tests/testing/test_metrics.py: the row bound alone catches it among 64K rows)
+        assert "worst row" in results["dv"].reason
 
 
 def test_the_poisoned_buffers_are_really_poisoned(device):

@@ -123,3 +123,17 @@ def test_gradient_bounds_admit_an_exact_kernel_on_short_causal_rows(dtype, seed)
     assert c.passed and c.worst_row_rel > recipe.grad_row_rel / 10, c  # a real margin, and not a vacuous one
     dq[150] = -dq[150]  # one token of the 200-key sequence wrong
     assert not compare_grad(dq, ref, recipe).passed
+
+
+def test_a_wrong_gradient_row_fails_although_the_rel_rms_passes():
+    """compare_grad: among 64K gradient rows one 15 % off moves the rel-RMS by 0.15 / 256 = 6e-4, under fp16's 2e-3
+    gradient bound; the per-row bound (0.1) fails it."""
+    g = torch.Generator().manual_seed(12)
+    ref = torch.randn(1, 2, 32768, 64, dtype=torch.float64, generator=g)
+    bad = ref * (1 + 1e-4 * torch.randn(ref.shape, dtype=torch.float64, generator=g))
+    bad[0, 1, 700] *= 1.15
+    rec = ATTENTION_RECIPES["fp16"]
+    from xkernels.testing import compare_grad
+
+    c = compare_grad(bad, ref, rec)
+    assert c.rel_rms < rec.grad_rel_rms and not c.passed and "worst row" in c.reason
