@@ -148,3 +148,75 @@ def test_varlen_backward_fuzz(device, d, hkv, group, causal, dtype, data):
     for name, gr, ref in zip(("dq", "dk", "dv"), grads, refs, strict=True):
         c = compare_grad(gr, ref, recipe)
         assert c.passed, (name, c)
+
+
+@settings(max_examples=15, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(b=st.integers(2, 3), sq=st.integers(1, 3), append=st.booleans(), page=st.sampled_from([0, 16]),
+       splits=st.integers(0, 3), corruption=st.sampled_from(["negative", "too_long", "int32_max", "page", "pad"]),
+       data=st.data())
+def test_kvcache_unsynced_corruption_fuzz(device, b, sq, append, page, splits, corruption, data):
+    """sync_checks=False with one sequence's value corrupted: every other sequence gets bitwise what the call with
+    the value fixed gives it (outputs and appends); the corrupted sequence's outputs are NaN wherever they depend on
+    the bad value (all of them for a length or pad) and equal to the fixed call's elsewhere, and nothing is written
+    through it."""
+    s_max, d, hkv, group = 64, 64, 2, 2
+    new = sq if append else 0
+    bad = data.draw(st.integers(0, b - 1))
+    lengths = [data.draw(st.integers(1, s_max - new)) for _ in range(b)]
+    if corruption == "pad" and page:
+        corruption = "negative"  # left pads are for dense caches
+    if corruption == "page" and not page:
+        corruption = "too_long"  # block ids are for paged caches
+    g = torch.Generator(device=device).manual_seed(sum(lengths) + 7 * sq + bad)
+
+    def rnd(*shape):
+        return (torch.rand(shape, generator=g, device=device) - 0.5).half()
+
+    q, cache, more = rnd(b, sq, hkv * group, d), rnd(b * s_max, hkv, d), rnd(b * s_max, hkv, d)
+    k, v = (rnd(b, new, hkv, d), rnd(b, new, hkv, d)) if new else (None, None)
+    i32 = dict(dtype=torch.int32, device=device)
+    fixed = dict(cache_seqlens=torch.tensor(lengths, **i32), k=k, v=v, num_splits=splits, return_lse=True)
+    if page:
+        fixed["block_table"] = torch.randperm(b * s_max // page, generator=torch.Generator().manual_seed(b)).view(
+            b, -1).to(**i32)
+        caches = (cache.view(-1, page, hkv, d), more.view(-1, page, hkv, d))
+    else:
+        caches = (cache.view(b, s_max, hkv, d), more.view(b, s_max, hkv, d))
+    if corruption == "pad":
+        fixed["cache_leftpad"] = torch.zeros(b, **i32)
+    broken = {name: t.clone() if isinstance(t, torch.Tensor) and name != "k" and name != "v" else t
+              for name, t in fixed.items()}
+    if corruption == "negative":
+        broken["cache_seqlens"][bad] = -data.draw(st.integers(1, 5))
+    elif corruption == "too_long":
+        broken["cache_seqlens"][bad] = s_max - new + data.draw(st.integers(1, 5))
+    elif corruption == "int32_max":
+        broken["cache_seqlens"][bad] = 2**31 - 1
+    elif corruption == "pad":
+        broken["cache_leftpad"][bad] = lengths[bad] + data.draw(st.integers(1, 5))
+    else:  # a block id out of range in one of the pages the sequence reads or writes
+        used = -(-(lengths[bad] + new) // page)
+        broken["block_table"][bad, data.draw(st.integers(0, used - 1))] = data.draw(
+            st.sampled_from([-1, b * s_max // page, 2**31 - 1]))
+    runs = []
+    for kwargs in (broken, fixed):
+        kc, vc = (t.clone() for t in caches)
+        runs.append((*xkernels.attention_with_kvcache(q, kc, vc, sync_checks=False, **kwargs), kc, vc))
+    (o, lse, kc, vc), (o_fix, lse_fix, kc_fix, vc_fix) = runs
+    good = [i for i in range(b) if i != bad]
+    assert torch.equal(o[good], o_fix[good]) and torch.equal(lse[good], lse_fix[good])
+    if corruption != "page":
+        assert o[bad].isnan().all() and lse[bad].isnan().all()
+    else:  # each row NaN, or what the fixed call gives it
+        rows_nan = o[bad].isnan().all(-1)
+        assert (rows_nan | (o[bad] == o_fix[bad]).all(-1)).all() and rows_nan.any()
+    if page:
+        blocks = fixed["block_table"].long()
+        for new_cache, fix_cache, old in ((kc, kc_fix, caches[0]), (vc, vc_fix, caches[1])):
+            assert torch.equal(new_cache[blocks[good]], fix_cache[blocks[good]])
+            if corruption != "page":
+                assert torch.equal(new_cache[blocks[bad]], old[blocks[bad]])
+    else:
+        for new_cache, fix_cache, old in ((kc, kc_fix, caches[0]), (vc, vc_fix, caches[1])):
+            assert torch.equal(new_cache[good], fix_cache[good]) and torch.equal(new_cache[bad], old[bad])
