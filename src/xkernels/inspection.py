@@ -240,8 +240,11 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
         tensors = ("K_NEW", "V_NEW", "K_CACHE", "V_CACHE", "SEQLENS", "BLOCK_TABLE", "LEFT_PAD")
         yield KernelConfig(f"portable.decode.append bf16 D{d} page16 checked", kv.cache_append_kernel,
                            dict(zip(tensors, (p, p, p, p, "*i32", "*i32", "*i32"), strict=True)),
-                           dict(HEAD_DIM=d, HEADS=8, PAGE=16, CHECKED=True, LEFTPAD=False, CHUNK=16), 4, 1,
-                           divisible=tensors, matrix_op=None)
+                           # head-dim strides of 1, as Triton specializes the usual contiguous rows
+                           dict(kn_sd=1, vn_sd=1, kc_sd=1, vc_sd=1, HEAD_DIM=d, HEADS=8, PAGE=16, CHECKED=True,
+                                LEFTPAD=False, CHUNK=16), 4, 1,
+                           divisible=tensors + ("kn_sb", "kn_ss", "kn_sh", "vn_sb", "vn_ss", "vn_sh", "kc_sp",
+                                                "kc_ss", "kc_sh", "vc_sp", "vc_ss", "vc_sh"), matrix_op=None)
 
 
 _BWD_DIVISIBLE = ("Q", "K", "V", "DO", "LSE", "DELTA", "DK", "DV", "DQ", "q_sb", "q_sh", "q_ss", "k_sb", "k_sh", "k_ss",
