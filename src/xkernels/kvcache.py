@@ -99,12 +99,13 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=Non
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
                            scale: float | None, precision: str, return_lse: bool, num_splits: int, sync_checks: bool,
                            window: tuple[int, int] = (-1, -1), backend: str):
-    """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). With `sync_checks` the
-    cache values are checked by one kernel and read to the host: a bad one raises before anything is written.
-    Without, and during CUDA-graph capture, the append and attention kernels check the values they use: nothing is
-    read or written through a bad one, every output that depends on it is NaN (all of a sequence's for a bad length
-    or left pad, the rows that would read a bad page's for a bad block id), the rest is served as usual, and no
-    other op runs."""
+    """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). The append and attention
+    kernels always check the values they use: nothing is read or written through a bad one, every output that
+    depends on it is NaN (all of a sequence's for a bad length or left pad, the rows that would read a bad page's
+    for a bad block id), the rest is served as usual. With `sync_checks` (not during CUDA-graph capture, where a
+    read to the host would break it) one more kernel checks the values first and a read to the host raises on a
+    bad one, before anything is written. One kernel variant serves both modes, so a graph captured after an eager
+    warm-up compiles nothing."""
     recipe, choice = _resolve(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, precision,
                               backend)
     batch, sq, hq, d = q.shape
@@ -114,12 +115,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
         block_table = block_table.contiguous()
     if cache_leftpad is not None:
         cache_leftpad = cache_leftpad.contiguous()
-    # a read to the host would break a graph capture: there the kernels check, as without sync_checks
-    checked = not sync_checks or (q.is_cuda and torch.cuda.is_current_stream_capturing())
-    if not checked:
+    if sync_checks and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_values(k_cache, cache_seqlens, block_table, new, cache_leftpad)
     if new:
-        append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, checked=checked)
+        append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, checked=True)
     out = varlen.output_like(q)
     lse = torch.empty((batch, hq, sq) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if batch * sq * hq == 0:
@@ -129,7 +128,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     q, keys, values = unit_last_stride(q), unit_last_stride(k_cache), unit_last_stride(v_cache)
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
-                               key_starts=cache_leftpad is not None, window=window, checked=checked)
+                               key_starts=cache_leftpad is not None, window=window, checked=True)
     plan.run(q, keys, values, out, lse if return_lse else None, cache_seqlens, block_table, scale, cache_leftpad,
              new=new)
     plans._record(plan.name + (" paged" if block_table is not None else ""))
