@@ -2,7 +2,7 @@
 for attn_implementation xkernels, sdpa and eager in bf16: what "within bf16 noise" means for the transformers
 training test on this device.
 
-    python scripts/hf_grad_spread.py
+    PYTHONPATH=. python scripts/hf_grad_spread.py   (from the repository root: it reuses the test's tiny model)
 """
 
 from __future__ import annotations
