@@ -22,9 +22,11 @@ class AttentionRecipe:
     max_abs_diff: float  # seeds' bound, inputs U(-0.5, 0.5)
     rel_rms: float  # ||out - ref|| / ||ref||: rules out the all-zero output the max-diff bound alone lets pass
     summary: str
-    # backward: rel-RMS of each of dQ, dK, dV against float64 autograd, and the bound on any one row of them
+    # backward: rel-RMS of each of dQ, dK, dV against float64 autograd, the bound on any one row of them, and the
+    # share of the RMS row norm below which a row is measured against that share (`testing.compare_grad`)
     grad_rel_rms: float = 0.0
     grad_row_rel: float = 0.0
+    grad_row_floor: float = 0.1
     # the P.V accumulator of the dense and varlen forwards: fp32, or fp16 in the seeds' acc16 variants (the split-KV
     # decode kernel accumulates in fp32 for every recipe, inside any contract)
     pv_acc_dtype: torch.dtype = torch.float32
@@ -50,8 +52,12 @@ class AttentionRecipe:
 #    bf16 row bound sits above that, and still fails a row computed wrong (a wrong row is off by its own size, ~1).
 #  - The same cancellation in fp16: packed bottom-right causal rows that see a few keys (Sq > Sk) came out 1.25 % off
 #    on the H200 (the Gluon dQ, D256), and a kernel exact up to the rounding of O, P and dS reaches 3.5 % on them
-#    (tests/testing/test_metrics.py emulates it): the fp16 row bound is 0.1, a third of bf16's.
-GRAD_BOUNDS = {"fp16": (2e-3, 0.1), "bf16": (2e-2, 0.3)}
+#    (tests/testing/test_metrics.py emulates it), all in rows of 0.08-0.14x the RMS row norm; rows at or above half
+#    of it stay under 0.7 %. So fp16 measures rows against at least half the RMS row norm, with a 2 % bound: the
+#    emulation passes (worst 0.72 %), and a dQ that drops one key of a sequence's last row (8 % off) fails, where a
+#    10 % bound at a 10 % floor let it pass (a reviewer's case, in the same test file).
+GRAD_BOUNDS = {"fp16": dict(grad_rel_rms=2e-3, grad_row_rel=0.02, grad_row_floor=0.5),
+               "bf16": dict(grad_rel_rms=2e-2, grad_row_rel=0.3, grad_row_floor=0.1)}
 
 # P.V accumulates in fp32 except in the "-acc16" variants, the seeds' fp16 accumulator (it saved registers on Xe2).
 # Their bounds: the seeds' fp16-accumulator figures (rel-RMS 1.2e-3 fp16, 2.1e-3 bf16io) and the H200's fp16 wgmma
@@ -62,32 +68,29 @@ GRAD_BOUNDS = {"fp16": (2e-3, 0.1), "bf16": (2e-2, 0.3)}
 ATTENTION_RECIPES: dict[str, AttentionRecipe] = {
     "fp16": AttentionRecipe(
         "fp16", torch.float16, torch.float16, torch.float16, max_abs_diff=0.05, rel_rms=2e-3,
-        summary="fp16 I/O; S in fp32; P and V fp16; P.V accumulated in fp32", grad_rel_rms=GRAD_BOUNDS["fp16"][0],
-        grad_row_rel=GRAD_BOUNDS["fp16"][1],
+        summary="fp16 I/O; S in fp32; P and V fp16; P.V accumulated in fp32", **GRAD_BOUNDS["fp16"],
     ),
     "bf16": AttentionRecipe(
         "bf16", torch.bfloat16, torch.bfloat16, torch.bfloat16, max_abs_diff=0.15, rel_rms=1e-2,
-        summary="bf16 I/O; S in fp32; P and V bf16; P.V accumulated in fp32", grad_rel_rms=GRAD_BOUNDS["bf16"][0],
-        grad_row_rel=GRAD_BOUNDS["bf16"][1],
+        summary="bf16 I/O; S in fp32; P and V bf16; P.V accumulated in fp32", **GRAD_BOUNDS["bf16"],
     ),
     "bf16io": AttentionRecipe(
         "bf16io", torch.bfloat16, torch.bfloat16, torch.float16, max_abs_diff=0.15, rel_rms=5e-3,
         summary="bf16 I/O; QK^T from bf16 (fp32 acc); P fp16, V bf16->fp16 in-kernel; P.V accumulated in fp32. "
         "Needs |V| <= 65504 (fp16 range): larger V gives inf/NaN in the output, never a finite wrong value. "
-        "Its backward is the bf16 recipe's (bf16 operands, fp32 accumulation)", grad_rel_rms=GRAD_BOUNDS["bf16"][0],
-        grad_row_rel=GRAD_BOUNDS["bf16"][1],
+        "Its backward is the bf16 recipe's (bf16 operands, fp32 accumulation)", **GRAD_BOUNDS["bf16"],
     ),
     "fp16-acc16": AttentionRecipe(
         "fp16-acc16", torch.float16, torch.float16, torch.float16, max_abs_diff=0.05, rel_rms=6e-3,
         summary="the fp16 recipe with P.V accumulated in fp16 (seeds' variant; half the accumulator registers). "
-        "Its backward is the fp16 recipe's", grad_rel_rms=GRAD_BOUNDS["fp16"][0], grad_row_rel=GRAD_BOUNDS["fp16"][1],
+        "Its backward is the fp16 recipe's", **GRAD_BOUNDS["fp16"],
         pv_acc_dtype=torch.float16,
     ),
     "bf16io-acc16": AttentionRecipe(
         "bf16io-acc16", torch.bfloat16, torch.bfloat16, torch.float16, max_abs_diff=0.15, rel_rms=1e-2,
         summary="the bf16io recipe with P.V accumulated in fp16 (the seeds' bf16 flash attention). Needs |V| <= 65504 "
         "and row sums of P.V within fp16's range. Its backward is the bf16 recipe's",
-        grad_rel_rms=GRAD_BOUNDS["bf16"][0], grad_row_rel=GRAD_BOUNDS["bf16"][1], pv_acc_dtype=torch.float16,
+        **GRAD_BOUNDS["bf16"], pv_acc_dtype=torch.float16,
     ),
 }
 

@@ -87,7 +87,7 @@ def test_masks_it_cannot_serve_are_refused(device):
 def test_training_step_with_left_padding_matches_sdpa(device, length):
     """A loss over the valid positions of a left-padded batch: the gradients reach every weight through the varlen
     backward (packed rows, bottom-right causal) and match the same model's in fp32 (sdpa) within bf16 noise: at most
-    1.6 % under the interpreter, 1.2 % on the H200, where the bf16 model through sdpa or eager attention is 17-31 %
+    1.6 % under the interpreter, 1.2 % on the H200, where the bf16 model through sdpa or eager attention is 22-31 %
     from it (scripts/hf_grad_spread.py), so the reference is the fp32 model, not a bf16 peer."""
     ours, sdpa = tiny_llama("xkernels", device).train(), tiny_llama("sdpa", device).float().train()
     ids = torch.randint(0, 256, (2, length), generator=torch.Generator().manual_seed(3)).to(device)

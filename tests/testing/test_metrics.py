@@ -109,8 +109,9 @@ def _rounded_dq(q, k, v, do, lens_q, lens_k, dtype):
 @pytest.mark.parametrize("dtype,seed", [(torch.float16, 0), (torch.float16, 8), (torch.bfloat16, 1)])
 def test_gradient_bounds_admit_an_exact_kernel_on_short_causal_rows(dtype, seed):
     """Bottom-right causal rows that see a few keys (Sq > Sk) have dS = P (dP - delta) cancel, so the rounding of O
-    and P sets their error, not the kernel: a kernel exact up to that rounding reaches a worst row of 0.035 (fp16)
-    and 0.19 (bf16) on these seeds (the worst of 16 and 8), and must pass; a row computed wrong (off by ~1) fails."""
+    and P sets their error, not the kernel: a kernel exact up to that rounding reaches 3.5 % (fp16) and 19 % (bf16)
+    on rows of about a tenth of the RMS row norm (these seeds are the worst of 16 and 8), and must pass; a row
+    computed wrong (off by ~1) fails."""
     from tests.test_varlen_backward import _packed
     from xkernels.testing import compare_grad, reference_attention_varlen_grads
 
@@ -137,3 +138,26 @@ def test_a_wrong_gradient_row_fails_although_the_rel_rms_passes():
 
     c = compare_grad(bad, ref, rec)
     assert c.rel_rms < rec.grad_rel_rms and not c.passed and "worst row" in c.reason
+
+
+def test_a_dq_missing_one_key_of_one_row_per_sequence_fails():
+    """A broken dQ that drops the diagonal key of each sequence's last query row (4 causal sequences of 1024 keys,
+    fp16, rounded as an exact kernel would): its rel-RMS passes, and the row bound must catch the rows (8 % off)."""
+    from tests.test_varlen_backward import _packed
+    from xkernels.testing import compare_grad, reference_attention_varlen_grads
+
+    lens = [1024] * 4
+    q, k, v, do, cq, ck = _packed(lens, lens, 4, 2, 64, torch.float16, "cpu", seed=0)
+    ref = reference_attention_varlen_grads(q, k, v, do, cq, ck, is_causal=True)
+    dq = ref[0].clone()
+    for b in range(4):  # the last row's dQ without its diagonal key: dS[i, i] k_i * scale taken out
+        i = 1024 * b + 1023
+        qs, ks, vs, dos = (t[1024 * b:1024 * (b + 1)].double() for t in (q, k, v, do))
+        kv = ks.repeat_interleave(2, 1)  # (1024, 4, 64)
+        s_row = torch.einsum("hd,nhd->hn", qs[1023], kv) / 8.0
+        p = torch.softmax(s_row, -1)
+        dp = torch.einsum("hd,nhd->hn", dos[1023], vs.repeat_interleave(2, 1))
+        ds_diag = p[:, 1023] * (dp[:, 1023] - (p * dp).sum(-1))
+        dq[i] -= ds_diag[:, None] * kv[1023] / 8.0
+    c = compare_grad(dq.half(), ref[0], ATTENTION_RECIPES["fp16"])
+    assert c.rel_rms < ATTENTION_RECIPES["fp16"].grad_rel_rms and not c.passed and "worst row" in c.reason, c

@@ -86,21 +86,17 @@ def compare_attention(out: torch.Tensor, ref: torch.Tensor, recipe: AttentionRec
     return compare(out, ref, rel_rms=recipe.rel_rms, max_abs=recipe.max_abs_diff, row_rel=recipe.row_rel)
 
 
-GRAD_ROW_FLOOR = 0.1  # gradient rows are measured against at least this share of the RMS row norm
-
-
 def compare_grad(grad: torch.Tensor, ref: torch.Tensor, recipe: AttentionRecipe) -> Comparison:
-    """A gradient of the attention backward (dQ, dK or dV) against float64 autograd: rel-RMS and per-row bounds; rows
-    under 10 % of the RMS row norm are measured against that 10 % (a dQ row of a query seeing one key is zero, one
-    seeing two is small, and its error is set by delta = rowsum(dO * O) with O rounded to the output dtype, not by
-    its own size: fp16, a two-key row at 5 % of the RMS norm came out 1.4 % off, every kernel computes delta so),
-    and a
-    gradient that is zero in exact arithmetic against an RMS of 1e-4 (with inputs and dO of magnitude ~0.5, real
-    gradients have RMS 1e-2 to 1 at the test shapes and ~3e-4 for dQ and dK at 8K keys, shrinking as 1/sqrt(S): past
-    ~64K keys the floor would dominate and loosen the check; a zero gradient computed as rounding noise has
-    1e-8)."""
-    return compare(grad, ref, rel_rms=recipe.grad_rel_rms, row_rel=recipe.grad_row_rel, row_floor=GRAD_ROW_FLOOR,
-                   abs_floor=1e-4)
+    """A gradient of the attention backward (dQ, dK or dV) against float64 autograd: rel-RMS and per-row bounds.
+    Rows under `recipe.grad_row_floor` of the RMS row norm (fp16 half, bf16 a tenth) are measured against that
+    share: a dQ row of a query seeing one key is zero, one seeing a few is small, and dS = P (dP - delta) cancels
+    there, so its error is set by the rounding of O (in delta = rowsum(dO * O)), P and dS, not by its own size
+    (`recipes.GRAD_BOUNDS`). A gradient that is zero in exact arithmetic is measured against an RMS of 1e-4 (with
+    inputs and dO of magnitude ~0.5, real gradients have RMS 1e-2 to 1 at the test shapes and ~3e-4 for dQ and dK
+    at 8K keys, shrinking as 1/sqrt(S): past ~64K keys the floor would dominate and loosen the check; a zero
+    gradient computed as rounding noise has 1e-8)."""
+    return compare(grad, ref, rel_rms=recipe.grad_rel_rms, row_rel=recipe.grad_row_rel,
+                   row_floor=recipe.grad_row_floor, abs_floor=1e-4)
 
 
 def compare_ring_grad(grad: torch.Tensor, ref: torch.Tensor, recipe: AttentionRecipe, steps: int) -> Comparison:
@@ -109,7 +105,7 @@ def compare_ring_grad(grad: torch.Tensor, ref: torch.Tensor, recipe: AttentionRe
     like a random walk: `compare_grad`'s bounds times sqrt(steps)."""
     widen = math.sqrt(max(steps, 1))
     return compare(grad, ref, rel_rms=recipe.grad_rel_rms * widen, row_rel=recipe.grad_row_rel * widen,
-                   row_floor=GRAD_ROW_FLOOR, abs_floor=1e-4)
+                   row_floor=recipe.grad_row_floor, abs_floor=1e-4)
 
 
 def compare_gemm(out: torch.Tensor, ref: torch.Tensor, k: int) -> Comparison:
