@@ -63,11 +63,9 @@ NO_WINDOW = 1 << 30  # a window side the kernel never reaches (keys are int32)
 class DecodePlan:
     def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
-                 splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1),
-                 checked: bool = False):
-        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side. `checked` (per-sequence
-        lengths only): the kernel checks each sequence's length, left pad and block ids as it reads them, and a bad
-        sequence reads no key (block 0 for a bad id) and gets NaN outputs."""
+                 splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1)):
+        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side. With `seq_lengths` the
+        kernel checks each sequence's length, left pad and block ids as it reads them (`attention_decode_kernel`)."""
         # a side as long as the cache cuts nothing: unbounded (so the kernel's int32 position arithmetic never wraps)
         window = tuple(-1 if side >= g.capacity else side for side in window)
         self.g, self.device, self.write_lse = g, device, write_lse
@@ -93,7 +91,7 @@ class DecodePlan:
         windowed = window[0] >= 0 or (window[1] >= 0 and not is_causal)
         self.constexprs = cfg.constexprs(g.head_dim, recipe, rows=rows, page=g.page, seq_lengths=seq_lengths,
                                          causal=is_causal, bottom_right=bottom_right, write_lse=write_lse,
-                                         split=split, key_starts=key_starts, windowed=windowed, checked=checked)
+                                         split=split, key_starts=key_starts, windowed=windowed)
         self.options = cfg.options()
         self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
         self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,
@@ -162,14 +160,14 @@ def _plan(key: tuple, make) -> DecodePlan:
 
 def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, recipe: AttentionRecipe,
                  cfg: DecodeConfig, write_lse: bool, splits: int, key_starts: bool = False,
-                 window: tuple[int, int] = (-1, -1), checked: bool = False) -> DecodePlan:
+                 window: tuple[int, int] = (-1, -1)) -> DecodePlan:
     """The plan of an `attention_with_kvcache` call: q, O (B, Sq, Hq, D); a dense (B, S_max, Hkv, D) or paged
     (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths (and, for a left-padded dense
     cache, first keys) read on the device."""
     paged = block_table is not None
     key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), out.stride(),
            None if not paged else (block_table.shape, block_table.stride()), q.dtype, q.device, is_causal,
-           recipe.name, cfg, write_lse, splits, key_starts, window, checked)
+           recipe.name, cfg, write_lse, splits, key_starts, window)
 
     def make() -> DecodePlan:
         batch, sq, hq, d = q.shape
@@ -178,8 +176,7 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
                      page, q.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3], out.stride()[:3],
                      block_table.stride(0) if paged else 0, k_cache.shape[0])
         return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
-                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window,
-                          checked=checked)
+                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window)
 
     return _plan(key, make)
 

@@ -204,10 +204,10 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     """The split-KV kernel per head dim, bf16, one decode row per query head of a GQA group of 4 (16-row tiles): the
     dense API's variant (one page per sequence, no split), the cache's (per-sequence lengths, causal, split) on
     pages of 16 and 64 keys, on a left-padded dense cache and with a sliding window; the merge of the splits and the
-    checked cache append. On sm_90 a 16-row tile takes mma.sync (wgmma needs 64)."""
+    cache append (each with its checks of the cache values). On sm_90 a 16-row tile takes mma.sync (wgmma needs 64)."""
     from xkernels.portable import attention_decode as dec
     from xkernels.portable import kv_cache as kv
-    from xkernels.portable.configs import decode_config
+    from xkernels.portable.configs import decode_config, table_for
     from xkernels.recipes import ATTENTION_RECIPES
     from xkernels.validation import HEAD_DIMS
 
@@ -225,23 +225,23 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
                                                   (16, True, True, False, True)):
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
-                                checked=page == 16, interpret=False)
+                                interpret=False)
             yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
                                f"{' split' if split else ''}{' leftpad' if left else ''}{' window' if window else ''}"
-                               f"{' checked' if page == 16 else ''}"
                                f" {cfg}",
                                dec.attention_decode_kernel, types, cx,
-                               cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix)
+                               cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix,
+                               spill_free=table_for(target).spill_free("decode", d))
         yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,
                            {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
                            dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True), 1, 1,
                            divisible=("O_PART", "LSE_PART", "O", "LSE"), matrix_op=None)
-        # the cache append with its per-sequence checks (an unsynchronized call's), 8 kv heads on pages of 16
+        # the cache append with its per-sequence checks, 8 kv heads on pages of 16
         tensors = ("K_NEW", "V_NEW", "K_CACHE", "V_CACHE", "SEQLENS", "BLOCK_TABLE", "LEFT_PAD")
-        yield KernelConfig(f"portable.decode.append bf16 D{d} page16 checked", kv.cache_append_kernel,
+        yield KernelConfig(f"portable.decode.append bf16 D{d} page16", kv.cache_append_kernel,
                            dict(zip(tensors, (p, p, p, p, "*i32", "*i32", "*i32"), strict=True)),
                            # head-dim strides of 1, as Triton specializes the usual contiguous rows
-                           dict(kn_sd=1, vn_sd=1, kc_sd=1, vc_sd=1, HEAD_DIM=d, HEADS=8, PAGE=16, CHECKED=True,
+                           dict(kn_sd=1, vn_sd=1, kc_sd=1, vc_sd=1, HEAD_DIM=d, HEADS=8, PAGE=16,
                                 LEFTPAD=False, CHUNK=16), 4, 1,
                            divisible=tensors + ("kn_sb", "kn_ss", "kn_sh", "vn_sb", "vn_ss", "vn_sh", "kc_sp",
                                                 "kc_ss", "kc_sh", "vc_sp", "vc_ss", "vc_sh"), matrix_op=None)

@@ -79,11 +79,10 @@ def _launch(fn, grid: int, args: tuple, tensors: int, constexprs: dict, num_warp
     kernel.launch(grid, (*(t.data_ptr() for t in args[:tensors]), *args[tensors:], *constexprs.values()))
 
 
-def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=None, *,
-           checked: bool = False) -> None:
+def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=None) -> None:
     """Write k, v (B, new, Hkv, D) at positions cache_seqlens[b]... of each sequence (in place), one launch
-    (`portable/kv_cache.py`, any strides). `checked`: each sequence's length, left pad and the pages its new tokens
-    land on are checked on the device, and nothing is written for a sequence with a bad one."""
+    (`portable/kv_cache.py`, any strides). Each sequence's length, left pad and the pages its new tokens land on are
+    checked on the device, and nothing is written for a sequence with a bad one."""
     batch, new, hkv, d = k.shape
     page = k_cache.shape[1]
     capacity = page * (block_table.shape[1] if block_table is not None else 1)
@@ -93,7 +92,7 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=Non
             *v_cache.stride(), table.stride(0), new, hkv, capacity, k_cache.shape[0])
     _launch(cache_append_kernel, batch * new, args, 7,
             dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=0 if block_table is None else page,
-                 CHECKED=checked, LEFTPAD=checked and cache_leftpad is not None, CHUNK=16), 4)
+                 LEFTPAD=cache_leftpad is not None, CHUNK=16), 4)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
@@ -118,7 +117,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     if sync_checks and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_values(k_cache, cache_seqlens, block_table, new, cache_leftpad)
     if new:
-        append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad, checked=True)
+        append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad)
     out = varlen.output_like(q)
     lse = torch.empty((batch, hq, sq) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if batch * sq * hq == 0:
@@ -128,7 +127,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     q, keys, values = unit_last_stride(q), unit_last_stride(k_cache), unit_last_stride(v_cache)
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
-                               key_starts=cache_leftpad is not None, window=window, checked=True)
+                               key_starts=cache_leftpad is not None, window=window)
     plan.run(q, keys, values, out, lse if return_lse else None, cache_seqlens, block_table, scale, cache_leftpad,
              new=new)
     plans._record(plan.name + (" paged" if block_table is not None else ""))

@@ -49,6 +49,18 @@ def _valid_blocks(blocks, start_n, hi, bad_keys, num_blocks, BLOCK_N: tl.constex
 
 
 @triton.jit
+def _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS: tl.constexpr):
+    """Whether sequence b's length (0 <= SEQLENS[b], SEQLENS[b] + NEW <= SKV, compared so that nothing wraps in
+    int32) or left pad (0 <= KEY_START[b] <= SEQLENS[b]) would send a load outside the cache."""
+    cached = tl.load(SEQLENS + b)
+    wrong = (cached < 0) | (cached > SKV - NEW)
+    if KEY_STARTS:
+        first = tl.load(KEY_START + b)
+        wrong = wrong | (first < 0) | (first > cached)
+    return wrong
+
+
+@triton.jit
 def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
     """Element offsets of keys start_n .. start_n + BLOCK_N (held in `blocks`) in a cache, kv head aside."""
     keys = start_n + tl.arange(0, BLOCK_N)
@@ -60,23 +72,23 @@ def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.cons
 @triton.jit
 def _attend(acc, l_i, m_i, bad_keys, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks,
             k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-            CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, CHECKED: tl.constexpr,
-            PV_DTYPE: tl.constexpr, INTERPRET: tl.constexpr):
+            CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, PV_DTYPE: tl.constexpr,
+            INTERPRET: tl.constexpr):
     """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED: keys >= hi and (causal) keys past each row's `limit`
     are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys below limit - win_left and
     (not causal) above limit + win_right. A paged cache's block ids are read one tile ahead (a loop-carried value),
-    so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early; CHECKED, a
-    block id outside the cache raises a lane of `bad_keys` (`_valid_blocks`)."""
+    so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early; a block id
+    outside the cache raises a lane of `bad_keys` (`_valid_blocks`)."""
     cols = tl.arange(0, HEAD_DIM)
     blocks = _blocks(lo, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
-    if CHECKED and PAGE > 0:
+    if PAGE > 0:
         blocks, bad_keys = _valid_blocks(blocks, lo, hi, bad_keys, num_blocks, BLOCK_N)
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)
         k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE)
         v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE)
         blocks = _blocks(start_n + BLOCK_N, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
-        if CHECKED and PAGE > 0:
+        if PAGE > 0:
             blocks, bad_keys = _valid_blocks(blocks, start_n + BLOCK_N, hi, bad_keys, num_blocks, BLOCK_N)
         if MASKED:
             k = tl.load(K + k_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
@@ -110,18 +122,18 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
-                            CHECKED: tl.constexpr, INTERPRET: tl.constexpr):
+                            INTERPRET: tl.constexpr):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
     the first KEY_START[b] (a left-padded dense cache: its keys are rows KEY_START[b] .. SEQLENS[b] + NEW);
     ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to O_PART (splits, B, SQ, HQ, D) and
-    LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE (B, HQ, SQ) contiguous. CHECKED (with
-    SEQ_LENGTHS): the program checks the values it trusts, its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW
-    <= SKV), left pad (0 <= KEY_START[b] <= SEQLENS[b]) and each block id it reads ([0, NUM_BLOCKS)); a bad one
-    reads no key (or block 0 for a bad id) and writes NaN to its O and LSE (partial ones when split: the merge then
-    gives NaN), so every output that depends on a bad value is NaN (a bad block id: the rows of the programs that
-    would read its page) and the others are untouched."""
+    LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE (B, HQ, SQ) contiguous. With
+    SEQ_LENGTHS (a cache call) the program checks the values it trusts, its sequence's length (0 <= SEQLENS[b],
+    SEQLENS[b] + NEW <= SKV), left pad (0 <= KEY_START[b] <= SEQLENS[b]) and each block id it reads
+    ([0, NUM_BLOCKS)); a bad one reads no key (or block 0 for a bad id) and writes NaN to its O and LSE (partial
+    ones when split: the merge then gives NaN), so every output that depends on a bad value is NaN (a bad block id:
+    the rows of the programs that would read its page) and the others are untouched."""
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
     pid = tl.program_id(0)
     per_split = tl.num_programs(0) // SPLITS
@@ -130,22 +142,13 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     bh = (pid % per_split) // m_blocks
     b = bh // HKV
     hk = bh % HKV
-    bad = pid * 0  # int32: raised by a value that would send a load outside the cache (CHECKED)
-    if SEQ_LENGTHS:
-        cached = tl.load(SEQLENS + b)
-        L = cached + NEW
+    if SEQ_LENGTHS:  # a bad sequence reads no key
+        wrong = _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS)
+        L = tl.where(wrong, 0, tl.load(SEQLENS + b) + NEW)
     else:
         L = SKV
     if KEY_STARTS:  # dense caches only: the sequence's keys begin `first` rows in
-        first = tl.load(KEY_START + b)
-    if CHECKED:  # a bad sequence reads no key
-        wrong = (cached < 0) | (cached > SKV - NEW)  # not L > SKV: cached + NEW wraps for a length near 2^31
-        if KEY_STARTS:
-            wrong = wrong | (first < 0) | (first > cached)
-            first = tl.where(wrong, 0, first)
-        L = tl.where(wrong, 0, L)
-        bad = wrong.to(tl.int32)
-    if KEY_STARTS:
+        first = tl.where(wrong, 0, tl.load(KEY_START + b))
         L = L - first
     rows = start_r + tl.arange(0, BLOCK_M)
     t = rows // GROUP  # token of each packed row
@@ -185,12 +188,13 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     bad_keys = tl.zeros([BLOCK_N], tl.int32)
     acc, l_i, m_i, bad_keys = _attend(acc, l_i, m_i, bad_keys, q, k_base, v_base, b, lo, full_hi, limit, win_left,
                                       win_right, BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
+                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, INTERPRET)
     acc, l_i, m_i, bad_keys = _attend(acc, l_i, m_i, bad_keys, q, k_base, v_base, b, full_hi, hi, limit, win_left,
                                       win_right, BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, CHECKED, PV_DTYPE, INTERPRET)
+                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, INTERPRET)
     o, lse = finish(acc, l_i, m_i, True)
-    if CHECKED:
+    if SEQ_LENGTHS:  # re-read after the loop rather than kept live through it (registers)
+        bad = _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS).to(tl.int32)
         if PAGE > 0:
             bad = tl.maximum(bad, tl.max(bad_keys, 0))
         o = tl.where(bad > 0, float("nan"), o)

@@ -80,11 +80,11 @@ class DecodeConfig:
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
                    causal: bool, bottom_right: bool, write_lse: bool, split: bool, key_starts: bool = False,
-                   windowed: bool = False, checked: bool = False, interpret: bool = INTERPRET) -> dict[str, object]:
+                   windowed: bool = False, interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
-                    CHECKED=checked, INTERPRET=interpret)
+                    INTERPRET=interpret)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -183,11 +183,13 @@ HOPPER = ConfigTable(
     decode={64: DecodeConfig(128, 8, 3), 128: DecodeConfig(128, 8, 3), 256: DecodeConfig(64, 8, 3)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
-                                "attention_bwd_varlen-256", "gemm_skinny-2"}))
+                                "attention_bwd_varlen-256", "gemm_skinny-2", "decode-128"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
 # 64-key tiles and more programs per SM lost 1-15 %. The few-row GEMM's split variant at 16 rows with B as [K, N]
-# keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6: tolerated.
+# keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6: tolerated. The
+# split-KV kernel's left-padded D128 variant, with its checks of the cache values, reloads 3 values under triton 3.9
+# (none under 3.6 and 3.7), all before, between or after its two key loops: tolerated.
 # sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
 # register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
 # 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.
@@ -216,12 +218,13 @@ ADA = ConfigTable(
 # sm_120 (99 KB): as sm_89, but triton 3.6 spills hundreds of bytes at D256 with 64-row blocks (and 32-row blocks
 # with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants (and in the
 # varlen kernel's causal variant), 32 bytes of stack in bf16io-acc16's. The D64 backward spills with 64-key dK/dV
-# tiles there; the packed D256 dK/dV tile reloads 2 values.
+# tiles there; the packed D256 dK/dV tile reloads 2 values. The split-KV kernel's paged D64 variant, with its checks
+# of the cache values, reloads one value under triton 3.6, before and after its key loop.
 BLACKWELL_CONSUMER = dataclasses.replace(
     ADA, attention={**ADA.attention, 256: AttentionConfig(32, 16, 4, 1)},
     attention_bwd={**ADA.attention_bwd, 64: AttentionBwdConfig(32, 32, 32, 32, 4, 2)},
     tolerated_spills=frozenset({"gemm-4", "attention-256", "attention_acc16-256", "attention_varlen-256",
-                                "attention_bwd_varlen-256"}))
+                                "attention_bwd_varlen-256", "decode-64"}))
 # AMD CDNA (wave64): 4 warps keep 512 VGPRs per thread available (8 warps halve it and spill); gfx942's 64 KB of
 # LDS holds a 64-row D256 block with 32-key tiles, not 64-key ones. MFMA accumulates in fp32 only, so the acc16
 # recipes convert their fp16 accumulator every tile there (no gain; they exist for Hopper and the seeds' Xe2), and

@@ -12,11 +12,10 @@ import triton.language as tl
 def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, LEFT_PAD,
                         kn_sb, kn_ss, kn_sh, kn_sd, vn_sb, vn_ss, vn_sh, vn_sd, kc_sp, kc_ss, kc_sh, kc_sd, vc_sp,
                         vc_ss, vc_sh, vc_sd, bt_sb, NEW, HKV, CAPACITY, NUM_BLOCKS, HEAD_DIM: tl.constexpr,
-                        HEADS: tl.constexpr, PAGE: tl.constexpr, CHECKED: tl.constexpr, LEFTPAD: tl.constexpr,
-                        CHUNK: tl.constexpr):
+                        HEADS: tl.constexpr, PAGE: tl.constexpr, LEFTPAD: tl.constexpr, CHUNK: tl.constexpr):
     """One program per new token (b, t), any strides (a head-dim stride of 1 specializes to vector accesses).
     HEADS: Hkv rounded up to a power of two. PAGE: 0 for a dense cache.
-    CHECKED: the program checks its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW <= CAPACITY), left pad
+    The program checks its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW <= CAPACITY), left pad
     (LEFTPAD: 0 <= LEFT_PAD[b] <= SEQLENS[b]) and (paged) every block id the sequence's NEW tokens land on
     ([0, NUM_BLOCKS)), CHUNK ids a load; if one is bad, no program of that sequence writes (no address derived from
     the bad values is touched), and the others write as usual."""
@@ -24,22 +23,19 @@ def cache_append_kernel(K_NEW, V_NEW, K_CACHE, V_CACHE, SEQLENS, BLOCK_TABLE, LE
     b = (pid // NEW).to(tl.int64)
     t = pid % NEW
     cached = tl.load(SEQLENS + b)
-    if CHECKED:
-        ok = (cached >= 0) & (cached <= CAPACITY - NEW)  # not cached + NEW: it wraps for a length near 2^31
-        if LEFTPAD:
-            pad = tl.load(LEFT_PAD + b)
-            ok = ok & (pad >= 0) & (pad <= cached)
-        if PAGE > 0:  # the pages of positions cached .. cached + NEW - 1
-            first = tl.maximum(cached, 0) // PAGE
-            pages = tl.where(ok, (cached + NEW - 1) // PAGE - first + 1, 0)
-            wrong = 0
-            for p0 in range(0, pages, CHUNK):
-                idx = p0 + tl.arange(0, CHUNK)
-                entry = tl.load(BLOCK_TABLE + b * bt_sb + first + idx, mask=idx < pages, other=0)
-                wrong = tl.maximum(wrong, tl.max(((entry < 0) | (entry >= NUM_BLOCKS)).to(tl.int32), 0))
-            ok = ok & (wrong == 0)
-    else:
-        ok = True
+    ok = (cached >= 0) & (cached <= CAPACITY - NEW)  # not cached + NEW: it wraps for a length near 2^31
+    if LEFTPAD:
+        pad = tl.load(LEFT_PAD + b)
+        ok = ok & (pad >= 0) & (pad <= cached)
+    if PAGE > 0:  # the pages of positions cached .. cached + NEW - 1
+        first = tl.maximum(cached, 0) // PAGE
+        pages = tl.where(ok, (cached + NEW - 1) // PAGE - first + 1, 0)
+        wrong = 0
+        for p0 in range(0, pages, CHUNK):
+            idx = p0 + tl.arange(0, CHUNK)
+            entry = tl.load(BLOCK_TABLE + b * bt_sb + first + idx, mask=idx < pages, other=0)
+            wrong = tl.maximum(wrong, tl.max(((entry < 0) | (entry >= NUM_BLOCKS)).to(tl.int32), 0))
+        ok = ok & (wrong == 0)
     pos = tl.where(ok, cached + t, 0)
     if PAGE == 0:
         block = b
