@@ -77,9 +77,9 @@ class DecodePlan:
         # the keys a row block can see: the cache, or with a left window at most the window and the block's rows
         # (and the right window, not causal); the splits cut that span
         span = g.capacity
-        if window[0] >= 0:
+        if window[0] >= 0:  # the kernel starts the span at the key tile of the window's first key
             right = 0 if is_causal else (window[1] if window[1] >= 0 else g.capacity)
-            span = min(g.capacity, window[0] + g.sq + right)
+            span = min(g.capacity, window[0] + g.sq + right + cfg.block_n - 1)
         if splits <= 0:
             splits = num_splits(programs, span, cfg.block_n, sms)
         tiles = triton.cdiv(max(span, 1), cfg.block_n)

@@ -29,23 +29,56 @@ from xkernels.portable.softmax import LN2, finish, online_step
 
 
 @triton.jit
-def _blocks(start_n, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
-    """Cache blocks of keys start_n .. start_n + BLOCK_N of sequence b (0 past `hi`: table entries past a sequence's
-    last page may be anything). Dense caches: block b."""
-    keys = start_n + tl.arange(0, BLOCK_N)
+def _blocks(start_n, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
+            FLOORED: tl.constexpr):
+    """Cache blocks of the key tile at start_n (a multiple of BLOCK_N) of sequence b: dense caches, block b; pages of
+    at most BLOCK_N keys, one id per key ([BLOCK_N], the tile's ids repeated PAGE times each); larger pages, the
+    one id of the tile (a scalar). Ids of keys at or past `hi` (and, FLOORED, below `floor`) read 0 (table entries
+    outside a sequence's pages or window may be anything); ids outside [0, num_blocks) read block 0, so a bad table
+    sends no load outside the cache (`_bad_pages` reports them after the loop)."""
     if PAGE == 0:
-        return tl.zeros([BLOCK_N], tl.int64) + b
-    return tl.load(BLOCK_TABLE + b * bt_sb + keys // PAGE, mask=keys < hi, other=0).to(tl.int64)
+        ids = b
+    elif PAGE <= BLOCK_N:
+        keys = start_n + tl.arange(0, BLOCK_N)
+        inside = keys < hi
+        if FLOORED:
+            inside = inside & (keys >= floor)
+        ids = tl.load(BLOCK_TABLE + b * bt_sb + start_n // PAGE + tl.arange(0, BLOCK_N) // PAGE, mask=inside,
+                      other=0)
+        ids = tl.where((ids < 0) | (ids >= num_blocks), 0, ids)
+    else:  # the tile lies in one page, which holds `floor` too when the tile starts below it
+        ids = tl.load(BLOCK_TABLE + b * bt_sb + start_n // PAGE, mask=start_n < hi, other=0)
+        ids = tl.where((ids < 0) | (ids >= num_blocks), 0, ids)
+    return ids
 
 
 @triton.jit
-def _valid_blocks(blocks, start_n, hi, bad_keys, num_blocks, BLOCK_N: tl.constexpr):
-    """Block ids outside [0, num_blocks) below `hi` read block 0 instead, so a bad page table sends no load outside
-    the cache, and raise their lanes of `bad_keys` ([BLOCK_N] int32, elementwise: reduced once after the loop, as a
-    reduction per tile would put a barrier in it)."""
-    keys = start_n + tl.arange(0, BLOCK_N)
-    wrong = ((blocks < 0) | (blocks >= num_blocks)) & (keys < hi)
-    return tl.where(wrong, 0, blocks), tl.maximum(bad_keys, wrong.to(tl.int32))
+def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+    """Element offsets of the key tile at start_n (held in `blocks`, `_blocks`) in a cache, kv head aside. With the
+    tile aligned to BLOCK_N, a key's row in its page is loop-invariant (pages of at most BLOCK_N keys) or the tile's
+    start plus the row (larger pages), so an offset costs one wide multiply-add of the block id."""
+    r = tl.arange(0, BLOCK_N)
+    if PAGE == 0:
+        rows = tl.cast(blocks, tl.int64) * page_st + (start_n + r).to(tl.int64) * row_st
+    elif PAGE <= BLOCK_N:
+        rows = blocks.to(tl.int64) * page_st + (r % PAGE) * row_st
+    else:
+        rows = tl.cast(blocks, tl.int64) * page_st + ((start_n % PAGE) * row_st + r * row_st)
+    return rows
+
+
+@triton.jit
+def _bad_pages(BLOCK_TABLE, bt_sb, b, lo, hi, num_blocks, PAGE: tl.constexpr, SCAN: tl.constexpr):
+    """Whether a block id of keys [lo, hi) of sequence b lies outside [0, num_blocks): the table slice the key loop
+    read, scanned once after it (a check per tile, on the loop's critical path, cost 10-20 % of a paged decode)."""
+    first = lo // PAGE
+    last = tl.where(hi > lo, tl.cdiv(hi, PAGE), first)  # no key, no page
+    wrong = tl.zeros([SCAN], tl.int32)
+    for p0 in range(first, last, SCAN):
+        pages = p0 + tl.arange(0, SCAN)
+        ids = tl.load(BLOCK_TABLE + b * bt_sb + pages, mask=pages < last, other=0)
+        wrong = tl.maximum(wrong, ((ids < 0) | (ids >= num_blocks)).to(tl.int32))
+    return tl.max(wrong, 0)
 
 
 @triton.jit
@@ -61,37 +94,28 @@ def _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS: tl.constexpr):
 
 
 @triton.jit
-def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
-    """Element offsets of keys start_n .. start_n + BLOCK_N (held in `blocks`) in a cache, kv head aside."""
-    keys = start_n + tl.arange(0, BLOCK_N)
-    if PAGE == 0:
-        return blocks * page_st + keys.to(tl.int64) * row_st
-    return blocks * page_st + (keys % PAGE).to(tl.int64) * row_st
-
-
-@triton.jit
-def _attend(acc, l_i, m_i, bad_keys, q, K, V, b, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks,
+def _attend(acc, l_i, m_i, q, K, V, b, floor, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks,
             k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
             CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, PV_DTYPE: tl.constexpr,
             INTERPRET: tl.constexpr):
-    """Fold key tiles [lo, hi) into (acc, l_i, m_i). MASKED: keys >= hi and (causal) keys past each row's `limit`
-    are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys below limit - win_left and
-    (not causal) above limit + win_right. A paged cache's block ids are read one tile ahead (a loop-carried value),
-    so the K/V loads depend on no load of their own iteration and the pipeliner can issue them early; a block id
-    outside the cache raises a lane of `bad_keys` (`_valid_blocks`)."""
+    """Fold key tiles [lo, hi) (lo a multiple of BLOCK_N) into (acc, l_i, m_i). MASKED: keys >= hi and (causal)
+    keys past each row's `limit` are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys
+    below limit - win_left and (not causal) above limit + win_right, and reads no K/V row or block id below `floor`
+    (the block's first row's first key: rows before a window may hold anything). A paged cache's block ids are read
+    one tile ahead (a loop-carried value), so the K/V loads depend on no load of their own iteration and the
+    pipeliner can issue them early (read in their own iteration, the pipeliner single-buffered K/V)."""
     cols = tl.arange(0, HEAD_DIM)
-    blocks = _blocks(lo, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
-    if PAGE > 0:
-        blocks, bad_keys = _valid_blocks(blocks, lo, hi, bad_keys, num_blocks, BLOCK_N)
+    blocks = _blocks(lo, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE, WINDOWED)
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)
         k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE)
         v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE)
-        blocks = _blocks(start_n + BLOCK_N, b, hi, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE)
-        if PAGE > 0:
-            blocks, bad_keys = _valid_blocks(blocks, start_n + BLOCK_N, hi, bad_keys, num_blocks, BLOCK_N)
+        blocks = _blocks(start_n + BLOCK_N, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE, WINDOWED)
+        read = keys < hi
+        if WINDOWED:
+            read = read & (keys >= floor)
         if MASKED:
-            k = tl.load(K + k_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
+            k = tl.load(K + k_rows[:, None] + cols[None, :], mask=read[:, None], other=0.0)
         else:
             k = tl.load(K + k_rows[:, None] + cols[None, :])
         s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET) * qk_scale
@@ -106,11 +130,11 @@ def _attend(acc, l_i, m_i, bad_keys, q, K, V, b, lo, hi, limit, win_left, win_ri
             s = tl.where(keep, s, float("-inf"))
         p, m_i, l_i, acc = online_step(s, m_i, l_i, acc, True)
         if MASKED:
-            v = tl.load(V + v_rows[:, None] + cols[None, :], mask=(keys < hi)[:, None], other=0.0)
+            v = tl.load(V + v_rows[:, None] + cols[None, :], mask=read[:, None], other=0.0)
         else:
             v = tl.load(V + v_rows[:, None] + cols[None, :])
         acc = mma(p.to(PV_DTYPE), v.to(PV_DTYPE), acc, INTERPRET)
-    return acc, l_i, m_i, bad_keys
+    return acc, l_i, m_i
 
 
 @triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW", "NUM_BLOCKS"])
@@ -162,9 +186,13 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     offset = L - SQ if BOTTOM_RIGHT else 0
     limit = t + offset  # row t sees keys j <= limit[t]
     t_last = min(start_r + BLOCK_M - 1, SQ * GROUP - 1) // GROUP
+    floor = 0
     base = 0
-    if WINDOWED:  # the splits cut the block's window, from the first row's first key (keys before are skipped)
-        base = max(start_r // GROUP + offset - win_left, 0)
+    if WINDOWED:  # the splits cut the block's window, from the key tile of the first row's first key `floor` (keys
+        # before are skipped, and not read; tiles stay aligned to BLOCK_N, so a paged tile's rows sit at fixed places
+        # in their pages)
+        floor = max(start_r // GROUP + offset - win_left, 0)
+        base = (floor // BLOCK_N) * BLOCK_N
     lo = base + split * SPLIT_KEYS
     hi = max(min(lo + SPLIT_KEYS, L), lo)
     full_hi = hi
@@ -185,18 +213,17 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     if KEY_STARTS:
         k_base += first.to(tl.int64) * k_ss
         v_base += first.to(tl.int64) * v_ss
-    bad_keys = tl.zeros([BLOCK_N], tl.int32)
-    acc, l_i, m_i, bad_keys = _attend(acc, l_i, m_i, bad_keys, q, k_base, v_base, b, lo, full_hi, limit, win_left,
-                                      win_right, BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, INTERPRET)
-    acc, l_i, m_i, bad_keys = _attend(acc, l_i, m_i, bad_keys, q, k_base, v_base, b, full_hi, hi, limit, win_left,
-                                      win_right, BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                                      HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, lo, full_hi, limit, win_left, win_right,
+                            BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, INTERPRET)
+    acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, full_hi, hi, limit, win_left, win_right,
+                            BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, INTERPRET)
     o, lse = finish(acc, l_i, m_i, True)
     if SEQ_LENGTHS:  # re-read after the loop rather than kept live through it (registers)
         bad = _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS).to(tl.int32)
         if PAGE > 0:
-            bad = tl.maximum(bad, tl.max(bad_keys, 0))
+            bad = tl.maximum(bad, _bad_pages(BLOCK_TABLE, bt_sb, b, max(lo, floor), hi, NUM_BLOCKS, PAGE, 256))
         o = tl.where(bad > 0, float("nan"), o)
         lse = tl.where(bad > 0, float("nan"), lse)
 

@@ -183,13 +183,14 @@ HOPPER = ConfigTable(
     decode={64: DecodeConfig(128, 8, 3), 128: DecodeConfig(128, 8, 3), 256: DecodeConfig(64, 8, 3)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
-                                "attention_bwd_varlen-256", "gemm_skinny-2", "decode-128"}))
+                                "attention_bwd_varlen-256", "gemm_skinny-2", "decode-128", "decode-256"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
 # 64-key tiles and more programs per SM lost 1-15 %. The few-row GEMM's split variant at 16 rows with B as [K, N]
 # keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6: tolerated. The
 # split-KV kernel's left-padded D128 variant, with its checks of the cache values, reloads 3 values under triton 3.9
-# (none under 3.6 and 3.7), all before, between or after its two key loops: tolerated.
+# (none under 3.6 and 3.7), and its windowed paged D256 variant one value under 3.7 (kept for the scan of the page
+# table after the key loops), all before, between or after its two key loops: tolerated.
 # sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
 # register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
 # 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.
@@ -202,8 +203,9 @@ AMPERE = ConfigTable(
                    256: AttentionBwdConfig(16, 32, 32, 16, 4, 1)},
     decode={64: DecodeConfig(64, 4, 2), 128: DecodeConfig(64, 4, 2), 256: DecodeConfig(32, 4, 2)},
     skinny=SkinnyGemmConfig(64, 128, 4, 3),
-    # the causal varlen D256 tile reloads 8 bytes; the packed D64 dK/dV tile (a sequence's bounds live too) 5 values
-    tolerated_spills=frozenset({"attention_varlen-256", "attention_bwd_varlen-64"}))
+    # the causal varlen D256 tile reloads 8 bytes; the packed D64 dK/dV tile (a sequence's bounds live too) 5 values;
+    # the paged split-KV variants one value, kept across the key loops for the page-table scan after them
+    tolerated_spills=frozenset({"attention_varlen-256", "attention_bwd_varlen-64", "decode-128", "decode-256"}))
 # fp32-output GEMMs on sm_89: ptxas keeps 128 registers per thread and reloads one or two values from local memory
 # in some walk orders, for every tile shape tried (128x128, 128x64, 64x128); tolerated rather than shrunk further.
 # The packed D64 dK/dV tile reloads 3-4 values under triton 3.6, as on sm_80.
