@@ -1,8 +1,10 @@
-"""Paged split-KV decode on the device: the shipped key tiles and their neighbours on paged and dense caches,
-against SDPA's default on the same keys held dense, interleaved rounds of CUDA-graph replay (device time). Each
-variant's O is checked against the float64 reference first.
+"""Split-KV decode on the device: the shipped key tiles and their neighbours (and more key splits than the
+heuristic's one wave, for more programs per SM) on paged and dense caches, against SDPA's default on the same keys
+held dense, interleaved rounds of CUDA-graph replay (device time). Each variant's O is checked against the float64
+reference first.
 
     python scripts/decode_paged_ab.py --json decode_paged_ab.json [--md decode_paged_ab.md]
+        [--dim 64] [--caches dense] [--configs 128,8,3 128,4,3] [--split-scales 1 2]
 """
 
 from __future__ import annotations
@@ -23,15 +25,19 @@ from xkernels.testing import compare_attention, reference_attention
 from xkernels.testing.cases import DecodeCase
 
 
-def variant(case: DecodeCase, inputs, cfg):
+def variant(case: DecodeCase, inputs, cfg, split_scale: int):
+    """(the call, its output, its key splits): the heuristic's splits times `split_scale`."""
     q, k, v, table = inputs
     out = torch.empty_like(q)
     lengths = torch.full((case.b,), case.s, dtype=torch.int32, device=q.device)
     decode._PLANS.clear()
-    plan = decode.kvcache_plan(q, k, v, out, table, is_causal=True, recipe=ATTENTION_RECIPES["bf16"], cfg=cfg,
-                               write_lse=False, splits=0)
+    kwargs = dict(is_causal=True, recipe=ATTENTION_RECIPES["bf16"], cfg=cfg, write_lse=False)
+    plan = decode.kvcache_plan(q, k, v, out, table, splits=0, **kwargs)
+    if split_scale != 1:
+        decode._PLANS.clear()
+        plan = decode.kvcache_plan(q, k, v, out, table, splits=plan.splits * split_scale, **kwargs)
     decode._PLANS.clear()
-    return (lambda: plan.run(q, k, v, out, None, lengths, table, None)), out
+    return (lambda: plan.run(q, k, v, out, None, lengths, table, None)), out, plan.splits
 
 
 def main() -> None:
@@ -39,23 +45,29 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--caches", nargs="+", default=["paged16", "paged64", "dense"])
+    ap.add_argument("--configs", nargs="+", default=[], help="BLOCK_N,warps,stages (default: shipped and 3 others)")
+    ap.add_argument("--split-scales", nargs="+", type=int, default=[1])
     args = ap.parse_args()
-    shipped = decode_config(128, select._target(torch.device("cuda")))
-    cfgs = {str(c): c for c in (shipped, dataclasses.replace(shipped, num_stages=4), DecodeConfig(64, 4, 4),
-                                DecodeConfig(64, 8, 4))}
+    shipped = decode_config(args.dim, select._target(torch.device("cuda")))
+    cfgs = ([DecodeConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else
+            [shipped, dataclasses.replace(shipped, num_stages=4), DecodeConfig(64, 4, 4), DecodeConfig(64, 8, 4)])
     rows, lines = [], ["| shape | variant | us | TB/s | x SDPA | check |", "|---|---|---|---|---|---|"]
-    for (b, hq, hkv, s), cache in [(r, c) for r in DECODE_ROWS for c in ("paged16", "paged64", "dense")]:
-        case = DecodeCase(b, hq, hkv, s, 128, cache=cache, sync_checks=False)
+    for (b, hq, hkv, s), cache in [(r, c) for r in DECODE_ROWS for c in args.caches]:
+        case = DecodeCase(b, hq, hkv, s, args.dim, cache=cache, sync_checks=False)
         inputs = case.inputs("cuda")
         qd, kd, vd = case.dense(inputs)
         ref = reference_attention(qd, kd, vd)
         fns = {"SDPA": lambda qd=qd, kd=kd, vd=vd: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)}
         ok = {}
-        for cname, cfg in cfgs.items():
-            fn, out = variant(case, inputs, cfg)
-            fn()
-            ok[cname] = bool(compare_attention(out.transpose(1, 2), ref, ATTENTION_RECIPES["bf16"]).passed)
-            fns[cname] = fn
+        for cfg in cfgs:
+            for scale in args.split_scales:
+                fn, out, splits = variant(case, inputs, cfg, scale)
+                name = f"{cfg} splits={splits}"
+                fn()
+                ok[name] = bool(compare_attention(out.transpose(1, 2), ref, ATTENTION_RECIPES["bf16"]).passed)
+                fns[name] = fn
         times = interleaved_graph_ms(fns, rounds=args.rounds)
         for name, ms in times.items():
             us = 1e3 * ms

@@ -26,13 +26,14 @@ COMBINE_CHUNK = 16
 INTERPRETED_SMS = 4  # a small "GPU" under the interpreter, so CPU tests split the keys too
 
 
-def num_splits(programs: int, keys: int, block_n: int, sms: int) -> int:
-    """Key splits per (sequence, kv head, row block): as many as fill one wave of the GPU, one program per SM (a
-    program holds ~140 KB of K/V stages, so one fits an SM), never more than the key tiles. Measured on the H200
-    (benchmarks/results/h200/2026-11-30/15): 2 splits for 64 programs, 16 for 8, 1 for 128 and 512, each within
-    1 % of the best of 1-64 splits, where four programs per SM lost 5-12 %."""
+def num_splits(programs: int, keys: int, block_n: int, slots: int) -> int:
+    """Key splits per (sequence, kv head, row block): as many as fill one wave of the GPU's `slots` (SMs times the
+    config's programs per SM: one ~140 KB program at D128, two ~70 KB ones at D64), never more than the key tiles.
+    Measured on the H200 (benchmarks/results/h200/2026-11-30/15): 2 splits for 64 programs, 16 for 8, 1 for 128 and
+    512 at D128, each within 1 % of the best of 1-64 splits, where four programs per SM lost 5-12 %; at D64 two per
+    SM won 0-9 % (2026-12-01/25)."""
     tiles = triton.cdiv(max(keys, 1), block_n)
-    return max(1, min(sms // max(programs, 1), tiles, MAX_SPLITS))
+    return max(1, min(slots // max(programs, 1), tiles, MAX_SPLITS))
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class DecodePlan:
             right = 0 if is_causal else (window[1] if window[1] >= 0 else g.capacity)
             span = min(g.capacity, window[0] + g.sq + right + cfg.block_n - 1)
         if splits <= 0:
-            splits = num_splits(programs, span, cfg.block_n, sms)
+            splits = num_splits(programs, span, cfg.block_n, sms * cfg.programs_per_sm)
         tiles = triton.cdiv(max(span, 1), cfg.block_n)
         split_keys = triton.cdiv(tiles, min(splits, tiles)) * cfg.block_n
         self.splits = triton.cdiv(max(span, 1), split_keys)

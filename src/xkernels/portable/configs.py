@@ -72,6 +72,7 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     max_block_m: int = 64
+    programs_per_sm: int = 1  # resident programs per SM that the key splits aim for (`decode.num_splits`)
 
     def block_m(self, rows: int) -> int:
         """Packed query rows per program: the smallest power of two >= rows, from 16 (the dot's minimum) up to
@@ -90,7 +91,8 @@ class DecodeConfig:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
     def __str__(self) -> str:
-        return f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}"
+        per_sm = f"-P{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
+        return f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}{per_sm}"
 
 
 @dataclass(frozen=True)
@@ -180,13 +182,16 @@ HOPPER = ConfigTable(
     gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(64, 128, 128, 64, 8, 2),
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
-    decode={64: DecodeConfig(128, 8, 3), 128: DecodeConfig(128, 8, 3), 256: DecodeConfig(64, 8, 3)},
+    decode={64: DecodeConfig(128, 8, 3, programs_per_sm=2), 128: DecodeConfig(128, 8, 3),
+            256: DecodeConfig(64, 8, 3)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
                                 "attention_bwd_varlen-256", "gemm_skinny-2", "decode-128", "decode-256"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
-# 64-key tiles and more programs per SM lost 1-15 %. The few-row GEMM's split variant at 16 rows with B as [K, N]
+# 64-key tiles and more programs per SM lost 1-15 %. At D64 the same tile is ~70 KB and 97 registers, so two
+# programs fit an SM, and splitting for two per SM won 0-9 % on the anchor rows (dense and paged; run 25 of
+# 2026-12-01): one program's loop latency hides under the other's. The few-row GEMM's split variant at 16 rows with B as [K, N]
 # keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6: tolerated. The
 # split-KV kernel's left-padded D128 variant, with its checks of the cache values, reloads 3 values under triton 3.9
 # (none under 3.6 and 3.7), and its windowed paged D256 variant one value under 3.7 (kept for the scan of the page

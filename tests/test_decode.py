@@ -1,0 +1,40 @@
+"""The split-KV host plan (`xkernels.decode`): how many key splits, and the span a windowed row block's splits cover."""
+
+import pytest
+import torch
+
+from xkernels import decode
+from xkernels.common.targets import TARGETS
+from xkernels.portable.configs import DecodeConfig, decode_config
+from xkernels.recipes import ATTENTION_RECIPES
+
+
+@pytest.mark.parametrize("programs,keys,slots,want", [(64, 8192, 132, 2), (8, 8192, 132, 16), (128, 32768, 132, 1),
+                                                      (512, 4096, 132, 1), (64, 8192, 264, 4), (8, 131072, 264, 33),
+                                                      (8, 200, 264, 2), (1, 1 << 20, 264, decode.MAX_SPLITS)])
+def test_splits_fill_one_wave_of_slots(programs, keys, slots, want):
+    """One wave of `slots` (SMs x programs per SM), at most one split per key tile and MAX_SPLITS."""
+    assert decode.num_splits(programs, keys, 128, slots) == want
+
+
+def test_hopper_d64_splits_for_two_programs_per_sm():
+    """The D64 tile (~70 KB, 97 registers) runs two programs per SM on sm_90; D128 and D256 (~140-200 KB) one."""
+    hopper = TARGETS["sm_90"]
+    assert decode_config(64, hopper, interpret=False).programs_per_sm == 2
+    assert decode_config(128, hopper, interpret=False).programs_per_sm == 1
+    assert decode_config(256, hopper, interpret=False).programs_per_sm == 1
+    assert str(decode_config(64, hopper, interpret=False)).endswith("-P2")
+
+
+@pytest.mark.parametrize("left,sq,block_n", [(37, 1, 32), (4096, 1, 128), (100, 5, 64), (0, 3, 32)])
+def test_windowed_splits_cover_the_window_from_its_aligned_tile(left, sq, block_n):
+    """The kernel starts a windowed row block's splits at the key tile holding its first key (up to block_n - 1 keys
+    earlier), so the splits must cover window + rows + block_n - 1 keys."""
+    capacity = 1 << 16
+    g = decode.Geometry(1, sq, 8, 2, 64, capacity, 0, (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), 0, 1)
+    cfg = DecodeConfig(block_n, 4, 2)
+    plan = decode.DecodePlan(g, seq_lengths=True, is_causal=True, bottom_right=True,
+                             recipe=ATTENTION_RECIPES["bf16"], cfg=cfg, write_lse=False, device=torch.device("cpu"),
+                             window=(left, 0))
+    split_keys = plan.ints[-3]
+    assert plan.splits * split_keys >= left + sq + block_n - 1
