@@ -2,6 +2,9 @@
 torch's calls, in one process (us per call, no synchronization, median of 7 runs of 2000 calls after warm-up).
 
     python3 scripts/host_floor.py [--json out.json]
+
+Then the same layers for a few-row GEMM (1 x 4096 x 4096, B as [N, K]: a decode-time linear layer, the split-K
+few-row kernel with its per-stream scratch), whose device time (~11 us) is under its host time.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch.nn.functional as F
 
 import xkernels
 from xkernels import ops, plans
+from xkernels.common import scratch
 from xkernels.testing import attention_inputs, gemm_inputs
 
 CALLS = 2000
@@ -80,6 +84,23 @@ def main() -> None:
         "attention: the op": lambda: ops.attention_op(q, k, v, True, None, False, "auto", "auto"),
         "attention: xkernels.attention": lambda: xkernels.attention(q, k, v, is_causal=True),
     }
+    # the few-row GEMM (device ~11 us: host-bound back to back)
+    sa, sb = gemm_inputs(1, 4096, 4096, torch.bfloat16, "cuda", "nk", seed=1)
+    xkernels.matmul(sa, sb, b_layout="nk")
+    sk_plan = next(p for p in plans._PLANS.values() if isinstance(p, plans.MatmulPlan) and p.skinny)
+    sk_out = torch.empty(1, 4096, dtype=torch.bfloat16, device="cuda")
+    rows.update({
+        "torch.matmul 1x4096x4096 (B^T view)": lambda: torch.matmul(sa, sb.t()),
+        "F.linear 1x4096x4096": lambda: F.linear(sa, sb),
+        "skinny: scratch.split_k (kept set lookup)": lambda: scratch.split_k(sa.device, sk_plan.counters,
+                                                                           sk_plan.partial_words),
+        "skinny: plan.run with out given": lambda: sk_plan.run(sa, sb, sk_out),
+        "skinny: plan.run (allocates out)": lambda: sk_plan.run(sa, sb, None),
+        "skinny: plans.matmul": lambda: plans.matmul(sa, sb, None, b_layout="nk", walk="auto", out_dtype=None,
+                                                     backend="auto"),
+        "skinny: the op": lambda: ops.matmul_op(sa, sb, "nk", "auto", None, "auto"),
+        "skinny: xkernels.matmul": lambda: xkernels.matmul(sa, sb, b_layout="nk"),
+    })
     result = {}
     for name, fn in rows.items():
         result[name] = round(per_call(fn), 2)

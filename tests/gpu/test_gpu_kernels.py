@@ -146,7 +146,7 @@ def test_few_row_gemm_kept_workspace_per_stream_and_under_capture():
                     xkernels.matmul(a, b, b_layout="nk", out=o[i])
     torch.cuda.synchronize()
     assert all(compare_gemm(c, want, 4096).passed for o in outs for c in o)
-    assert {key for key in scratch._SETS} >= {(0, s.cuda_stream) for s in streams}
+    assert {key for key in scratch._SETS} >= {(0, s.stream_id) for s in streams}
     g, static = torch.cuda.CUDAGraph(), poisoned_like(a, shape=(16, 6144))
     xkernels.matmul(a, b, b_layout="nk", out=static)  # warm (compiled) outside the capture
     before = set(scratch._SETS)
