@@ -98,7 +98,7 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
                                                        recipe=recipe, write_lse=lse is not None, cfg=choice.config)
     args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
             *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
-    launch.generic_launch(fn, grid, args, constexprs, options)
+    launch.run(fn, grid, args, constexprs, options)
     return f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}]"
 
 
@@ -133,5 +133,5 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     args = (*hvp.descriptors(q, k, v, block_n=cfg.block_n), out, out if lse is None else lse, cu_seqlens_q,
             cu_seqlens_k, q_rh, q_ch, kv_rh, kv_ch, *out.stride()[:2], total_q if lse is not None else 0,
             hq // k.shape[1], *walk, qk_scale)
-    launch.generic_launch(hvp.attention_varlen_persistent_kernel, grid or sms_grid, args,
+    launch.run(hvp.attention_varlen_persistent_kernel, grid or sms_grid, args,
                           constexprs | (knobs or {}), options)

@@ -231,12 +231,12 @@ def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4, dq_accum=No
     given, is zeroed in the same pass."""
     import torch
 
-    from xkernels.common.launch import generic_launch
+    from xkernels.common.launch import run as run_kernel
 
     b, hq, _, sq, _, d = _sizes(o, o, packed)
     shape = (b, hq, sq) if packed is None else (hq, o.shape[0])
     delta = torch.empty(shape, dtype=torch.float32, device=o.device)
-    generic_launch(preprocess_kernel, triton.cdiv(sq, block_m) * b * hq,
+    run_kernel(preprocess_kernel, triton.cdiv(sq, block_m) * b * hq,
                    (o, do, delta if grad_lse is None else grad_lse, delta, delta if dq_accum is None else dq_accum,
                     _cu(o, packed)[0], *_strides(o, packed), *_strides(do, packed), _lse_head_stride(delta, packed),
                     hq, sq),
@@ -248,20 +248,20 @@ def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4, dq_accum=No
 
 def finish_dq(dq_accum, dq, *, scale: float, block_m: int, num_warps: int = 4) -> None:
     """dq = scale * dq_accum (the fused Hopper backward's fp32 sums), in dq's dtype and layout."""
-    from xkernels.common.launch import generic_launch
+    from xkernels.common.launch import run as run_kernel
 
     b, hq, sq, d = dq.shape
-    generic_launch(dq_finish_kernel, triton.cdiv(sq, block_m) * b * hq,
+    run_kernel(dq_finish_kernel, triton.cdiv(sq, block_m) * b * hq,
                    (dq_accum, dq, *dq.stride()[:3], hq, sq, scale), dict(HEAD_DIM=d, BLOCK_M=block_m),
                    dict(num_warps=num_warps))
 
 
 def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg,
               packed: Packed | None = None) -> None:
-    from xkernels.common.launch import generic_launch
+    from xkernels.common.launch import run as run_kernel
 
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
-    generic_launch(dq_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
+    run_kernel(dq_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
                    (q, k, v, do, lse, delta, dq, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
                     *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), _lse_head_stride(lse, packed),
                     hq, hq // hkv, sq, skv, scale),
@@ -274,11 +274,11 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale:
     caller, any strides with a unit last stride, like every input): dense (B, H, S, D) tensors with `lse` and
     `grad_lse` (B, Hq, Sq) contiguous fp32, or with `packed` a varlen batch, (total, H, D) tensors with `lse` and
     `grad_lse` (Hq, total_q). Workspace: delta, one fp32 per query row and head."""
-    from xkernels.common.launch import generic_launch
+    from xkernels.common.launch import run as run_kernel
 
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
     delta = preprocess(o, do, grad_lse, block_m=cfg.q_m, num_warps=cfg.num_warps, packed=packed)
-    generic_launch(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
+    run_kernel(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
                    (q, k, v, do, lse, delta, dk, dv, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
                     *_strides(v, packed), *_strides(do, packed), *_strides(dk, packed), *_strides(dv, packed),
                     _lse_head_stride(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),

@@ -191,11 +191,11 @@ HOPPER = ConfigTable(
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
 # 64-key tiles and more programs per SM lost 1-15 %. At D64 the same tile is ~70 KB and 97 registers, so two
 # programs fit an SM, and splitting for two per SM won 0-9 % on the anchor rows (dense and paged; run 25 of
-# 2026-12-01): one program's loop latency hides under the other's. The few-row GEMM's split variant at 16 rows with B as [K, N]
-# keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6: tolerated. The
-# split-KV kernel's left-padded D128 variant, with its checks of the cache values, reloads 3 values under triton 3.9
-# (none under 3.6 and 3.7), and its windowed paged D256 variant one value under 3.7 (kept for the scan of the page
-# table after the key loops), all before, between or after its two key loops: tolerated.
+# 2026-12-01): one program's loop latency hides under the other's. The few-row GEMM's split variant at 16 rows with
+# B as [K, N] keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6:
+# tolerated. The split-KV kernel's left-padded D128 variant, with its checks of the cache values, reloads 3 values
+# under triton 3.9 (none under 3.6 and 3.7), and its windowed paged D256 variant one value under 3.7 (kept for the
+# scan of the page table after the key loops), all before, between or after its two key loops: tolerated.
 # sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
 # register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
 # 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.

@@ -49,7 +49,7 @@ def merge_kernel(ACC, ACC_LSE, O, LSE, a_sb, a_sh, a_ss, al_sb, al_sh, o_sb, o_s
 def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse: torch.Tensor) -> None:
     """acc (B, H, R, D) fp32 and acc_lse (B, H, R) fp32 <- their merge with the partial (out, lse) of the same shapes
     (out in any float dtype), in place; any strides with a unit last one (views into larger buffers are fine)."""
-    from xkernels.common.launch import generic_launch
+    from xkernels.common.launch import run as run_kernel
 
     b, h, rows, d = acc.shape
     if out.shape != acc.shape or lse.shape != acc_lse.shape or acc_lse.shape != acc.shape[:3]:
@@ -61,7 +61,7 @@ def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse:
         raise ValueError("merge_into: the last dims must be contiguous")
     head_dim = triton.next_power_of_2(d)
     block_m = max(1, min(64, 4096 // head_dim))
-    generic_launch(merge_kernel, triton.cdiv(rows, block_m) * b * h,
+    run_kernel(merge_kernel, triton.cdiv(rows, block_m) * b * h,
                    (acc, acc_lse, out, lse, *acc.stride()[:3], *acc_lse.stride()[:2], *out.stride()[:3],
                     *lse.stride()[:2], h, rows, d),
                    dict(HEAD_DIM=head_dim, BLOCK_M=block_m), dict(num_warps=4))
