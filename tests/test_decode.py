@@ -38,3 +38,16 @@ def test_windowed_splits_cover_the_window_from_its_aligned_tile(left, sq, block_
                              window=(left, 0))
     split_keys = plan.ints[-3]
     assert plan.splits * split_keys >= left + sq + block_n - 1
+
+
+@pytest.mark.parametrize("page,row_stride,wide", [(16, 1024, False), (256, 2**31 // 255 - 1, False),
+                                                  (256, 2**31 // 255 + 1, True), (16, 2**31 // 15 + 1, True),
+                                                  (0, 2**30, False)])
+def test_wide_row_offsets_only_where_int32_could_wrap(page, row_stride, wide):
+    """The kernel's offset inside a page, up to (page - 1) x row stride, is int32 unless the plan asks for int64."""
+    strides = (0, row_stride, 64)
+    g = decode.Geometry(1, 1, 8, 2, 64, 1 << 16, page, (0, 0, 0), strides, strides, (0, 0, 0), 0, 4)
+    plan = decode.DecodePlan(g, seq_lengths=True, is_causal=True, bottom_right=True,
+                             recipe=ATTENTION_RECIPES["bf16"], cfg=DecodeConfig(32, 4, 1),
+                             write_lse=False, device=torch.device("cpu"))
+    assert plan.constexprs["WIDE_ROWS"] is wide

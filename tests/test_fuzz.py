@@ -63,7 +63,7 @@ def test_few_row_gemm_fuzz(device, m, n, k, b_layout, dtype, fp32_out, batch, se
 @FUZZ
 @given(recipe=st.sampled_from(list(ATTENTION_RECIPES)), d=st.sampled_from([64, 128]), b=st.integers(1, 3),
        hkv=st.integers(1, 2), group=st.integers(1, 4), sq=st.integers(1, 6), append=st.booleans(),
-       page=st.sampled_from([0, 16, 32]), causal=st.booleans(), splits=st.integers(0, 4), leftpad=st.booleans(),
+       page=st.sampled_from([0, 16, 32, 64]), causal=st.booleans(), splits=st.integers(0, 4), leftpad=st.booleans(),
        data=st.data())
 def test_kvcache_fuzz(device, recipe, d, b, hkv, group, sq, append, page, causal, splits, leftpad, data):
     """attention_with_kvcache over random lengths, pages, appends, splits, left pads and sliding windows against

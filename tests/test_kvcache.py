@@ -8,7 +8,7 @@ import torch
 import xkernels
 from xkernels import ops, varlen
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing import compare_attention, reference_attention_varlen
+from xkernels.testing import compare_attention, reference_attention, reference_attention_varlen
 from xkernels.testing.inputs import uniform
 
 
@@ -97,6 +97,7 @@ def test_lse_shape_and_values(device):
     ("hopper", "backend: 'hopper' was forced"),
     ("leftpad_past_end", "cache_leftpad: values"),
     ("leftpad_paged", "cache_leftpad: a left-padded cache must be dense"),
+    ("no_blocks", "k_cache: a paged cache with no blocks"),
 ])
 def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
     q, k_cache, v_cache, k, v, lengths = setup(device)
@@ -123,6 +124,10 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
         v_cache = v_cache.reshape(-1, 16, *v_cache.shape[2:])
         kwargs["block_table"] = torch.arange(9, dtype=torch.int32, device=device).view(3, 3)
         kwargs["cache_leftpad"] = torch.zeros(3, dtype=torch.int32, device=device)
+    elif case == "no_blocks":
+        k_cache = k_cache.reshape(-1, 16, *k_cache.shape[2:])[:0]
+        v_cache = v_cache.reshape(-1, 16, *v_cache.shape[2:])[:0]
+        kwargs.update(block_table=torch.zeros((3, 3), dtype=torch.int32, device=device), sync_checks=False)
     else:
         kwargs["backend"] = "hopper"
     before = k_cache.clone(), v_cache.clone()
@@ -343,7 +348,7 @@ def test_checks_fail_on_a_broken_decode(device):
 
 
 @pytest.mark.parametrize("causal,window", [(True, (37, 0)), (True, (0, -1)), (False, (20, 9)), (False, (-1, 5))])
-@pytest.mark.parametrize("page,sq", [(0, 1), (16, 1), (0, 5), (16, 5)])
+@pytest.mark.parametrize("page,sq", [(0, 1), (16, 1), (0, 5), (16, 5), (64, 1), (64, 5)])
 def test_sliding_window_matches_float64_and_reads_only_its_window(device, causal, window, page, sq):
     """window_size=(left, right), flash_attn_with_kvcache's: query at position p sees keys p - left .. p (causal) or
     .. p + right. The cache rows before the first query's window are NaN here: the kernel never reads them (the
@@ -469,3 +474,25 @@ def test_a_bad_page_outside_the_window_is_never_used(device):
     with pytest.raises(ValueError, match="block_table"):
         xkernels.attention_with_kvcache(q, base.clone(), base.clone(), **kwargs | dict(block_table=torch.tensor(
             [[99, 1]], dtype=torch.int32, device=device)))
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_page_offsets_past_int32_are_served(device, page):
+    """A strided paged cache whose offset inside a page, (page - 1) x row stride, passes 2^31 elements: the plan
+    takes the kernel's 64-bit variant (the int32 one would read ~2^32 elements before the cache). A ~4.3 GB view over
+    two blocks, of which only the rows read are touched."""
+    h, d, blocks = 1, 64, 2
+    row_stride = ((2**31) // (page - 1) // 16 + 16) * 16
+    storage = torch.empty((blocks - 1) * h * d + (page - 1) * row_stride + h * d, dtype=torch.float16, device=device)
+    cache = storage.as_strided((blocks, page, h, d), (h * d, row_stride, d, 1))
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(blocks, page, h, d, generator=g).half().to(device)
+    cache.copy_(values)
+    q = torch.randn(1, 1, h, d, generator=g).half().to(device)
+    table = torch.tensor([[0, 1]], dtype=torch.int32, device=device)
+    lengths = torch.tensor([page * blocks], dtype=torch.int32, device=device)
+    o = xkernels.attention_with_kvcache(q, cache, cache, cache_seqlens=lengths, block_table=table, sync_checks=False)
+    keys = values.view(1, blocks * page, h, d).transpose(1, 2)
+    want = reference_attention(q.transpose(1, 2), keys, keys).transpose(1, 2)
+    c = compare_attention(o, want.to(o.device), ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason

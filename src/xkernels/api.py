@@ -163,9 +163,10 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     `sync_checks=False`, and during CUDA-graph capture, nothing is read and nothing else runs: the append and
     attention kernels check the values they use, nothing is read or written through a bad one, and every output
     that depends on it is NaN (flash_attn checks nothing). A length or left pad out of range: none of that
-    sequence's tokens is written and all its outputs are NaN; a block id out of range: the rows that would read its
-    page are NaN, and tokens bound for it are not written. Other sequences and rows are served as usual. Returns
-    O (B, Sq, Hq, D), or (O, LSE) with LSE
+    sequence's tokens is written and all its outputs are NaN; a block id out of range: the outputs of every block
+    of query rows (up to 64 rows: tokens x the heads of a GQA group) whose keys include its page are NaN, and
+    tokens bound for it are not written. Other sequences and rows are served as usual. Returns O (B, Sq, Hq, D), or
+    (O, LSE) with LSE
     (B, Hq, Sq) fp32. Forward only. The split-KV kernel reads the cache in place (dense or paged); `num_splits`
     sets how many key splits each (sequence, kv head) is cut into (0: a heuristic from the batch, heads, cache
     length and SM count). `cache_leftpad` (B,) int32, dense caches only: sequence b's keys start at that row (a

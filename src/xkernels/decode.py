@@ -90,9 +90,11 @@ class DecodePlan:
         self.grid = programs * self.splits
         split = self.splits > 1
         windowed = window[0] >= 0 or (window[1] >= 0 and not is_causal)
+        # a row's offset inside its page, up to (page - 1) * row stride, is int32 in the kernel unless that could wrap
+        wide = g.page > 0 and (g.page - 1) * max(g.k_strides[1], g.v_strides[1]) >= 2**31
         self.constexprs = cfg.constexprs(g.head_dim, recipe, rows=rows, page=g.page, seq_lengths=seq_lengths,
                                          causal=is_causal, bottom_right=bottom_right, write_lse=write_lse,
-                                         split=split, key_starts=key_starts, windowed=windowed)
+                                         split=split, key_starts=key_starts, windowed=windowed, wide_rows=wide)
         self.options = cfg.options()
         self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
         self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,

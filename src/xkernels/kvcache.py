@@ -100,11 +100,11 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
                            window: tuple[int, int] = (-1, -1), backend: str):
     """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). The append and attention
     kernels always check the values they use: nothing is read or written through a bad one, every output that
-    depends on it is NaN (all of a sequence's for a bad length or left pad, the rows that would read a bad page's
-    for a bad block id), the rest is served as usual. With `sync_checks` (not during CUDA-graph capture, where a
-    read to the host would break it) one more kernel checks the values first and a read to the host raises on a
-    bad one, before anything is written. One kernel variant serves both modes, so a graph captured after an eager
-    warm-up compiles nothing."""
+    depends on it is NaN (all of a sequence's for a bad length or left pad, those of each block of query rows whose
+    keys include a bad page for a bad block id), the rest is served as usual. With `sync_checks` (not during
+    CUDA-graph capture, where a read to the host would break it) one more kernel checks the values first and a
+    read to the host raises on a bad one, before anything is written. One kernel variant serves both modes, so a
+    graph captured after an eager warm-up compiles nothing."""
     recipe, choice = _resolve(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, precision,
                               backend)
     batch, sq, hq, d = q.shape

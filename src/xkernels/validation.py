@@ -286,6 +286,8 @@ def check_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_tabl
         page = k_cache.shape[1]
         if page < 16 or page > 256 or page & (page - 1):
             raise ValueError(f"k_cache: page size {page} is not a power of two from 16 to 256")
+        if k_cache.shape[0] == 0:
+            raise ValueError("k_cache: a paged cache with no blocks (block_table has nowhere to point)")
     _per_sequence(cache_seqlens, "cache_seqlens", batch, q.device)
     if cache_leftpad is not None:
         _per_sequence(cache_leftpad, "cache_leftpad", batch, q.device)

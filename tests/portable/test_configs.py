@@ -52,3 +52,13 @@ def test_targets_are_hashable_and_intel_devices_get_the_xe2_tables(monkeypatch):
     monkeypatch.setattr(select, "INTERPRET", False)
     assert select._target(torch.device("xpu")) is TARGETS["xe2"]
     assert configs.table_for(TARGETS["xe2"]) is configs.XE2
+
+
+@pytest.mark.parametrize("name", sorted(TARGETS))
+def test_decode_key_tiles_are_powers_of_two_from_16(name):
+    """The split-KV kernel addresses a page's rows as `key % PAGE` within tiles aligned to BLOCK_N: exact only when
+    BLOCK_N and the page size (a power of two from 16) divide one another."""
+    for d in HEAD_DIMS:
+        bn = configs.decode_config(d, TARGETS[name], interpret=False).block_n
+        assert bn >= 16 and bn & (bn - 1) == 0, (name, d, bn)
+    assert configs.DECODE_INTERPRETED.block_n & (configs.DECODE_INTERPRETED.block_n - 1) == 0

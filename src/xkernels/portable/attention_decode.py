@@ -53,17 +53,25 @@ def _blocks(start_n, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N: tl.c
 
 
 @triton.jit
-def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr):
+def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, WIDE: tl.constexpr):
     """Element offsets of the key tile at start_n (held in `blocks`, `_blocks`) in a cache, kv head aside. With the
     tile aligned to BLOCK_N, a key's row in its page is loop-invariant (pages of at most BLOCK_N keys) or the tile's
-    start plus the row (larger pages), so an offset costs one wide multiply-add of the block id."""
+    start plus the row (larger pages), so an offset costs one wide multiply-add of the block id. The offset inside a
+    page, at most (PAGE - 1) * row_st, is computed in int32 unless WIDE (the host sets it when that could wrap)."""
     r = tl.arange(0, BLOCK_N)
     if PAGE == 0:
         rows = tl.cast(blocks, tl.int64) * page_st + (start_n + r).to(tl.int64) * row_st
     elif PAGE <= BLOCK_N:
-        rows = blocks.to(tl.int64) * page_st + (r % PAGE) * row_st
+        if WIDE:
+            rows = tl.cast(blocks, tl.int64) * page_st + (r % PAGE).to(tl.int64) * row_st
+        else:
+            rows = tl.cast(blocks, tl.int64) * page_st + (r % PAGE) * row_st
     else:
-        rows = tl.cast(blocks, tl.int64) * page_st + ((start_n % PAGE) * row_st + r * row_st)
+        if WIDE:
+            rows = (tl.cast(blocks, tl.int64) * page_st + tl.cast(start_n % PAGE, tl.int64) * row_st
+                    + r.to(tl.int64) * row_st)
+        else:
+            rows = tl.cast(blocks, tl.int64) * page_st + ((start_n % PAGE) * row_st + r * row_st)
     return rows
 
 
@@ -97,7 +105,7 @@ def _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS: tl.constexpr):
 def _attend(acc, l_i, m_i, q, K, V, b, floor, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks,
             k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
             CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, PV_DTYPE: tl.constexpr,
-            INTERPRET: tl.constexpr):
+            WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
     """Fold key tiles [lo, hi) (lo a multiple of BLOCK_N) into (acc, l_i, m_i). MASKED: keys >= hi and (causal)
     keys past each row's `limit` are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys
     below limit - win_left and (not causal) above limit + win_right, and reads no K/V row or block id below `floor`
@@ -108,8 +116,8 @@ def _attend(acc, l_i, m_i, q, K, V, b, floor, lo, hi, limit, win_left, win_right
     blocks = _blocks(lo, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE, WINDOWED)
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)
-        k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE)
-        v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE)
+        k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE, WIDE_ROWS)
+        v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE, WIDE_ROWS)
         blocks = _blocks(start_n + BLOCK_N, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE, WINDOWED)
         read = keys < hi
         if WINDOWED:
@@ -146,7 +154,7 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
-                            INTERPRET: tl.constexpr):
+                            WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
@@ -215,10 +223,10 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
         v_base += first.to(tl.int64) * v_ss
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, lo, full_hi, limit, win_left, win_right,
                             BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, INTERPRET)
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, full_hi, hi, limit, win_left, win_right,
                             BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, INTERPRET)
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET)
     o, lse = finish(acc, l_i, m_i, True)
     if SEQ_LENGTHS:  # re-read after the loop rather than kept live through it (registers)
         bad = _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS).to(tl.int32)

@@ -81,11 +81,12 @@ class DecodeConfig:
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
                    causal: bool, bottom_right: bool, write_lse: bool, split: bool, key_starts: bool = False,
-                   windowed: bool = False, interpret: bool = INTERPRET) -> dict[str, object]:
+                   windowed: bool = False, wide_rows: bool = False,
+                   interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
-                    INTERPRET=interpret)
+                    WIDE_ROWS=wide_rows, INTERPRET=interpret)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
