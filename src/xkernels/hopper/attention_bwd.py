@@ -51,7 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from xkernels.common.dtypes import gl_dtype
+from xkernels.common.dtypes import smem_layout
 from xkernels.common.seqlen import q_bounds, sequence
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_bwd_barriers, attention_ds_ring, score_exchange
@@ -319,12 +319,12 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     d = q.shape[-1]
     out = []
     for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m)):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype(t.dtype))
+        layout = smem_layout((rows, d), t.dtype)
         out.append(TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], layout))
     if dq_accum is None:
         out.append(out[0])
     else:
-        layout = gl.NVMMASharedLayout.get_default_for([cfg.block_m, d // 2], gl.float32)
+        layout = smem_layout((cfg.block_m, d // 2), torch.float32)
         out.append(TensorDescriptor.from_tensor(dq_accum.view(-1, d), [cfg.block_m, d // 2], layout))
     return out
 
@@ -336,7 +336,7 @@ def packed_descriptor(t: torch.Tensor, rows: int):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     total, h, d = t.shape
-    layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype(t.dtype))
+    layout = smem_layout((rows, d), t.dtype)
     return TensorDescriptor(t, [total, h * d], [t.stride(0), 1], [rows, d], layout)
 
 

@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from xkernels.common.dtypes import gl_dtype
+from xkernels.common.dtypes import smem_layout
 from xkernels.common.seqlen import kv_bounds, kv_bounds_shifted, sequence
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_barriers
@@ -162,7 +162,7 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     d = q.shape[-1]
     out = []
     for t, rows in ((q, 64), (k, cfg.block_n), (v, cfg.block_n), (do, 64)):
-        layout = gl.NVMMASharedLayout.get_default_for([rows, d], gl_dtype(t.dtype))
+        layout = smem_layout((rows, d), t.dtype)
         out.append(TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], layout))
     return out
 

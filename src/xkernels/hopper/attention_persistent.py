@@ -356,13 +356,13 @@ def descriptors(tensors, views, *, block_n: int) -> list:
     re-encode only the addresses)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from xkernels.common.dtypes import gl_dtype
+    from xkernels.common.dtypes import smem_layout
 
     d = tensors[0].shape[-1]
     descs = []
     for t, (shape, strides, _), rows in zip(tensors, views, (configs.WG_ROWS, block_n, block_n, configs.WG_ROWS),
                                             strict=True):
         block = [rows, d]
-        layout = gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype))
+        layout = smem_layout(tuple(block), t.dtype)
         descs.append(TensorDescriptor(t, list(shape), list(strides), block, layout))
     return descs

@@ -331,12 +331,12 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n: i
     """Host TMA descriptors of the packed Q, K and V over their 2-D views (`packed_view`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    from xkernels.common.dtypes import gl_dtype
+    from xkernels.common.dtypes import smem_layout
 
     descs = []
     for t, rows in ((q, configs.WG_ROWS), (k, block_n), (v, block_n)):
         (shape, strides, _) = packed_view(t)
         block = [rows, t.shape[-1]]
         descs.append(TensorDescriptor(t, list(shape), list(strides), block,
-                                      gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype))))
+                                      smem_layout(tuple(block), t.dtype)))
     return descs

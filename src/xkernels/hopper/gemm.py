@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from xkernels.common.dtypes import gl_dtype
+from xkernels.common.dtypes import smem_layout
 from xkernels.common.runtime import sm_count
 from xkernels.common.tile_walk import tile_coords, zorder_grid
 from xkernels.hopper import tma
@@ -189,5 +189,5 @@ def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, b_layout: 
     `common.launch.DescriptorSlot`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    return [TensorDescriptor.from_tensor(t, block, gl.NVMMASharedLayout.get_default_for(block, gl_dtype(t.dtype)))
+    return [TensorDescriptor.from_tensor(t, block, smem_layout(tuple(block), t.dtype))
             for t, block in zip((a, b, c), cfg.blocks(b_layout), strict=True)]
