@@ -234,7 +234,7 @@ def paged_copy(cache, page, generator):
     return paged, table
 
 
-@pytest.mark.parametrize("page", [None, 16, 64])
+@pytest.mark.parametrize("page", [None, 16, 64, pytest.param(256, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("splits", [1, 4, 0])
 @pytest.mark.parametrize("causal,sq", [(True, 1), (True, 5), (False, 3)])
 def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq):
