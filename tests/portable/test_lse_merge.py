@@ -79,3 +79,10 @@ def test_shape_mismatch_is_refused(device):
     with pytest.raises(TypeError, match="float32"):
         lse64 = torch.zeros(1, 2, 8, device=device, dtype=torch.float64)
         merge_into(acc, lse64, acc, torch.zeros(1, 2, 8, device=device))
+
+
+def test_tensors_on_another_device_are_refused(device):
+    """The launch passes addresses: a partial on another device is refused, not read from there."""
+    acc, acc_lse = torch.zeros(1, 2, 8, 64, device=device), torch.zeros(1, 2, 8, device=device)
+    with pytest.raises(ValueError, match="one device"):
+        merge_into(acc, acc_lse, torch.zeros(1, 2, 8, 64, device="meta"), torch.zeros(1, 2, 8, device=device))

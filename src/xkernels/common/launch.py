@@ -111,13 +111,14 @@ _COMPILED_MAX = 512
 
 def _specialization(a: object) -> tuple | None:
     """What Triton's launcher specializes an argument on: a tensor's dtype and 16-byte alignment, an int's being 1,
-    a multiple of 16 and 32- or 64-bit; None for anything else (a host descriptor), which is not cached."""
+    a multiple of 16 and 32- or 64-bit; None for anything else (a host descriptor, an int Triton would type u64),
+    which is not cached."""
     if isinstance(a, torch.Tensor):
         return ("t", a.dtype, a.data_ptr() % 16 == 0)
     if isinstance(a, bool):
         return ("b",)
     if isinstance(a, int):
-        return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31)
+        return ("i", a == 1, a % 16 == 0, -(2**31) <= a < 2**31) if -(2**63) <= a < 2**63 else None
     if isinstance(a, float):
         return ("f",)
     return None
@@ -171,8 +172,11 @@ def _is_descriptor(a: object) -> bool:
 
 def _call_spec(a: object) -> tuple | None:
     """`_specialization`, and for a host tensor descriptor what its compiled launch depends on (dtype, alignment,
-    block and layout) and what its cached encodings assume (shape and strides)."""
+    block and layout) and what its cached encodings assume (shape and strides); None for a descriptor with
+    non-default padding or TF32 rounding, which `DescriptorSlot` does not encode."""
     if _is_descriptor(a):
+        if getattr(a, "padding", "zero") not in ("zero", None) or getattr(a, "round_f32_to_tf32", False):
+            return None
         base = a.base
         return ("d", base.dtype, base.data_ptr() % 16 == 0, tuple(a.shape), tuple(a.strides), tuple(a.block_shape),
                 getattr(a, "layout", None))

@@ -55,6 +55,9 @@ def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse:
     if out.shape != acc.shape or lse.shape != acc_lse.shape or acc_lse.shape != acc.shape[:3]:
         raise ValueError(f"merge_into: shapes {tuple(acc.shape)}, {tuple(acc_lse.shape)}, {tuple(out.shape)}, "
                          f"{tuple(lse.shape)} do not match")
+    if any(t.device != acc.device for t in (acc_lse, out, lse)):
+        raise ValueError(f"merge_into: acc, acc_lse, out and lse must be on one device, got {acc.device}, "
+                         f"{acc_lse.device}, {out.device}, {lse.device}")
     if acc.dtype != torch.float32 or acc_lse.dtype != torch.float32 or lse.dtype != torch.float32:
         raise TypeError("merge_into: acc, acc_lse and lse must be float32")
     if any(t.stride(-1) != 1 and t.shape[-1] > 1 for t in (acc, acc_lse, out, lse)):
