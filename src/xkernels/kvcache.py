@@ -28,7 +28,7 @@ def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=No
     leftpad = cache_seqlens if cache_leftpad is None else cache_leftpad  # read only with LEFTPAD
     args = (cache_seqlens, table, leftpad, flags, table.stride(0), new, capacity, k_cache.shape[0],
             block_table.shape[1] if paged else 0)
-    _launch(cache_check_kernel, cache_seqlens.shape[0], args, 4,
+    _launch(cache_check_kernel, cache_seqlens.shape[0], args,
             dict(PAGE=page if paged else 0, LEFTPAD=cache_leftpad is not None, CHUNK=64), 1)
     negative, too_long, outside, bad_pad = flags.tolist()  # the one read to the host
     if negative:
@@ -43,7 +43,6 @@ def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=No
                          f"({cache_seqlens.tolist()})")
 
 
-_KERNELS: dict = {}
 _RESOLVED: dict = {}
 
 
@@ -62,21 +61,9 @@ def _resolve(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpa
     return hit
 
 
-def _launch(fn, grid: int, args: tuple, tensors: int, constexprs: dict, num_warps: int) -> None:
-    """Launch one of the cache kernels: directly, through a compiled kernel cached per argument layout, where the
-    direct path runs; else through Triton's launcher. The first `tensors` arguments are tensors."""
-    options = dict(num_warps=num_warps, num_stages=1)
-    if not (launch.direct_launch_available(args[0].device) and all(t.data_ptr() % 16 == 0 for t in args[:tensors])):
-        launch.generic_launch(fn, grid, args, constexprs, options)
-        return
-    key = (fn, tuple((t.shape, t.stride(), t.dtype) for t in args[:tensors]), args[tensors:], args[0].device,
-           tuple(constexprs.items()))
-    kernel = _KERNELS.get(key)
-    if kernel is None:
-        if len(_KERNELS) >= 256:
-            _KERNELS.clear()
-        kernel = _KERNELS[key] = launch.compile_kernel(fn, grid, args, constexprs, options, args[0].device)
-    kernel.launch(grid, (*(t.data_ptr() for t in args[:tensors]), *args[tensors:], *constexprs.values()))
+def _launch(fn, grid: int, args: tuple, constexprs: dict, num_warps: int) -> None:
+    """Launch one of the cache kernels (one stage): directly where the direct path runs (`launch.run`)."""
+    launch.run(fn, grid, args, constexprs, dict(num_warps=num_warps, num_stages=1))
 
 
 def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=None) -> None:
@@ -90,7 +77,7 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=Non
     leftpad = cache_seqlens if cache_leftpad is None else cache_leftpad  # read only with LEFTPAD
     args = (k, v, k_cache, v_cache, cache_seqlens, table, leftpad, *k.stride(), *v.stride(), *k_cache.stride(),
             *v_cache.stride(), table.stride(0), new, hkv, capacity, k_cache.shape[0])
-    _launch(cache_append_kernel, batch * new, args, 7,
+    _launch(cache_append_kernel, batch * new, args,
             dict(HEAD_DIM=d, HEADS=triton.next_power_of_2(hkv), PAGE=0 if block_table is None else page,
                  LEFTPAD=cache_leftpad is not None, CHUNK=16), 4)
 

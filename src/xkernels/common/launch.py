@@ -214,10 +214,10 @@ def run(fn, grid: int, args: Sequence[object], constexprs: dict[str, object], op
     kernel, slots, tail = entry
     flat: list[object] = []
     next_slot = iter(slots)
-    for a in args:
-        if isinstance(a, torch.Tensor):
+    for a, spec in zip(args, specs, strict=True):  # the specs already tell tensors ("t") and descriptors ("d")
+        if spec[0] == "t":
             flat.append(a.data_ptr())
-        elif _is_descriptor(a):
+        elif spec[0] == "d":
             flat.extend(next(next_slot).at(a.base.data_ptr()))
         else:
             flat.append(a)
