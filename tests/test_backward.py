@@ -238,3 +238,25 @@ def test_the_poisoned_buffers_are_really_poisoned(device):
     q = attention_inputs(1, 2, 8, 8, 64, torch.float16, device)[0]
     assert torch.isnan(backward.grad_like(q)).all()
     assert torch.isnan(poisoned_like(q)).all()
+
+
+def test_a_repeated_backward_reuses_its_plan(device):
+    """The checks and the kernels' choice run once per (shapes, strides, dtypes, devices, flags) key: a second call
+    with the same key makes no plan; one with a gradient on the LSE (another key) does."""
+    from xkernels import plans
+
+    q, k, v = attention_inputs(1, 2, 24, 24, 64, torch.float16, device, seed=3)
+    o, lse = xkernels.attention(q, k, v, is_causal=True, return_lse=True)
+    do = _grad_out(q.shape, torch.float16, device)
+
+    def backward_plans() -> int:
+        return sum(1 for key in plans._PLANS if key[0] == "attention_backward")
+
+    args = dict(is_causal=True, scale=None, enable_gqa=False, precision="auto", backend="auto")
+    plans._PLANS.clear()
+    first = backward.attention_backward(do, q, k, v, o, lse, None, **args)
+    second = backward.attention_backward(do.clone(), q, k, v, o, lse, None, **args)
+    assert backward_plans() == 1
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    backward.attention_backward(do, q, k, v, o, lse, torch.zeros_like(lse), **args)
+    assert backward_plans() == 2

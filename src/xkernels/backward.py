@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import torch
+import triton
 
 from xkernels import plans, select, varlen
 from xkernels.common.runtime import side_stream, unit_last_stride
@@ -25,15 +26,125 @@ def grad_like(t: torch.Tensor) -> torch.Tensor:
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, scale: float | None,
                        enable_gqa: bool, precision: str, backend: str):
     """(dQ, dK, dV) of O = attention(q, k, v) for the upstream gradients dO (and dLSE, or None): dK and dV summed
-    over each GQA group, in the inputs' dtypes."""
-    _, choice = select.resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
-                                                  precision=precision, backend=backend)
-    dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
-    if q.numel() == 0 or k.numel() == 0:
-        dq.zero_(), dk.zero_(), dv.zero_()
-        plans._record("empty")
+    over each GQA group, in the inputs' dtypes. The call's plan (`BackwardPlan`) is found by its key."""
+    key = ("attention_backward", grad_out.shape, grad_out.stride(), grad_out.dtype, grad_out.device, q.shape,
+           q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype,
+           v.device, out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype, lse.device,
+           None if grad_lse is None else (grad_lse.shape, grad_lse.stride(), grad_lse.dtype, grad_lse.device),
+           is_causal, enable_gqa, precision, backend)
+    plan = plans._PLANS.get(key)
+    if plan is None:
+        plan = plans._remember(key, BackwardPlan(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal,
+                                                 enable_gqa=enable_gqa, precision=precision, backend=backend))
+    return plan.run(grad_out, q, k, v, out, lse, grad_lse, scale)
+
+
+class BackwardPlan:
+    """What a dense backward call's key fixes: the checks (run once per key, as the forward's plans do), the kernels'
+    choice and, on the direct path, each launch's argument kinds, integer arguments and descriptor geometry
+    (`launch.Prepared`), so a repeated call costs its allocations (dQ, dK, dV, delta) and four direct launches.
+
+    The direct path serves the Hopper kernels with the Gluon dQ kernel on inputs laid out as their flat descriptors
+    read them (q, k, v, dO contiguous; O with a unit last stride; LSE and dLSE contiguous) at 16-byte aligned
+    addresses (checked per call). Anything else takes `_general`, which copies what the kernels cannot read as it
+    is and launches through `launch.run`. A plan holds numbers and compiled kernels, never a tensor."""
+
+    def __init__(self, grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, enable_gqa: bool, precision: str,
+                 backend: str):
+        _, self.choice = select.resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse,
+                                                           enable_gqa=enable_gqa, precision=precision,
+                                                           backend=backend)
+        self.is_causal = is_causal
+        self.empty = q.numel() == 0 or k.numel() == 0
+        self.default_scale = 1.0 / math.sqrt(q.shape[-1])
+        self.device = q.device
+        cfg = self.choice.config
+        from xkernels.common import launch
+
+        self.direct = (self.choice.layer == "hopper" and not self.empty and cfg.dq is not None
+                       and not cfg.dkdv.fused_dq and launch.direct_launch_available(q.device)
+                       and all(t.is_contiguous() for t in (q, k, v, grad_out, lse))
+                       and out.stride(-1) == 1 and (grad_lse is None or grad_lse.is_contiguous()))
+        self.name = f"{self.choice.layer}.attention_backward[{cfg}]"
+        self.launches: tuple | None = None
+
+    def run(self, grad_out, q, k, v, out, lse, grad_lse, scale: float | None):
+        dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
+        if self.empty:
+            dq.zero_(), dk.zero_(), dv.zero_()
+            plans._record("empty")
+            return dq, dk, dv
+        scale = self.default_scale if scale is None else scale
+        addresses = q.data_ptr() | k.data_ptr() | v.data_ptr() | grad_out.data_ptr() | out.data_ptr() | lse.data_ptr()
+        if self.direct and not (addresses | (0 if grad_lse is None else grad_lse.data_ptr())) % 16:
+            self._direct(grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, scale)
+            plans._record(self.name)
+            return dq, dk, dv
+        _general(grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, is_causal=self.is_causal, scale=scale,
+                 choice=self.choice)
         return dq, dk, dv
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+    def _prepare(self, q, k, v, out, grad_out, dq, dk, dv, has_dlse: bool) -> tuple:
+        """The four launches (`launch.Prepared`) and their integer arguments, from the first direct call's tensors
+        (the key fixes every layout, so the next call's are alike)."""
+        from xkernels.common import launch
+        from xkernels.common.dtypes import smem_layout
+        from xkernels.hopper import attention_bwd as hopper_bwd
+        from xkernels.hopper import attention_dq as hopper_dq
+
+        b, hq, sq, d = q.shape
+        hkv, skv = k.shape[1], k.shape[2]
+        cfg = self.choice.config
+        pre_cfg, kv_cfg, dq_cfg = cfg.portable, cfg.dkdv, cfg.dq
+
+        def flat(t, rows: int) -> tuple:  # a (B * H * S, D) descriptor of [rows, D] boxes over a contiguous tensor
+            return [t.numel() // d, d], [d, 1], [rows, d], smem_layout((rows, d), t.dtype)
+
+        pre = launch.Prepared(portable_bwd.preprocess_kernel, triton.cdiv(sq, pre_cfg.q_m) * b * hq,
+                              dict(HEAD_DIM=d, BLOCK_M=pre_cfg.q_m, HAS_DLSE=has_dlse, ZERO_DQ=False, VARLEN=False),
+                              dict(num_warps=pre_cfg.num_warps))
+        pre_ints = (*out.stride()[:3], *grad_out.stride()[:3], 0, hq, sq)
+        dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, kv_cfg),
+                               kv_cfg.constexprs(d, causal=self.is_causal), {},
+                               {0: flat(q, kv_cfg.block_m), 1: flat(k, kv_cfg.block_n), 2: flat(v, kv_cfg.block_n),
+                                3: flat(grad_out, kv_cfg.block_m), 4: flat(q, kv_cfg.block_m)})
+        # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
+        dkdv_ints = (*dk.stride()[:3], *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv)
+        dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq),
+                              dq_cfg.constexprs(d, causal=self.is_causal), {},
+                              {0: flat(q, 64), 1: flat(k, dq_cfg.block_n), 2: flat(v, dq_cfg.block_n),
+                               3: flat(grad_out, 64)})
+        dq_ints = (*dq.stride()[:3], 0, hq, hq // hkv, sq, skv)
+        concurrent = cfg.concurrent_dq
+        return pre, pre_ints, dkdv, dkdv_ints, dqk, dq_ints, concurrent
+
+    def _direct(self, grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, scale: float) -> None:
+        if self.launches is None:
+            self.launches = self._prepare(q, k, v, out, grad_out, dq, dk, dv, grad_lse is not None)
+        pre, pre_ints, dkdv, dkdv_ints, dqk, dq_ints, concurrent = self.launches
+        b, hq, sq, _ = q.shape
+        delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+        pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, delta, out, *pre_ints))
+        qk_scale = scale * plans.LOG2E
+        dkdv_args = (q, k, v, grad_out, q, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale)
+        dq_args = (q, k, v, grad_out, lse, delta, dq, lse, lse, *dq_ints, qk_scale, scale)
+        if not concurrent:
+            dkdv(dkdv_args)
+            dqk(dq_args)
+            return
+        # dQ on the side stream, forked after the preprocess (every input and delta ready there) and joined after
+        # it: its CTAs fill the SMs that dK/dV's last wave leaves idle (as `_dkdv_then_dq`)
+        current = torch.cuda.current_stream(self.device)
+        side = side_stream(self.device.index)
+        side.wait_stream(current)
+        dkdv(dkdv_args)
+        dqk(dq_args, side.cuda_stream)
+        current.wait_stream(side)
+
+
+def _general(grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, *, is_causal: bool, scale: float, choice) -> None:
+    """Any layout: copies where a kernel cannot read a tensor as it is, then the chosen kernels (`_hopper`, or the
+    portable backward), launched through `launch.run`."""
     grad_lse = None if grad_lse is None else grad_lse.contiguous()
     q, k, v, out, grad_out, lse = (unit_last_stride(q), unit_last_stride(k), unit_last_stride(v),
                                    unit_last_stride(out), unit_last_stride(grad_out), lse.contiguous())
@@ -41,11 +152,10 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool
         _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
                 cfg=choice.config)
         plans._record(f"hopper.attention_backward[{choice.config}]")
-        return dq, dk, dv
+        return
     portable_bwd.launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
                         cfg=choice.config)
     plans._record(f"portable.attention_backward[{choice.config}]")
-    return dq, dk, dv
 
 
 def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,

@@ -81,8 +81,17 @@ class Kernel:
         self.device = device
         self.index = device.index
 
-    def launch(self, grid: int, args: Sequence[object]) -> None:
-        stream = torch._C._cuda_getCurrentRawStream(self.index)
+    @property
+    def needs_scratch(self) -> bool:
+        return bool(self._scratch)
+
+    def launch(self, grid: int, args: Sequence[object], stream: int | None = None) -> None:
+        """Launch on the current stream, or on `stream` (a raw CUDA stream handle: only for kernels that need no
+        global scratch, which is allocated in the current stream's order)."""
+        if stream is None:
+            stream = torch._C._cuda_getCurrentRawStream(self.index)
+        elif self._scratch:
+            raise ValueError("Kernel.launch: a kernel that needs global scratch launches on the current stream")
         scratch = None
         if self._scratch:  # freed to the caching allocator after the launch: stream-ordered, like Triton's own.
             # (A buffer cached per stream would save this allocation, but a cached buffer made while inductor's
@@ -222,6 +231,54 @@ def run(fn, grid: int, args: Sequence[object], constexprs: dict[str, object], op
         else:
             flat.append(a)
     kernel.launch(grid, (*flat, *tail))
+
+
+class Prepared:
+    """One kernel launch of a plan (`xkernels.backward.BackwardPlan`) whose key fixes what each argument is, so a call
+    flattens its arguments without asking: the first call compiles against them and notes each one's kind (a tensor,
+    passed as its address; a host descriptor over a tensor, with the geometry given for its position; a value).
+    Every later call must pass tensors at the same positions, 16-byte aligned where the first call's were, ints that
+    specialize alike (the plan's key fixes them) and the same constexprs: the caller's plan sees to it.
+
+    `descriptors` maps an argument position to (shape, strides, block_shape, layout): there the call passes the tensor
+    the descriptor is over (its base), and the encodings are cached per address (`DescriptorSlot`)."""
+
+    def __init__(self, fn, grid: int, constexprs: dict[str, object], options: dict[str, int],
+                 descriptors: dict[int, tuple] | None = None):
+        self.fn, self.grid, self.constexprs, self.options = fn, grid, constexprs, options
+        self.geometry = descriptors or {}
+        self.kernel: Kernel | None = None
+        self.kinds: tuple[int, ...] = ()
+        self.slots: dict[int, DescriptorSlot] = {}
+        self.tail = constexpr_tail(fn, constexprs)
+
+    _POINTER, _DESCRIPTOR, _VALUE = 0, 1, 2
+
+    def __call__(self, args: Sequence[object], stream: int | None = None) -> None:
+        if self.kernel is None:
+            self._compile(args)
+        flat: list[object] = []
+        for i, (kind, a) in enumerate(zip(self.kinds, args, strict=True)):
+            if kind == self._POINTER:
+                flat.append(a.data_ptr())
+            elif kind == self._DESCRIPTOR:
+                flat.extend(self.slots[i].at(a.data_ptr()))
+            else:
+                flat.append(a)
+        self.kernel.launch(self.grid, (*flat, *self.tail), stream)
+
+    def _compile(self, args: Sequence[object]) -> None:
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+        real = [TensorDescriptor(a, *self.geometry[i]) if i in self.geometry else a for i, a in enumerate(args)]
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        kernel = compile_kernel(self.fn, self.grid, real, self.constexprs, self.options, device)
+        positions = sorted(self.geometry)
+        self.slots = {i: DescriptorSlot(meta, tuple(self.geometry[i][0]), tuple(self.geometry[i][1]))
+                      for i, meta in zip(positions, kernel.descriptor_meta, strict=True)}
+        self.kinds = tuple(self._DESCRIPTOR if i in self.geometry else
+                           self._POINTER if isinstance(a, torch.Tensor) else self._VALUE for i, a in enumerate(args))
+        self.kernel = kernel
 
 
 # The TMA dtype enum differs between the device-side metadata and the host encoder (triton's driver has the same map).

@@ -1,0 +1,111 @@
+"""The backward's direct path (`backward.BackwardPlan`: launches prepared once per key, descriptors encoded once per
+address) against its general path (`backward._general`, launched through `launch.run`) on an H100/H200: bitwise equal
+gradients, each also within the recipe's bounds against float64 autograd, over head dims, causal with Sq != Skv and
+tails, GQA, a gradient through the LSE, a second call on other tensors and a misaligned call (the general path
+serves it); every gradient buffer NaN-poisoned."""
+
+import pytest
+import torch
+
+from xkernels import backward, plans
+from xkernels.common.runtime import hopper_available
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available()
+                                                       and hopper_available(torch.device("cuda"))),
+                                                  reason="needs sm_90 with a tested triton")]
+
+
+@pytest.fixture(autouse=True)
+def poisoned_gradients(monkeypatch):
+    real = backward.grad_like
+    monkeypatch.setattr(backward, "grad_like", lambda t: real(t).fill_(float("nan")))
+
+
+def _forward(q, k, v, causal):
+    import xkernels
+
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+    return o, lse
+
+
+def _inputs(d, causal, sq, skv, dtype, seed, dlse: bool):
+    q, k, v = attention_inputs(2, 8, sq, skv, d, dtype, "cuda", hkv=2, seed=seed)
+    o, lse = _forward(q, k, v, causal)
+    g = torch.Generator(device="cuda").manual_seed(seed + 1)
+    do = (torch.rand(q.shape, generator=g, device="cuda") - 0.5).to(dtype)
+    grad_lse = torch.rand(q.shape[:3], generator=g, device="cuda") - 0.5 if dlse else None
+    return q, k, v, o, lse, do, grad_lse
+
+
+def _plan_grads(q, k, v, o, lse, do, grad_lse, causal):
+    grads = backward.attention_backward(do, q, k, v, o, lse, grad_lse, is_causal=causal, scale=None,
+                                        enable_gqa=True, precision="auto", backend="auto")
+    return grads, plans.last_backend()
+
+
+def _general_grads(q, k, v, o, lse, do, grad_lse, causal):
+    _, choice = backward.select.resolve_attention_backward(do, q, k, v, o, lse, grad_lse, enable_gqa=True,
+                                                           precision="auto", backend="auto")
+    grads = tuple(backward.grad_like(t) for t in (q, k, v))
+    backward._general(do, q, k, v, o, lse, grad_lse, *grads, is_causal=causal, scale=q.shape[-1] ** -0.5,
+                      choice=choice)
+    return grads
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal,sq,skv,dlse", [(False, 1000, 1000, False), (True, 300, 777, True),
+                                                (True, 130, 65, False), (False, 1, 200, True)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_direct_path_matches_general_path_and_float64(d, causal, sq, skv, dlse, dtype):
+    q, k, v, o, lse, do, grad_lse = _inputs(d, causal, sq, skv, dtype, seed=sq + skv + d, dlse=dlse)
+    direct, name = _plan_grads(q, k, v, o, lse, do, grad_lse, causal)
+    assert "copied" not in name and name.startswith("hopper.attention_backward"), name
+    general = _general_grads(q, k, v, o, lse, do, grad_lse, causal)
+    for a, b in zip(direct, general, strict=True):
+        assert torch.equal(a, b)
+    refs = reference_attention_grads(q, k, v, do, is_causal=causal, grad_lse=grad_lse)
+    recipe = ATTENTION_RECIPES["fp16" if dtype == torch.float16 else "bf16"]
+    for g, ref in zip(direct, refs, strict=True):
+        c = compare_grad(g, ref, recipe)
+        assert c.passed, c.reason
+
+
+def test_a_second_call_on_other_tensors_and_a_misaligned_call():
+    """The plan's descriptors are encoded per address: a second call with the same key on other tensors gives that
+    call's gradients; a call whose q starts 2 bytes into its storage (not 16-byte aligned) takes the general path
+    and is right too."""
+    first = _inputs(128, True, 512, 512, torch.bfloat16, seed=1, dlse=False)
+    second = _inputs(128, True, 512, 512, torch.bfloat16, seed=2, dlse=False)
+    g1, _ = _plan_grads(*first, True)
+    g2, _ = _plan_grads(*second, True)
+    assert not torch.equal(g1[0], g2[0])
+    for args, grads in ((first, g1), (second, g2)):
+        general = _general_grads(*args, True)
+        assert all(torch.equal(a, b) for a, b in zip(grads, general, strict=True))
+    q, k, v, o, lse, do, _ = second
+    storage = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")
+    q_off = storage[1:].view(q.shape).copy_(q)
+    assert q_off.data_ptr() % 16 and q_off.is_contiguous()
+    g3, _ = _plan_grads(q_off, k, v, o, lse, do, None, True)
+    assert all(torch.equal(a, b) for a, b in zip(g2, g3, strict=True))
+
+
+def test_captured_backward_replays_the_direct_path():
+    """The plan's fork and join of the dQ stream are captured as graph edges: replays give the eager gradients."""
+    q, k, v, o, lse, do, _ = _inputs(128, True, 1024, 1024, torch.bfloat16, seed=3, dlse=False)
+    eager, _ = _plan_grads(q, k, v, o, lse, do, None, True)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        _plan_grads(q, k, v, o, lse, do, None, True)  # warm up on the capturing stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = _plan_grads(q, k, v, o, lse, do, None, True)
+    for t in captured:
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(eager, captured, strict=True))
