@@ -51,3 +51,45 @@ def test_wide_row_offsets_only_where_int32_could_wrap(page, row_stride, wide):
                              recipe=ATTENTION_RECIPES["bf16"], cfg=DecodeConfig(32, 4, 1),
                              write_lse=False, device=torch.device("cpu"))
     assert plan.constexprs["WIDE_ROWS"] is wide
+
+
+def test_a_growing_cache_keeps_its_plan(device):
+    """The dense API with one query row over contiguous K/V that grow by a few keys per call (a decoding loop over
+    transformers' caches) takes one plan for every key count, crossing key tiles and split counts; each call's
+    output and LSE match float64 on its own keys. Non-contiguous K takes a plan of its own key."""
+    import xkernels
+    from xkernels import plans
+    from xkernels.testing import attention_inputs, compare_attention, compare_lse, reference_attention, reference_lse
+
+    q, k_all, v_all = attention_inputs(1, 2, 1, 300, 64, torch.float16, device, hkv=1, seed=11)
+    recipe = ATTENTION_RECIPES["fp16"]
+    plans._PLANS.clear()
+    names = set()
+    for s in (1, 2, 17, 64, 65, 129, 300, 40):
+        k, v = k_all[:, :, :s].contiguous(), v_all[:, :, :s].contiguous()
+        out, lse = xkernels.attention(q, k, v, enable_gqa=True, return_lse=True)
+        names.add(xkernels.last_backend())
+        c = compare_attention(out, reference_attention(q, k, v), recipe)
+        assert c.passed, (s, c.reason)
+        assert compare_lse(lse, reference_lse(q, k)).passed, s
+    assert sum(1 for key, plan in plans._PLANS.items() if key[0] == "decode") == 1
+    assert len(plans._PLANS) == 1 and len(names) > 1  # split counts changed with the key count
+    k, v = k_all[:, :, ::2], v_all[:, :, ::2]  # every other key: not contiguous, keyed by its shape and strides
+    c = compare_attention(xkernels.attention(q, k, v, enable_gqa=True), reference_attention(q, k, v), recipe)
+    assert c.passed and len(plans._PLANS) == 2, c.reason
+
+
+def test_resize_variants_follow_what_triton_specializes():
+    """A resized launch shares its kernels with the plan's when Triton would compile the same variant: split or not,
+    every int 32-bit, strides alike (1 / multiple of 16); an int from 2^31 up or an odd stride gets a variant."""
+    g = decode.Geometry(1, 1, 8, 2, 128, 4096, 0, (1024, 1024, 128), (2 * 4096 * 128, 128, 4096 * 128),
+                        (2 * 4096 * 128, 128, 4096 * 128), (1024, 1024, 128), 0, 1)
+    plan = decode.DecodePlan(g, seq_lengths=False, is_causal=False, bottom_right=False,
+                             recipe=ATTENTION_RECIPES["bf16"], cfg=DecodeConfig(128, 4, 3), write_lse=False,
+                             device=torch.device("cpu"))
+    grown = plan.resize(4097, (2 * 4097 * 128, 128, 4097 * 128), (2 * 4097 * 128, 128, 4097 * 128))
+    assert grown.variant is plan.launch.variant and grown.ints[16] == 4097
+    huge = plan.resize(2**23, (2 * 2**23 * 128, 128, 2**23 * 128), (2 * 2**23 * 128, 128, 2**23 * 128))
+    assert huge.variant is not plan.launch.variant
+    odd = plan.resize(4097, (2 * 4097 * 129, 129, 4097 * 129), (2 * 4097 * 128, 128, 4097 * 128))
+    assert odd.variant is not plan.launch.variant and odd.variant is not huge.variant

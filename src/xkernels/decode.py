@@ -12,7 +12,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import triton
 
 from xkernels.common import launch
 from xkernels.common.runtime import INTERPRET, sm_count
@@ -26,13 +25,18 @@ COMBINE_CHUNK = 16
 INTERPRETED_SMS = 4  # a small "GPU" under the interpreter, so CPU tests split the keys too
 
 
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division (`triton.cdiv` is a JIT function: ~3 us of host time per call)."""
+    return -(-a // b)
+
+
 def num_splits(programs: int, keys: int, block_n: int, slots: int) -> int:
     """Key splits per (sequence, kv head, row block): as many as fill one wave of the GPU's `slots` (SMs times the
     config's programs per SM: one ~140 KB program at D128, two ~70 KB ones at D64), never more than the key tiles.
     Measured on the H200 (benchmarks/results/h200/2026-11-30/15): 2 splits for 64 programs, 16 for 8, 1 for 128 and
     512 at D128, each within 1 % of the best of 1-64 splits, where four programs per SM lost 5-12 %; at D64 two per
     SM won 0-9 % (2026-12-01/25)."""
-    tiles = triton.cdiv(max(keys, 1), block_n)
+    tiles = _cdiv(max(keys, 1), block_n)
     return max(1, min(slots // max(programs, 1), tiles, MAX_SPLITS))
 
 
@@ -61,91 +65,147 @@ class Geometry:
 NO_WINDOW = 1 << 30  # a window side the kernel never reaches (keys are int32)
 
 
+@dataclass
+class _Variant:
+    """The kernels of one compile-time variant of a plan (split or not; every integer argument 32-bit or not)."""
+
+    constexprs: dict
+    tail: tuple
+    kernel: launch.Kernel | None = None
+    combine: launch.Kernel | None = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What follows from a plan and its cache's capacity (and K/V strides): the split count, grid, integer
+    arguments and the variant whose kernels run them."""
+
+    splits: int
+    grid: int
+    ints: tuple
+    combine_ints: tuple
+    variant: _Variant
+    name: str
+
+
 class DecodePlan:
     def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
                  splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1)):
         """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side. With `seq_lengths` the
-        kernel checks each sequence's length, left pad and block ids as it reads them (`attention_decode_kernel`)."""
+        kernel checks each sequence's length, left pad and block ids as it reads them (`attention_decode_kernel`).
+        The launch for `g`'s capacity is `self.launch`; `resize` gives the launch for another capacity of a dense
+        cache (the dense API's K/V grown by a token: the same plan, new integer arguments)."""
         # a side as long as the cache cuts nothing: unbounded (so the kernel's int32 position arithmetic never wraps)
-        window = tuple(-1 if side >= g.capacity else side for side in window)
-        self.g, self.device, self.write_lse = g, device, write_lse
-        group = g.hq // g.hkv
-        rows = g.sq * group
-        block_m = cfg.block_m(rows)
-        programs = g.batch * g.hkv * triton.cdiv(rows, block_m)
+        self.window = tuple(-1 if side >= g.capacity else side for side in window)
+        self.g, self.device, self.write_lse, self.cfg, self.recipe = g, device, write_lse, cfg, recipe
+        self.is_causal, self.forced_splits = is_causal, splits
+        self.group = g.hq // g.hkv
+        rows = g.sq * self.group
+        self.block_m = cfg.block_m(rows)
+        self.programs = g.batch * g.hkv * _cdiv(rows, self.block_m)
         sms = INTERPRETED_SMS if INTERPRET or device.type != "cuda" else sm_count(device.index or 0)
-        # the keys a row block can see: the cache, or with a left window at most the window and the block's rows
-        # (and the right window, not causal); the splits cut that span
-        span = g.capacity
-        if window[0] >= 0:  # the kernel starts the span at the key tile of the window's first key
-            right = 0 if is_causal else (window[1] if window[1] >= 0 else g.capacity)
-            span = min(g.capacity, window[0] + g.sq + right + cfg.block_n - 1)
-        if splits <= 0:
-            splits = num_splits(programs, span, cfg.block_n, sms * cfg.programs_per_sm)
-        tiles = triton.cdiv(max(span, 1), cfg.block_n)
-        split_keys = triton.cdiv(tiles, min(splits, tiles)) * cfg.block_n
-        self.splits = triton.cdiv(max(span, 1), split_keys)
+        self.slots = sms * cfg.programs_per_sm
         self.rows = g.batch * g.sq * g.hq
-        self.grid = programs * self.splits
-        split = self.splits > 1
-        windowed = window[0] >= 0 or (window[1] >= 0 and not is_causal)
+        self.windowed = self.window[0] >= 0 or (self.window[1] >= 0 and not is_causal)
         # a row's offset inside its page, up to (page - 1) * row stride, is int32 in the kernel unless that could wrap
         wide = g.page > 0 and (g.page - 1) * max(g.k_strides[1], g.v_strides[1]) >= 2**31
-        self.constexprs = cfg.constexprs(g.head_dim, recipe, rows=rows, page=g.page, seq_lengths=seq_lengths,
-                                         causal=is_causal, bottom_right=bottom_right, write_lse=write_lse,
-                                         split=split, key_starts=key_starts, windowed=windowed, wide_rows=wide)
+        self._flags = dict(rows=rows, page=g.page, seq_lengths=seq_lengths, causal=is_causal,
+                           bottom_right=bottom_right, write_lse=write_lse, key_starts=key_starts,
+                           windowed=self.windowed, wide_rows=wide)
+        self._variants: dict[tuple, _Variant] = {}
         self.options = cfg.options()
-        self.tail = launch.constexpr_tail(kernel.attention_decode_kernel, self.constexprs)
-        self.ints = (*g.q_strides, *g.k_strides, *g.v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, group,
-                     g.capacity, split_keys, self.rows, self.splits)
-        self.tail_ints = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in window))
+        self.tail_ints = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in self.window))
         self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
-        self.combine_ints = (*g.o_strides, self.rows, g.sq, g.hq, self.splits)
         self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
-        self.name = (f"portable.decode[{recipe.name} {cfg} BM{block_m} splits={self.splits}"
-                     + (f" window={window[0]},{window[1]}" if windowed else "") + "]")
         self.direct = launch.direct_launch_available(device)
-        self.kernel: launch.Kernel | None = None
-        self.combine: launch.Kernel | None = None
+        self.launch = self.resize(g.capacity, g.k_strides, g.v_strides)
+
+    @property
+    def splits(self) -> int:
+        return self.launch.splits
+
+    @property
+    def ints(self) -> tuple:
+        return self.launch.ints
+
+    @property
+    def constexprs(self) -> dict:
+        return self.launch.variant.constexprs
+
+    @property
+    def name(self) -> str:
+        return self.launch.name
+
+    def resize(self, capacity: int, k_strides: tuple[int, int, int], v_strides: tuple[int, int, int]) -> Launch:
+        """The launch for a cache of `capacity` keys per sequence with these K/V (block, row, head) strides."""
+        g, cfg, window = self.g, self.cfg, self.window
+        # the keys a row block can see: the cache, or with a left window at most the window and the block's rows
+        # (and the right window, not causal); the splits cut that span
+        span = capacity
+        if window[0] >= 0:  # the kernel starts the span at the key tile of the window's first key
+            right = 0 if self.is_causal else (window[1] if window[1] >= 0 else capacity)
+            span = min(capacity, window[0] + g.sq + right + cfg.block_n - 1)
+        splits = self.forced_splits
+        if splits <= 0:
+            splits = num_splits(self.programs, span, cfg.block_n, self.slots)
+        tiles = _cdiv(max(span, 1), cfg.block_n)
+        split_keys = _cdiv(tiles, min(splits, tiles)) * cfg.block_n
+        splits = _cdiv(max(span, 1), split_keys)
+        ints = (*g.q_strides, *k_strides, *v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, self.group,
+                capacity, split_keys, self.rows, splits)
+        # Triton types an int argument i64 from 2^31 up and specializes strides on being 1 or a multiple of 16:
+        # variants of their own (a dense cache's strides keep theirs as it grows: D is a multiple of 16)
+        key = (splits > 1, max(ints) >= 2**31, tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)))
+        variant = self._variants.get(key)
+        if variant is None:
+            constexprs = cfg.constexprs(g.head_dim, self.recipe, split=key[0], **self._flags)
+            variant = self._variants[key] = _Variant(constexprs,
+                                                     launch.constexpr_tail(kernel.attention_decode_kernel, constexprs))
+        name = (f"portable.decode[{self.recipe.name} {cfg} BM{self.block_m} splits={splits}"
+                + (f" window={window[0]},{window[1]}" if self.windowed else "") + "]")
+        return Launch(splits, self.programs * splits, ints, (*g.o_strides, self.rows, g.sq, g.hq, splits), variant,
+                      name)
 
     def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None,
-            new: int = 0) -> None:
+            new: int = 0, at: Launch | None = None) -> None:
         """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`. `seqlens` (B,)
         int32: each sequence's cached keys, to which `new` keys were appended (they count too); `key_start` (B,)
-        int32: each sequence's first key row, for a plan made with `key_starts`."""
-        g = self.g
+        int32: each sequence's first key row, for a plan made with `key_starts`; `at`: a launch from `resize`
+        (default: the plan's own capacity)."""
+        g, at = self.g, at or self.launch
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
-        if self.splits > 1:
-            o_part = torch.empty((self.splits, self.rows, g.head_dim), dtype=torch.float32, device=self.device)
-            lse_part = torch.empty((self.splits, self.rows), dtype=torch.float32, device=self.device)
+        if at.splits > 1:
+            o_part = torch.empty((at.splits, self.rows, g.head_dim), dtype=torch.float32, device=self.device)
+            lse_part = torch.empty((at.splits, self.rows), dtype=torch.float32, device=self.device)
         else:
             o_part = lse_part = out  # never touched
         tensors = (q, k, v, out, out if lse is None else lse, o_part, lse_part, out if seqlens is None else seqlens,
                    out if block_table is None else block_table, out if key_start is None else key_start)
-        ints = (*self.ints, new, *self.tail_ints, qk_scale)
+        ints = (*at.ints, new, *self.tail_ints, qk_scale)
         combine = (o_part, lse_part, out, out if lse is None else lse)
         if self.direct and all(t.data_ptr() % 16 == 0 for t in tensors):
-            self._direct(tensors, ints, combine)
+            self._direct(at, tensors, ints, combine)
             return
-        launch.generic_launch(kernel.attention_decode_kernel, self.grid, (*tensors, *ints), self.constexprs,
+        launch.generic_launch(kernel.attention_decode_kernel, at.grid, (*tensors, *ints), at.variant.constexprs,
                               self.options)
-        if self.splits > 1:
-            launch.generic_launch(kernel.combine_kernel, self.rows, (*combine, *self.combine_ints),
+        if at.splits > 1:
+            launch.generic_launch(kernel.combine_kernel, self.rows, (*combine, *at.combine_ints),
                                   self.combine_constexprs, dict(num_warps=1, num_stages=1))
 
-    def _direct(self, tensors, ints, combine) -> None:
-        if self.kernel is None:
-            self.kernel = launch.compile_kernel(kernel.attention_decode_kernel, self.grid, (*tensors, *ints),
-                                                self.constexprs, self.options, self.device)
-        self.kernel.launch(self.grid, (*(t.data_ptr() for t in tensors), *ints, *self.tail))
-        if self.splits > 1:
-            if self.combine is None:
-                self.combine = launch.compile_kernel(kernel.combine_kernel, self.rows,
-                                                     (*combine, *self.combine_ints), self.combine_constexprs,
-                                                     dict(num_warps=1, num_stages=1), self.device)
-            self.combine.launch(self.rows, (*(t.data_ptr() for t in combine), *self.combine_ints,
-                                            *self.combine_tail))
+    def _direct(self, at: Launch, tensors, ints, combine) -> None:
+        variant = at.variant
+        if variant.kernel is None:
+            variant.kernel = launch.compile_kernel(kernel.attention_decode_kernel, at.grid, (*tensors, *ints),
+                                                   variant.constexprs, self.options, self.device)
+        variant.kernel.launch(at.grid, (*(t.data_ptr() for t in tensors), *ints, *variant.tail))
+        if at.splits > 1:
+            if variant.combine is None:
+                variant.combine = launch.compile_kernel(kernel.combine_kernel, self.rows,
+                                                        (*combine, *at.combine_ints), self.combine_constexprs,
+                                                        dict(num_warps=1, num_stages=1), self.device)
+            variant.combine.launch(self.rows, (*(t.data_ptr() for t in combine), *at.combine_ints,
+                                               *self.combine_tail))
 
 
 _PLANS: dict = {}

@@ -29,6 +29,7 @@ from xkernels.common.runtime import (
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
 from xkernels.portable import gemm_skinny
+from xkernels.select import DECODE_MAX_SQ
 
 log = logging.getLogger("xkernels")
 _last: str | None = None
@@ -79,14 +80,17 @@ def attention_args(q, k, v, out, lse, hq: int, group: int, sq: int, skv: int, qk
 class DecodeAttentionPlan:
     """A dense call with few query rows, run by the split-KV kernel (K/V read as a one-page-per-sequence cache). The
     layouts the kernel sees (inputs with a non-unit last stride copied, an output allocated) follow from this plan's
-    key, so its decode plan is made on the first call and reused."""
+    key, so its decode plan is made on the first call and reused. A plan made for contiguous K and V (`grows`) serves
+    every key count: a decoding loop whose cache grows by a token per step (transformers' caches) takes the same
+    plan, with the integer arguments of its key count (`decode.DecodePlan.resize`)."""
 
-    def __init__(self, q, recipe, choice, *, is_causal: bool, return_lse: bool):
+    def __init__(self, q, recipe, choice, *, is_causal: bool, return_lse: bool, grows: bool = False):
         b, hq, sq, d = q.shape
         self.recipe, self.cfg, self.is_causal = recipe, choice.config, is_causal
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.empty = q.numel() == 0
+        self.grows = grows
         self.plan: decode.DecodePlan | None = None
 
     def run(self, q, k, v, out, scale: float | None):
@@ -102,13 +106,16 @@ class DecodeAttentionPlan:
         if self.plan is None:
             self.plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
                                           write_lse=lse is not None)
-        plan = self.plan
-        plan.run(q, k, v, out, lse, None, None, scale)
+        plan, at = self.plan, None
+        if self.grows and k.shape[2] != plan.g.capacity:  # K and V contiguous: (batch, token, head) strides
+            at = plan.resize(k.shape[2], (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2),
+                                                                                     v.stride(1)))
+        plan.run(q, k, v, out, lse, None, None, scale, at=at)
         if given is not None and given is not out:
             given.copy_(out)
             copies.append("out")
             out = given
-        _record(plan.name + _suffix(copies))
+        _record((at or plan.launch).name + _suffix(copies))
         return out, lse
 
 
@@ -234,10 +241,29 @@ class PersistentAttention:
                                        *self.tail))
 
 
+_NOT_DECODE = object()  # a growing-cache key whose call does not take the split-KV kernel: use the full key
+
+
 def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa: bool, precision: str,
               return_lse: bool, backend: str):
     """(O, LSE or None); `out` (checked for memory overlap by the caller) receives O when given."""
     positive = scale is None or scale > 0
+    if (q.dim() == k.dim() == v.dim() == 4 and q.shape[2] <= DECODE_MAX_SQ and k.shape[2] and k.is_contiguous()
+            and v.is_contiguous()):
+        # few query rows over contiguous K/V: a key without the key count, so a growing cache keeps its plan
+        grows = ("decode", q.shape, q.stride(), k.shape[:2], k.shape[3], v.shape[:2], v.shape[3:],
+                 k.shape[2] == v.shape[2], q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+                 None if out is None else (out.shape, out.stride(), out.dtype, out.device), is_causal, enable_gqa,
+                 precision, return_lse, backend)
+        plan = _PLANS.get(grows)
+        if plan is None:
+            recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
+                                                      backend=backend)
+            plan = _remember(grows, DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal,
+                                                        return_lse=return_lse, grows=True)
+                             if choice.kernel == "decode" else _NOT_DECODE)
+        if plan is not _NOT_DECODE:
+            return plan.run(q, k, v, out, scale)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device, None if out is None else (out.shape, out.stride(), out.dtype, out.device),
            is_causal, enable_gqa, precision, return_lse, positive, backend)
