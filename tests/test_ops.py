@@ -307,3 +307,31 @@ def test_compiled_attention_keeps_its_graph_as_the_length_changes(device):
         q = attention_inputs(1, 2, s, s, 64, torch.float16, device, seed=s)[0].requires_grad_()
         compiled(q).backward()
     assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
+
+
+def test_calls_without_grad_skip_the_autograd_kernel_and_match(device, monkeypatch):
+    """Calls that need no gradient (no input requires grad, or grad mode off, or inference mode) dispatch past the
+    Autograd key (torch.library's autograd kernel, which re-dispatches below itself, is never entered) and return
+    what the differentiable call returns, not requiring grad; a call that needs gradients still goes through it."""
+    q, k, v = _attention_args(device)
+    a, b = gemm_inputs(8, 32, 16, torch.float16, device, seed=2)
+    want_o, want_c = xkernels.attention(q, k, v, enable_gqa=True), xkernels.matmul(a, b)
+    grad_q, grad_a = q.clone().requires_grad_(), a.clone().requires_grad_()
+    redispatches = []
+    real = torch._ops.OpOverload.redispatch
+
+    def counting(self, *args, **kwargs):
+        redispatches.append(self)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch._ops.OpOverload, "redispatch", counting)
+    for context, queries, a_in in ((torch.no_grad, (q, grad_q), grad_a), (torch.inference_mode, (q, grad_q), grad_a),
+                                   (torch.enable_grad, (q,), a)):
+        with context():
+            for query in queries:
+                o = xkernels.attention(query, k, v, enable_gqa=True)
+                assert torch.equal(o, want_o) and not o.requires_grad
+            c = xkernels.matmul(a_in, b)
+            assert torch.equal(c, want_c) and not c.requires_grad
+    assert not redispatches
+    assert xkernels.attention(grad_q, k, v, enable_gqa=True).requires_grad and len(redispatches) == 1

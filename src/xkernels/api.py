@@ -103,8 +103,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
         lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse)
         return (out, lse) if return_lse else out
     if return_lse:
-        return ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
-    return ops.attention_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
+        return ops.call_without_grad(ops.attention_lse_op, q, k, v, is_causal, scale, enable_gqa, precision, backend)
+    return ops.call_without_grad(ops.attention_op, q, k, v, is_causal, scale, enable_gqa, precision, backend)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -216,7 +216,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
     backend = _backend(backend)
     if out is None:
         a, b = _autocast((a, b))
-        return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
+        if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
+            return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
+        return ops.call_without_grad(ops.matmul_op, a, b, b_layout, walk, out_dtype, backend)
     no_grad({"a": a, "b": b}, "a call with out= is not differentiable (as for torch's out= functions)")
     _out(out)
     ops.matmul_out_op(a, b, out, b_layout, walk, out_dtype, backend)

@@ -319,6 +319,20 @@ torch.library.register_autograd("xkernels::matmul", _backward_matmul, setup_cont
 torch.library.register_autograd("xkernels::attention_varlen_backward", _no_double_backward,
                                 setup_context=lambda ctx, inputs, output: None)
 
+_BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
+
+
+def call_without_grad(op, *args):
+    """`op(*args)` for a call none of whose inputs needs a gradient (or under no_grad): dispatched past the
+    Autograd key, whose kernel (torch.library's, in Python) would only re-dispatch below itself, at 3-7 us of host
+    time per call. The result is the same. Traced calls (torch.compile, functorch transforms) dispatch as usual."""
+    if (_BELOW_AUTOGRAD is None or torch.compiler.is_compiling()
+            or torch._C._are_functorch_transforms_active()):
+        return op(*args)
+    with _BELOW_AUTOGRAD():
+        return op(*args)
+
+
 attention_op = torch.ops.xkernels.attention.default
 attention_lse_op = torch.ops.xkernels.attention_lse.default
 attention_out_op = torch.ops.xkernels.attention_out.default
