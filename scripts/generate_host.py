@@ -1,7 +1,8 @@
 """Where a transformers generate() step's time goes with attn_implementation="xkernels" and "sdpa": a ~1B Llama
 (`transformers_1b.model`), greedy generate of 64 tokens in interleaved rounds (median per token), the host time
 spent inside each attention function (a timer around transformers' call of it), the synchronizing CUDA calls one
-generate makes (torch.cuda.set_sync_debug_mode), and a cProfile of one xkernels generate (top functions).
+generate makes (torch.cuda.set_sync_debug_mode), the device time of each kernel over one generate
+(torch.profiler), and a cProfile of one xkernels generate (top functions).
 
     python3 scripts/generate_host.py [--json generate_host.json] [--rounds 3]
 """
@@ -74,6 +75,12 @@ def main() -> None:
             torch.cuda.set_sync_debug_mode(0)
             syncs[name] = sorted({str(w.message).splitlines()[0][:120] for w in caught})
             syncs[name + "_count"] = len(caught)
+        kernels = {}
+        for name, m in models.items():  # device time per kernel over one generate
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as tp:
+                m.generate(prompt, **kw)
+            kernels[name] = tp.key_averages().table(sort_by="device_time_total", row_limit=12, max_name_column_width=60)
+            print(name, "kernels over one generate:\n" + kernels[name], flush=True)
         prof = cProfile.Profile()
         prof.enable()
         models["xkernels"].generate(prompt, **kw)
@@ -83,8 +90,8 @@ def main() -> None:
     res = {"ms_per_token": {k: statistics.median(v) for k, v in per_token.items()},
            "ms_per_token_rounds": per_token,
            "attention_host_ms_per_token": {k: statistics.median(v) for k, v in attention_ms.items()},
-           "syncs_per_generate": syncs, "backend": xkernels.last_backend()}
-    print(json.dumps(res, indent=1))
+           "syncs_per_generate": syncs, "backend": xkernels.last_backend(), "kernels": kernels}
+    print(json.dumps({k: v for k, v in res.items() if k != "kernels"}, indent=1))
     print(out.getvalue())
     if args.json:
         json.dump(res | {"profile": out.getvalue()}, open(args.json, "w"), indent=1)
