@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xkernels.common import launch
+from xkernels.common import launch, scratch
 from xkernels.common.runtime import INTERPRET, sm_count
 from xkernels.portable import attention_decode as kernel
 from xkernels.portable.configs import DecodeConfig
@@ -172,40 +172,55 @@ class DecodePlan:
         """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`. `seqlens` (B,)
         int32: each sequence's cached keys, to which `new` keys were appended (they count too); `key_start` (B,)
         int32: each sequence's first key row, for a plan made with `key_starts`; `at`: a launch from `resize`
-        (default: the plan's own capacity)."""
+        (default: the plan's own capacity). A split launch's fp32 partials (O (splits, rows, D), then LSE
+        (splits, rows)) live in the current stream's kept scratch (`common.scratch`), or per call under capture."""
         g, at = self.g, at or self.launch
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
-        if at.splits > 1:
-            o_part = torch.empty((at.splits, self.rows, g.head_dim), dtype=torch.float32, device=self.device)
-            lse_part = torch.empty((at.splits, self.rows), dtype=torch.float32, device=self.device)
-        else:
-            o_part = lse_part = out  # never touched
-        tensors = (q, k, v, out, out if lse is None else lse, o_part, lse_part, out if seqlens is None else seqlens,
+        lse_arg = out if lse is None else lse
+        tensors = (q, k, v, out, lse_arg, out if seqlens is None else seqlens,
                    out if block_table is None else block_table, out if key_start is None else key_start)
+        ptrs = [t.data_ptr() for t in tensors]
+        part = None
+        if at.splits > 1:
+            o_words = at.splits * self.rows * g.head_dim  # a multiple of 4: the LSE partials stay 16-byte aligned
+            kept = scratch.split_k(self.device, 0, o_words + at.splits * self.rows)
+            part = kept[1] if kept is not None else torch.empty(o_words + at.splits * self.rows,
+                                                                dtype=torch.float32, device=self.device)
         ints = (*at.ints, new, *self.tail_ints, qk_scale)
-        combine = (o_part, lse_part, out, out if lse is None else lse)
-        if self.direct and all(t.data_ptr() % 16 == 0 for t in tensors):
-            self._direct(at, tensors, ints, combine)
-            return
-        launch.generic_launch(kernel.attention_decode_kernel, at.grid, (*tensors, *ints), at.variant.constexprs,
-                              self.options)
-        if at.splits > 1:
-            launch.generic_launch(kernel.combine_kernel, self.rows, (*combine, *at.combine_ints),
-                                  self.combine_constexprs, dict(num_warps=1, num_stages=1))
-
-    def _direct(self, at: Launch, tensors, ints, combine) -> None:
         variant = at.variant
-        if variant.kernel is None:
-            variant.kernel = launch.compile_kernel(kernel.attention_decode_kernel, at.grid, (*tensors, *ints),
+        if self.direct and not any(p % 16 for p in ptrs) and variant.kernel is not None and (
+                part is None or variant.combine is not None):
+            o_part = lse_part = ptrs[3]  # never touched unless split
+            if part is not None:
+                o_part = part.data_ptr()
+                lse_part = o_part + 4 * o_words
+            variant.kernel.launch(at.grid, (*ptrs[:5], o_part, lse_part, *ptrs[5:], *ints, *variant.tail))
+            if part is not None:
+                variant.combine.launch(self.rows, (o_part, lse_part, ptrs[3], ptrs[4], *at.combine_ints,
+                                                   *self.combine_tail))
+            return
+        o_part, lse_part = out, out
+        if part is not None:
+            o_part = part[:o_words].view(at.splits, self.rows, g.head_dim)
+            lse_part = part[o_words:o_words + at.splits * self.rows].view(at.splits, self.rows)
+        args = (*tensors[:5], o_part, lse_part, *tensors[5:], *ints)
+        combine = (o_part, lse_part, out, lse_arg, *at.combine_ints)
+        if self.direct and not any(p % 16 for p in ptrs):  # first direct launch of this variant: compile it
+            variant.kernel = launch.compile_kernel(kernel.attention_decode_kernel, at.grid, args,
                                                    variant.constexprs, self.options, self.device)
-        variant.kernel.launch(at.grid, (*(t.data_ptr() for t in tensors), *ints, *variant.tail))
-        if at.splits > 1:
-            if variant.combine is None:
-                variant.combine = launch.compile_kernel(kernel.combine_kernel, self.rows,
-                                                        (*combine, *at.combine_ints), self.combine_constexprs,
-                                                        dict(num_warps=1, num_stages=1), self.device)
-            variant.combine.launch(self.rows, (*(t.data_ptr() for t in combine), *at.combine_ints,
-                                               *self.combine_tail))
+            variant.kernel.launch(at.grid, (*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args),
+                                            *variant.tail))
+            if part is not None:
+                variant.combine = launch.compile_kernel(kernel.combine_kernel, self.rows, combine,
+                                                        self.combine_constexprs, dict(num_warps=1, num_stages=1),
+                                                        self.device)
+                variant.combine.launch(self.rows, (*(a.data_ptr() if isinstance(a, torch.Tensor) else a
+                                                     for a in combine), *self.combine_tail))
+            return
+        launch.generic_launch(kernel.attention_decode_kernel, at.grid, args, variant.constexprs, self.options)
+        if part is not None:
+            launch.generic_launch(kernel.combine_kernel, self.rows, combine, self.combine_constexprs,
+                                  dict(num_warps=1, num_stages=1))
 
 
 _PLANS: dict = {}

@@ -91,6 +91,7 @@ class DecodeAttentionPlan:
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.empty = q.numel() == 0
         self.grows = grows
+        self.resized: dict[int, decode.Launch] = {}  # launches by key count (contiguous K/V: strides follow)
         self.plan: decode.DecodePlan | None = None
 
     def run(self, q, k, v, out, scale: float | None):
@@ -108,8 +109,12 @@ class DecodeAttentionPlan:
                                           write_lse=lse is not None)
         plan, at = self.plan, None
         if self.grows and k.shape[2] != plan.g.capacity:  # K and V contiguous: (batch, token, head) strides
-            at = plan.resize(k.shape[2], (k.stride(0), k.stride(2), k.stride(1)), (v.stride(0), v.stride(2),
-                                                                                     v.stride(1)))
+            at = self.resized.get(k.shape[2])  # every layer of a model calls with the same key count in a step
+            if at is None:
+                if len(self.resized) >= 8:
+                    self.resized.clear()
+                at = self.resized[k.shape[2]] = plan.resize(k.shape[2], (k.stride(0), k.stride(2), k.stride(1)),
+                                                            (v.stride(0), v.stride(2), v.stride(1)))
         plan.run(q, k, v, out, lse, None, None, scale, at=at)
         if given is not None and given is not out:
             given.copy_(out)
