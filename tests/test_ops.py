@@ -335,3 +335,36 @@ def test_calls_without_grad_skip_the_autograd_kernel_and_match(device, monkeypat
             assert torch.equal(c, want_c) and not c.requires_grad
     assert not redispatches
     assert xkernels.attention(grad_q, k, v, enable_gqa=True).requires_grad and len(redispatches) == 1
+
+
+def test_plain_eager_calls_run_the_kernel_function_and_watchers_see_the_op(device, monkeypatch):
+    """A call nothing traces or watches runs the op's kernel function without the dispatcher's round trip; under a
+    TorchDispatchMode or the profiler the same call goes through the op, which they see; results are equal."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    q, k, v = _attention_args(device)
+    direct = []
+    real, tensors = ops._NO_GRAD_KERNELS[ops.attention_op]
+    monkeypatch.setitem(ops._NO_GRAD_KERNELS, ops.attention_op, (lambda *a: direct.append(1) or real(*a), tensors))
+    want = xkernels.attention(q, k, v, enable_gqa=True)
+    assert direct == [1]
+
+    class Seen(TorchDispatchMode):
+        ops: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Seen.ops.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Seen():
+        got = xkernels.attention(q, k, v, enable_gqa=True)
+    assert "xkernels.attention.default" in Seen.ops and torch.equal(got, want)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = xkernels.attention(q, k, v, enable_gqa=True)
+    assert any(e.name == "xkernels::attention" for e in prof.events()) and torch.equal(got, want)
+    assert direct == [1]
+    a, b = gemm_inputs(8, 32, 16, torch.float16, device, seed=3)
+    real_mm, n = ops._NO_GRAD_KERNELS[ops.matmul_op]
+    monkeypatch.setitem(ops._NO_GRAD_KERNELS, ops.matmul_op, (lambda *x: direct.append(2) or real_mm(*x), n))
+    through_op = ops.matmul_op(a, b, "kn", "auto", None, "auto")
+    assert torch.equal(xkernels.matmul(a, b), through_op) and direct == [1, 2]
