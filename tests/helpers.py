@@ -1,6 +1,23 @@
 """Test helpers: poisoned outputs and input snapshots (shared by the CPU and GPU suites)."""
 
+import pytest
 import torch
+
+from xkernels.common.runtime import hopper_available
+
+# the marks of a test of the Hopper (Gluon) kernels: a GPU test, skipped without sm_90 and a tested triton
+NEEDS_HOPPER = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available()
+                                                         and hopper_available(torch.device("cuda"))),
+                                                    reason="needs sm_90 with a tested triton")]
+
+
+def poison_gradient_buffers(monkeypatch) -> None:
+    """Every gradient buffer the backward allocates (`backward.grad_like`) starts as NaN: an element it fails to
+    write fails the check."""
+    from xkernels import backward
+
+    real = backward.grad_like
+    monkeypatch.setattr(backward, "grad_like", lambda t: real(t).fill_(float("nan")))
 
 
 def poisoned_like(t: torch.Tensor, shape=None, dtype=None) -> torch.Tensor:

@@ -7,20 +7,17 @@ serves it); every gradient buffer NaN-poisoned."""
 import pytest
 import torch
 
+from tests.helpers import NEEDS_HOPPER, poison_gradient_buffers
 from xkernels import backward, plans
-from xkernels.common.runtime import hopper_available
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available()
-                                                       and hopper_available(torch.device("cuda"))),
-                                                  reason="needs sm_90 with a tested triton")]
+pytestmark = NEEDS_HOPPER
 
 
 @pytest.fixture(autouse=True)
 def poisoned_gradients(monkeypatch):
-    real = backward.grad_like
-    monkeypatch.setattr(backward, "grad_like", lambda t: real(t).fill_(float("nan")))
+    poison_gradient_buffers(monkeypatch)
 
 
 def _forward(q, k, v, causal):

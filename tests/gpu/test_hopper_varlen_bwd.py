@@ -7,22 +7,17 @@ import pytest
 import torch
 
 import xkernels
-from tests.helpers import assert_passes
+from tests.helpers import NEEDS_HOPPER, assert_passes, poison_gradient_buffers
 from tests.test_varlen_backward import _check, _cu, _packed, _run
-from xkernels import backward
 from xkernels.bench.timing import capture
-from xkernels.common.runtime import hopper_available
 from xkernels.testing.inputs import uniform
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not (torch.cuda.is_available()
-                                                       and hopper_available(torch.device("cuda"))),
-                                                  reason="needs sm_90 with a tested triton")]
+pytestmark = NEEDS_HOPPER
 
 
 @pytest.fixture(autouse=True)
 def poisoned_gradients(monkeypatch):
-    real = backward.grad_like
-    monkeypatch.setattr(backward, "grad_like", lambda t: real(t).fill_(float("nan")))
+    poison_gradient_buffers(monkeypatch)
 
 
 LENS = ([1, 200, 0, 333, 64, 129], [77, 200, 5, 130, 0, 300])
