@@ -2,11 +2,14 @@
 filled cache rows (causal aligned bottom-right), the in-place append, paged caches equal to dense ones, checks that
 leave the cache untouched on bad input, and the op's registration."""
 
+import dataclasses
+
 import pytest
 import torch
 
 import xkernels
-from xkernels import ops, varlen
+from xkernels import decode, kvcache, ops, plans, varlen
+from xkernels.portable import configs as portable_configs
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import compare_attention, reference_attention, reference_attention_varlen
 from xkernels.testing.inputs import uniform
@@ -16,6 +19,23 @@ from xkernels.testing.inputs import uniform
 def poisoned_output(monkeypatch):
     real = varlen.output_like
     monkeypatch.setattr(varlen, "output_like", lambda q: real(q).fill_(float("nan")))
+
+
+@pytest.fixture(params=["combine kernel", "fused merge"])
+def merge(request, monkeypatch):
+    """How a split call's partials are merged: by the combine kernel (the shipped configs), or by the last split
+    to finish each row block (`DecodeConfig.fused_combine`, opt-in), whose arrival counters must be back at zero
+    for the next call."""
+    if request.param == "fused merge":
+        real = portable_configs.decode_config
+        monkeypatch.setattr(portable_configs, "decode_config",
+                            lambda *a, **k: dataclasses.replace(real(*a, **k), fused_combine=True))
+    caches = (plans._PLANS, decode._PLANS, kvcache._RESOLVED)  # they hold the config
+    for c in caches:
+        c.clear()
+    yield request.param
+    for c in caches:
+        c.clear()
 
 
 def setup(device, *, batch=3, sq=2, new=2, s_max=48, hq=4, hkv=2, d=64, lengths=(5, 0, 30), seed=0):
@@ -138,7 +158,7 @@ def test_bad_input_names_the_argument_and_leaves_the_cache(device, case, match):
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("case", ["too_short", "negative", "page_table", "leftpad_past_end", "strided"])
-def test_unsynced_checks_isolate_a_bad_sequence(device, case, splits):
+def test_unsynced_checks_isolate_a_bad_sequence(device, case, splits, merge):
     """sync_checks=False (and CUDA-graph capture): no read to the host; the kernels check each sequence's values as
     they read them. The bad sequence gets nothing written (strided caches included) and NaN outputs, whether the
     attention kernel writes them (one split) or the merge of its splits does; the other sequences get exactly what
@@ -186,7 +206,7 @@ def test_unsynced_checks_isolate_a_bad_sequence(device, case, splits):
 
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("paged", [False, True])
-def test_unsynced_checks_on_good_values_match_the_synced_call(device, paged, splits):
+def test_unsynced_checks_on_good_values_match_the_synced_call(device, paged, splits, merge):
     q, k_cache, v_cache, k, v, lengths = setup(device)
     kwargs = dict(cache_seqlens=lengths, return_lse=True, num_splits=splits)
     if paged:
@@ -237,7 +257,7 @@ def paged_copy(cache, page, generator):
 @pytest.mark.parametrize("page", [None, 16, 64, pytest.param(256, marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("splits", [1, 4, 0])
 @pytest.mark.parametrize("causal,sq", [(True, 1), (True, 5), (False, 3)])
-def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq):
+def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq, merge):
     """Key splits merged through their LSEs, pages smaller and larger than a key tile, rows past each sequence's
     length holding NaN (never read), GQA heads packed into one tile (Hq 8 / Hkv 2), an empty sequence."""
     g = torch.Generator().manual_seed(3)
@@ -262,6 +282,7 @@ def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq
     c = compare_attention(o[1:], want[1:], ATTENTION_RECIPES["fp16"])
     assert c.passed, c.reason
     assert xkernels.last_backend().startswith("portable.decode")
+    assert ("-fc" in xkernels.last_backend()) == (merge == "fused merge")  # the config's name
     if splits:
         assert f"splits={splits}" in xkernels.last_backend()
 

@@ -173,29 +173,38 @@ class DecodePlan:
         int32: each sequence's cached keys, to which `new` keys were appended (they count too); `key_start` (B,)
         int32: each sequence's first key row, for a plan made with `key_starts`; `at`: a launch from `resize`
         (default: the plan's own capacity). A split launch's fp32 partials (O (splits, rows, D), then LSE
-        (splits, rows)) live in the current stream's kept scratch (`common.scratch`), or per call under capture."""
+        (splits, rows)), and with the fused merge its arrival counters, live in the current stream's kept scratch
+        (`common.scratch`), or per call under capture."""
         g, at = self.g, at or self.launch
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
         lse_arg = out if lse is None else lse
         tensors = (q, k, v, out, lse_arg, out if seqlens is None else seqlens,
                    out if block_table is None else block_table, out if key_start is None else key_start)
         ptrs = [t.data_ptr() for t in tensors]
-        part = None
+        variant = at.variant
+        fused = variant.constexprs["FUSED_COMBINE"]
+        part = arrivals = None
         if at.splits > 1:
             o_words = at.splits * self.rows * g.head_dim  # a multiple of 4: the LSE partials stay 16-byte aligned
-            kept = scratch.split_k(self.device, 0, o_words + at.splits * self.rows)
-            part = kept[1] if kept is not None else torch.empty(o_words + at.splits * self.rows,
-                                                                dtype=torch.float32, device=self.device)
+            counters = self.programs if fused else 0  # one per (sequence, kv head, row block)
+            kept = scratch.split_k(self.device, counters, o_words + at.splits * self.rows)
+            if kept is not None:
+                arrivals, part = kept
+            else:  # under capture: from the graph's pool, the counters zeroed in the graph
+                part = torch.empty(o_words + at.splits * self.rows, dtype=torch.float32, device=self.device)
+                arrivals = torch.zeros(counters, dtype=torch.int32, device=self.device)
         ints = (*at.ints, new, *self.tail_ints, qk_scale)
-        variant = at.variant
+        combined = part is not None and not fused  # the merge is a kernel of its own
         if self.direct and not any(p % 16 for p in ptrs) and variant.kernel is not None and (
-                part is None or variant.combine is not None):
-            o_part = lse_part = ptrs[3]  # never touched unless split
+                not combined or variant.combine is not None):
+            o_part = lse_part = counter_ptr = ptrs[3]  # never touched unless split (and fused)
             if part is not None:
                 o_part = part.data_ptr()
                 lse_part = o_part + 4 * o_words
-            variant.kernel.launch(at.grid, (*ptrs[:5], o_part, lse_part, *ptrs[5:], *ints, *variant.tail))
-            if part is not None:
+                counter_ptr = arrivals.data_ptr() if fused else ptrs[3]
+            variant.kernel.launch(at.grid, (*ptrs[:5], o_part, lse_part, *ptrs[5:], counter_ptr, *ints,
+                                            *variant.tail))
+            if combined:
                 variant.combine.launch(self.rows, (o_part, lse_part, ptrs[3], ptrs[4], *at.combine_ints,
                                                    *self.combine_tail))
             return
@@ -203,14 +212,14 @@ class DecodePlan:
         if part is not None:
             o_part = part[:o_words].view(at.splits, self.rows, g.head_dim)
             lse_part = part[o_words:o_words + at.splits * self.rows].view(at.splits, self.rows)
-        args = (*tensors[:5], o_part, lse_part, *tensors[5:], *ints)
+        args = (*tensors[:5], o_part, lse_part, *tensors[5:], arrivals if fused else out, *ints)
         combine = (o_part, lse_part, out, lse_arg, *at.combine_ints)
         if self.direct and not any(p % 16 for p in ptrs):  # first direct launch of this variant: compile it
             variant.kernel = launch.compile_kernel(kernel.attention_decode_kernel, at.grid, args,
                                                    variant.constexprs, self.options, self.device)
             variant.kernel.launch(at.grid, (*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args),
                                             *variant.tail))
-            if part is not None:
+            if combined:
                 variant.combine = launch.compile_kernel(kernel.combine_kernel, self.rows, combine,
                                                         self.combine_constexprs, dict(num_warps=1, num_stages=1),
                                                         self.device)
@@ -218,7 +227,7 @@ class DecodePlan:
                                                      for a in combine), *self.combine_tail))
             return
         launch.generic_launch(kernel.attention_decode_kernel, at.grid, args, variant.constexprs, self.options)
-        if part is not None:
+        if combined:
             launch.generic_launch(kernel.combine_kernel, self.rows, combine, self.combine_constexprs,
                                   dict(num_warps=1, num_stages=1))
 

@@ -214,15 +214,19 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     recipe = ATTENTION_RECIPES["bf16"]
     p = POINTER_TYPE[recipe.io_dtype]
     types = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32",
-             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "qk_scale": "fp32"}
-    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "q_sb",
-                 "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh", "bt_sb")
+             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "ARRIVALS": "*i32", "qk_scale": "fp32"}
+    divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "ARRIVALS",
+                 "q_sb", "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh",
+                 "bt_sb")
     matrix = "HMMA" if target.name == "sm_90" else "target"
     for d in HEAD_DIMS:
-        cfg = decode_config(d, target, interpret=False)
-        for page, causal, split, left, window in ((0, False, False, False, False), (16, True, True, False, False),
-                                                  (64, False, True, False, False), (0, True, True, True, False),
-                                                  (16, True, True, False, True)):
+        shipped = decode_config(d, target, interpret=False)
+        for page, causal, split, left, window, fused in (
+                (0, False, False, False, False, False), (16, True, True, False, False, False),
+                (64, False, True, False, False, False), (0, True, True, True, False, False),
+                (16, True, True, False, True, False), (64, True, True, False, False, True)):
+            # `fused`: the opt-in variant whose last split merges the splits (DecodeConfig.fused_combine)
+            cfg = dataclasses.replace(shipped, fused_combine=True) if fused else shipped
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
                                 interpret=False)
@@ -232,6 +236,7 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix,
                                spill_free=table_for(target).spill_free("decode", d))
+        cfg = shipped
         yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,
                            {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
                            dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True), 1, 1,

@@ -6,8 +6,9 @@ most SMs idle and put one row in a 64-128-row tile. So a program owns one (seque
   * rows: the query heads of a GQA group share their K/V, so they are packed into one tile, token-major (row
     r = token * GROUP + head in group); each K/V byte is read once per group, not once per query head;
   * key split: the program reads keys [split * SPLIT_KEYS, (split + 1) * SPLIT_KEYS) of its sequence and writes an
-    fp32 partial O and its LSE; `combine_kernel` merges the splits through their LSEs. With one split the program
-    writes O and the LSE directly.
+    fp32 partial O and its LSE; `combine_kernel` merges the splits through their LSEs, or (FUSED_COMBINE) the
+    program that finishes a row block's splits last does (`_merge_splits`: an arrival counter per row block, as the
+    few-row GEMM's). With one split the program writes O and the LSE directly.
 Keys are addressed through a page table: key n of sequence b sits in row n % PAGE of cache block
 BLOCK_TABLE[b, n // PAGE]. A dense cache is the same with one page per sequence (block b, PAGE = 0 here), so the
 dense API's (B, H, S, D) and the cache's (B, S, H, D) differ only in strides. K/V are read with masked pointer loads
@@ -145,8 +146,42 @@ def _attend(acc, l_i, m_i, q, K, V, b, floor, lo, hi, limit, win_left, win_right
     return acc, l_i, m_i
 
 
+@triton.jit
+def _merge_splits(O_PART, LSE_PART, O, LSE, part_rows, b, t, h, cols, in_q, o_sb, o_ss, o_sh, ROWS, SQ, hq, SPLITS,
+                  BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, WRITE_LSE: tl.constexpr):
+    """O and LSE of a row block from its SPLITS partials (rows `part_rows` of each split's (ROWS, D) slice), as
+    `combine_kernel` merges them: splits that saw no key weigh 0, a row no split saw gets O = 0 and LSE = -inf, a
+    NaN partial LSE makes the row's O and LSE NaN. Partials are read through L2 (`.cg`): other programs wrote them."""
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    poisoned = tl.zeros([BLOCK_M], tl.int32)
+    for s in range(0, SPLITS):
+        lse_s = tl.load(LSE_PART + s * ROWS + part_rows, mask=in_q, other=float("-inf"), cache_modifier=".cg")
+        m = tl.maximum(m, lse_s)
+        poisoned = tl.maximum(poisoned, (lse_s != lse_s).to(tl.int32))
+    m_safe = tl.where(m == float("-inf"), 0.0, m)
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for s in range(0, SPLITS):
+        at = s * ROWS + part_rows
+        w = tl.math.exp2((tl.load(LSE_PART + at, mask=in_q, other=float("-inf"), cache_modifier=".cg") - m_safe)
+                         * (1.0 / LN2))
+        o_s = tl.load(O_PART + at[:, None] * HEAD_DIM + cols[None, :], mask=in_q[:, None], other=0.0,
+                      cache_modifier=".cg")
+        acc += w[:, None] * o_s
+        total += w
+    seen = total > 0
+    o = tl.where(seen[:, None], acc / tl.where(seen, total, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
+    o = tl.where(poisoned[:, None] > 0, float("nan"), o)
+    lse = tl.where(poisoned > 0, float("nan"), lse)
+    tl.store(O + b.to(tl.int64) * o_sb + t.to(tl.int64)[:, None] * o_ss + h[:, None] * o_sh + cols[None, :],
+             o.to(O.dtype.element_ty), mask=in_q[:, None])
+    if WRITE_LSE:
+        tl.store(LSE + (b.to(tl.int64) * hq + h) * SQ + t, lse, mask=in_q)
+
+
 @triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW", "NUM_BLOCKS"])
-def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START,
+def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, ARRIVALS,
                             q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
                             SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right,
                             qk_scale,
@@ -154,13 +189,15 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
-                            WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
+                            FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
     the first KEY_START[b] (a left-padded dense cache: its keys are rows KEY_START[b] .. SEQLENS[b] + NEW);
     ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to O_PART (splits, B, SQ, HQ, D) and
-    LSE_PART (splits, B, SQ, HQ), contiguous; else O (strides o_*) and LSE (B, HQ, SQ) contiguous. With
+    LSE_PART (splits, B, SQ, HQ), contiguous (and with FUSED_COMBINE, the last of a row block's splits to arrive,
+    counted in ARRIVALS[(b, kv head, row block)] (int32, zero between launches: the last arriver resets it), merges
+    them into O and LSE); else O (strides o_*) and LSE (B, HQ, SQ) contiguous. With
     SEQ_LENGTHS (a cache call) the program checks the values it trusts, its sequence's length (0 <= SEQLENS[b],
     SEQLENS[b] + NEW <= SKV), left pad (0 <= KEY_START[b] <= SEQLENS[b]) and each block id it reads
     ([0, NUM_BLOCKS)); a bad one reads no key (or block 0 for a bad id) and writes NaN to its O and LSE (partial
@@ -240,6 +277,14 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
         row = split.to(tl.int64) * ROWS + (b.to(tl.int64) * SQ + t) * hq + h  # (splits, B, SQ, HQ)
         tl.store(O_PART + row[:, None] * HEAD_DIM + cols[None, :], o, mask=in_q[:, None])
         tl.store(LSE_PART + row, lse, mask=in_q)
+        if FUSED_COMBINE:  # memory order as the few-row GEMM's (gemm_skinny.py): stores, barrier, acq_rel arrival
+            tl.debug_barrier()
+            arrived = tl.atomic_add(ARRIVALS + pid % per_split, 1, sem="acq_rel", scope="gpu")
+            if arrived == SPLITS - 1:  # the row block's last split: merge them all
+                tl.debug_barrier()
+                _merge_splits(O_PART, LSE_PART, O, LSE, row - split.to(tl.int64) * ROWS, b, t, h, cols, in_q, o_sb,
+                              o_ss, o_sh, ROWS, SQ, hq, SPLITS, BLOCK_M, HEAD_DIM, WRITE_LSE)
+                tl.atomic_xchg(ARRIVALS + pid % per_split, 0, sem="relaxed", scope="gpu")  # reusable counters
     else:
         tl.store(O + b.to(tl.int64) * o_sb + t.to(tl.int64)[:, None] * o_ss + h[:, None] * o_sh + cols[None, :],
                  o.to(O.dtype.element_ty), mask=in_q[:, None])

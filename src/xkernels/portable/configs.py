@@ -73,6 +73,8 @@ class DecodeConfig:
     num_stages: int
     max_block_m: int = 64
     programs_per_sm: int = 1  # resident programs per SM that the key splits aim for (`decode.num_splits`)
+    # the last split of a row block merges the splits (no combine kernel launch); not yet timed on a GPU
+    fused_combine: bool = False
 
     def block_m(self, rows: int) -> int:
         """Packed query rows per program: the smallest power of two >= rows, from 16 (the dot's minimum) up to
@@ -86,14 +88,14 @@ class DecodeConfig:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
-                    WIDE_ROWS=wide_rows, INTERPRET=interpret)
+                    FUSED_COMBINE=split and self.fused_combine, WIDE_ROWS=wide_rows, INTERPRET=interpret)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
     def __str__(self) -> str:
         per_sm = f"-P{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
-        return f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}{per_sm}"
+        return f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}{per_sm}" + "-fc" * self.fused_combine
 
 
 @dataclass(frozen=True)
