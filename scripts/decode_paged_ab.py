@@ -4,7 +4,7 @@ held dense, interleaved rounds of CUDA-graph replay (device time). Each variant'
 reference first.
 
     python scripts/decode_paged_ab.py --json decode_paged_ab.json [--md decode_paged_ab.md]
-        [--dim 64] [--caches dense] [--configs 128,8,3 128,4,3] [--split-scales 1 2]
+        [--dim 64] [--caches dense] [--configs 128,8,3 128,4,3] [--split-scales 1 2] [--fused]
 """
 
 from __future__ import annotations
@@ -49,10 +49,13 @@ def main() -> None:
     ap.add_argument("--caches", nargs="+", default=["paged16", "paged64", "dense"])
     ap.add_argument("--configs", nargs="+", default=[], help="BLOCK_N,warps,stages (default: shipped and 3 others)")
     ap.add_argument("--split-scales", nargs="+", type=int, default=[1])
+    ap.add_argument("--fused", action="store_true", help="each config also with the fused merge (no combine kernel)")
     args = ap.parse_args()
     shipped = decode_config(args.dim, select._target(torch.device("cuda")))
     cfgs = ([DecodeConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else
             [shipped, dataclasses.replace(shipped, num_stages=4), DecodeConfig(64, 4, 4), DecodeConfig(64, 8, 4)])
+    if args.fused:
+        cfgs += [dataclasses.replace(c, fused_combine=True) for c in cfgs]
     rows, lines = [], ["| shape | variant | us | TB/s | x SDPA | check |", "|---|---|---|---|---|---|"]
     for (b, hq, hkv, s), cache in [(r, c) for r in DECODE_ROWS for c in args.caches]:
         case = DecodeCase(b, hq, hkv, s, args.dim, cache=cache, sync_checks=False)
