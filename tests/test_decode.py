@@ -65,7 +65,7 @@ def test_a_growing_cache_keeps_its_plan(device):
     recipe = ATTENTION_RECIPES["fp16"]
     plans._PLANS.clear()
     names = set()
-    for s in (1, 2, 17, 64, 65, 129, 300, 40):
+    for s in (1, 2, 17, 64, 65, 129, 300, 40, 41, 42, 43, 44, 45, 46, 47, 65, 65, 129):  # > 8 counts, repeats
         k, v = k_all[:, :, :s].contiguous(), v_all[:, :, :s].contiguous()
         out, lse = xkernels.attention(q, k, v, enable_gqa=True, return_lse=True)
         names.add(xkernels.last_backend())
@@ -89,7 +89,14 @@ def test_resize_variants_follow_what_triton_specializes():
                              device=torch.device("cpu"))
     grown = plan.resize(4097, (2 * 4097 * 128, 128, 4097 * 128), (2 * 4097 * 128, 128, 4097 * 128))
     assert grown.variant is plan.launch.variant and grown.ints[16] == 4097
-    huge = plan.resize(2**23, (2 * 2**23 * 128, 128, 2**23 * 128), (2 * 2**23 * 128, 128, 2**23 * 128))
+    def contiguous(s: int, heads: int = 2) -> tuple[int, int, int]:  # (block, row, head) strides of (1, H, S, D)
+        return heads * s * 128, 128, s * 128
+
+    huge = plan.resize(2**23, contiguous(2**23), contiguous(2**23))
     assert huge.variant is not plan.launch.variant
-    odd = plan.resize(4097, (2 * 4097 * 129, 129, 4097 * 129), (2 * 4097 * 128, 128, 4097 * 128))
+    # Triton types each int on its own: with the block stride past 2^31 in both, the head stride crossing it too
+    # (2^22 -> 2^24 keys) is another variant
+    wide, wider = (plan.resize(s, contiguous(s, 8), contiguous(s, 8)) for s in (2**22, 2**24))
+    assert wide.variant is not wider.variant
+    odd = plan.resize(4097, (2 * 4097 * 129, 129, 4097 * 129), contiguous(4097))
     assert odd.variant is not plan.launch.variant and odd.variant is not huge.variant

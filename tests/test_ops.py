@@ -310,9 +310,10 @@ def test_compiled_attention_keeps_its_graph_as_the_length_changes(device):
 
 
 def test_calls_without_grad_skip_the_autograd_kernel_and_match(device, monkeypatch):
-    """Calls that need no gradient (no input requires grad, or grad mode off, or inference mode) dispatch past the
-    Autograd key (torch.library's autograd kernel, which re-dispatches below itself, is never entered) and return
-    what the differentiable call returns, not requiring grad; a call that needs gradients still goes through it."""
+    """Calls that need no gradient (no input requires grad, or grad mode off, or inference mode) and go through the
+    op (here: under the profiler, which sees the op) dispatch past the Autograd key (torch.library's autograd kernel,
+    which re-dispatches below itself, is never entered) and return what the differentiable call returns, not
+    requiring grad; a call that needs gradients still goes through it."""
     q, k, v = _attention_args(device)
     a, b = gemm_inputs(8, 32, 16, torch.float16, device, seed=2)
     want_o, want_c = xkernels.attention(q, k, v, enable_gqa=True), xkernels.matmul(a, b)
@@ -325,16 +326,19 @@ def test_calls_without_grad_skip_the_autograd_kernel_and_match(device, monkeypat
         return real(self, *args, **kwargs)
 
     monkeypatch.setattr(torch._ops.OpOverload, "redispatch", counting)
-    for context, queries, a_in in ((torch.no_grad, (q, grad_q), grad_a), (torch.inference_mode, (q, grad_q), grad_a),
-                                   (torch.enable_grad, (q,), a)):
-        with context():
-            for query in queries:
-                o = xkernels.attention(query, k, v, enable_gqa=True)
-                assert torch.equal(o, want_o) and not o.requires_grad
-            c = xkernels.matmul(a_in, b)
-            assert torch.equal(c, want_c) and not c.requires_grad
-    assert not redispatches
-    assert xkernels.attention(grad_q, k, v, enable_gqa=True).requires_grad and len(redispatches) == 1
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for context, queries, a_in in ((torch.no_grad, (q, grad_q), grad_a),
+                                       (torch.inference_mode, (q, grad_q), grad_a), (torch.enable_grad, (q,), a)):
+            with context():
+                for query in queries:
+                    o = xkernels.attention(query, k, v, enable_gqa=True)
+                    assert torch.equal(o, want_o) and not o.requires_grad
+                c = xkernels.matmul(a_in, b)
+                assert torch.equal(c, want_c) and not c.requires_grad
+        assert not redispatches
+        assert xkernels.attention(grad_q, k, v, enable_gqa=True).requires_grad and len(redispatches) == 1
+    names = [e.name for e in prof.events()]  # every call went through its op (the differentiable one: the LSE's)
+    assert names.count("xkernels::attention") == 5 and names.count("xkernels::attention_lse") == 1
 
 
 def test_plain_eager_calls_run_the_kernel_function_and_watchers_see_the_op(device, monkeypatch):
@@ -368,3 +372,20 @@ def test_plain_eager_calls_run_the_kernel_function_and_watchers_see_the_op(devic
     monkeypatch.setitem(ops._NO_GRAD_KERNELS, ops.matmul_op, (lambda *x: direct.append(2) or real_mm(*x), n))
     through_op = ops.matmul_op(a, b, "kn", "auto", None, "auto")
     assert torch.equal(xkernels.matmul(a, b), through_op) and direct == [1, 2]
+
+
+def test_jit_trace_records_the_ops_and_negative_views_are_read_as_values(device):
+    """torch.jit.trace (and what builds on it) sees the ops, so the traced function computes on new inputs; a
+    negative-bit view of K (torch._neg_view) is read as the values it stands for, as through the dispatcher."""
+    q, k, v = _attention_args(device)
+    traced = torch.jit.trace(lambda q, k, v: xkernels.attention(q, k, v, enable_gqa=True), (q, k, v))
+    assert "xkernels::attention" in str(traced.graph)
+    q2, k2, v2 = attention_inputs(1, 4, 17, 33, 64, torch.float16, device, hkv=2, seed=9)
+    assert torch.equal(traced(q2, k2, v2), xkernels.attention(q2, k2, v2, enable_gqa=True))
+    a, b = gemm_inputs(8, 32, 16, torch.float16, device, seed=4)
+    traced_mm = torch.jit.trace(lambda a, b: xkernels.matmul(a, b), (a, b))
+    assert "xkernels::matmul" in str(traced_mm.graph)
+    negative = torch._neg_view(k)
+    assert negative.is_neg()
+    want = xkernels.attention(q, -k, v, enable_gqa=True)
+    assert torch.equal(xkernels.attention(q, negative, v, enable_gqa=True), want)

@@ -154,9 +154,10 @@ class DecodePlan:
         splits = _cdiv(max(span, 1), split_keys)
         ints = (*g.q_strides, *k_strides, *v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, self.group,
                 capacity, split_keys, self.rows, splits)
-        # Triton types an int argument i64 from 2^31 up and specializes strides on being 1 or a multiple of 16:
+        # Triton types each int argument i64 from 2^31 up and specializes strides on being 1 or a multiple of 16:
         # variants of their own (a dense cache's strides keep theirs as it grows: D is a multiple of 16)
-        key = (splits > 1, max(ints) >= 2**31, tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)))
+        key = (splits > 1, tuple(x >= 2**31 for x in ints),
+               tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)))
         variant = self._variants.get(key)
         if variant is None:
             constexprs = cfg.constexprs(g.head_dim, self.recipe, split=key[0], **self._flags)
@@ -173,8 +174,8 @@ class DecodePlan:
         int32: each sequence's cached keys, to which `new` keys were appended (they count too); `key_start` (B,)
         int32: each sequence's first key row, for a plan made with `key_starts`; `at`: a launch from `resize`
         (default: the plan's own capacity). A split launch's fp32 partials (O (splits, rows, D), then LSE
-        (splits, rows)), and with the fused merge its arrival counters, live in the current stream's kept scratch
-        (`common.scratch`), or per call under capture."""
+        (splits, rows)) are allocated per call, or with the fused merge taken with its arrival counters from the
+        current stream's kept scratch (`common.scratch`; per call under capture)."""
         g, at = self.g, at or self.launch
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
         lse_arg = out if lse is None else lse
@@ -186,13 +187,16 @@ class DecodePlan:
         part = arrivals = None
         if at.splits > 1:
             o_words = at.splits * self.rows * g.head_dim  # a multiple of 4: the LSE partials stay 16-byte aligned
-            counters = self.programs if fused else 0  # one per (sequence, kv head, row block)
-            kept = scratch.split_k(self.device, counters, o_words + at.splits * self.rows)
+            # the fused merge is one launch, so the stream's kept buffer serves it (launches on a stream run in
+            # order); a kernel + combine pair could interleave with another host thread's pair on the same stream,
+            # so it takes buffers of its own, as it does under capture (from the graph's pool, counters zeroed)
+            kept = scratch.split_k(self.device, self.programs, o_words + at.splits * self.rows) if fused else None
             if kept is not None:
                 arrivals, part = kept
-            else:  # under capture: from the graph's pool, the counters zeroed in the graph
+            else:
                 part = torch.empty(o_words + at.splits * self.rows, dtype=torch.float32, device=self.device)
-                arrivals = torch.zeros(counters, dtype=torch.int32, device=self.device)
+                if fused:
+                    arrivals = torch.zeros(self.programs, dtype=torch.int32, device=self.device)
         ints = (*at.ints, new, *self.tail_ints, qk_scale)
         combined = part is not None and not fused  # the merge is a kernel of its own
         if self.direct and not any(p % 16 for p in ptrs) and variant.kernel is not None and (

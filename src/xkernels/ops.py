@@ -323,15 +323,15 @@ _BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
 
 def _plain_eager(tensors) -> bool:
-    """Nothing watches or transforms this call: no compile or functorch tracing, no TorchDispatchMode or
+    """Nothing watches or transforms this call: no compile, functorch or torch.jit tracing, no TorchDispatchMode or
     TorchFunctionMode on the stack, no profiler, plain tensors not on the meta device (whose calls take the ops'
-    fake kernels)."""
+    fake kernels) and without a negative or conjugate bit."""
     if (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
             or torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
-            or torch.autograd._profiler_enabled()):
+            or torch.autograd._profiler_enabled() or torch._C._get_tracing_state() is not None):
         return False
-    for t in tensors:
-        if type(t) is not torch.Tensor or t.is_meta:
+    for t in tensors:  # negative- and conjugate-bit views: the dispatcher's fallbacks materialize them
+        if type(t) is not torch.Tensor or t.is_meta or t.is_neg() or t.is_conj():
             return False
     return True
 
