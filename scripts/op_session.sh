@@ -3,7 +3,8 @@
 # (CUDA graphs, torch.compile, direct vs generic launch), `xkernels bench --suite host` with the direct launcher and
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
-#                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]"
+#                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]
+#                              [fusedab] [hosttime]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -105,6 +106,16 @@ for part in "${@:-smoke host}"; do
       hf) stage python3 -c "import transformers; print('transformers', transformers.__version__)" && \
             stage timeout 300 python3 scripts/transformers_1b.py --json "$OUT/transformers_1b.json" ;;
       varlenbench) stage timeout 240 xkernels bench --suite varlen --iters 20 --out "$OUT/bench-varlen" ;;
+      fusedab)  # the split-KV decode with its merge fused into the kernel against the combine kernel, D128 and D64
+        stage timeout 120 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_kvcache.py -k "merge"
+        stage timeout 240 python3 scripts/decode_paged_ab.py --fused --configs 128,8,3 --json "$OUT/fused_ab.json" \
+          --md "$OUT/fused_ab.md"
+        stage timeout 150 python3 scripts/decode_paged_ab.py --fused --dim 64 --caches dense --configs 128,8,3,64,2 \
+          --json "$OUT/fused_ab_d64.json" --md "$OUT/fused_ab_d64.md" ;;
+      hosttime)  # host time: the backward's, a 1B Llama's generate() against sdpa, the host floor
+        stage timeout 60 python3 scripts/bwd_host_profile.py --calls 100
+        stage timeout 60 python3 scripts/host_floor.py --json "$OUT/host_floor.json"
+        stage timeout 240 bash -c "cd scripts && python3 generate_host.py --rounds 3 --json '$OUT/generate_host.json'" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

@@ -2,6 +2,7 @@
 # logs it with a timestamp and counts a non-zero exit in $failed (every stage runs even when an earlier one fails).
 export OUT=${OUT:-out}
 mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: stages may run in another directory
 export PYTHONUNBUFFERED=1
 LOG="$OUT/session.log"
 failed=0
