@@ -517,3 +517,21 @@ def test_page_offsets_past_int32_are_served(device, page):
     want = reference_attention(q.transpose(1, 2), keys, keys).transpose(1, 2)
     c = compare_attention(o, want.to(o.device), ATTENTION_RECIPES["fp16"])
     assert c.passed, c.reason
+
+
+@pytest.mark.parametrize("return_lse", [True, False])
+def test_fused_merge_leaves_its_counters_at_zero(device, merge, return_lse):
+    """After split calls, windowed or not, with or without the LSE, every kept arrival counter is back at zero (the
+    next launch on the stream counts from there), and O matches float64."""
+    from xkernels.common import scratch
+
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=1)
+    for window in ((-1, -1), (7, 0)):
+        o = xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=3,
+                                            window_size=window, return_lse=return_lse)
+        o = o[0] if return_lse else o
+        want = reference(q, k_cache, v_cache, lengths.tolist(), causal=True, window=window).to(o.device)
+        c = compare_attention(o[lengths > 0], want[lengths.cpu() > 0], ATTENTION_RECIPES["fp16"])
+        assert c.passed, (window, c.reason)
+        for kept in scratch._SETS.values():
+            assert not kept.counters.any()
