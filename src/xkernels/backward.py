@@ -223,8 +223,8 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
         args = (*descs, descs[0], lse, delta, dk, dv, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dk.stride(1),
                 dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, *ints[1:])
         launch.run(hopper_bwd.attention_dkdv_kernel,
-                              hopper_bwd.grid(packed.batch, hkv, packed.max_seqlen_k, cfg.dkdv), args,
-                              cfg.dkdv.constexprs(d, causal=is_causal, varlen=True), {})
+                   hopper_bwd.grid(packed.batch, hkv, packed.max_seqlen_k, cfg.dkdv), args,
+                   cfg.dkdv.constexprs(d, causal=is_causal, varlen=True), {})
 
     def dq_kernel() -> None:
         dq_descs = [hopper_bwd.packed_descriptor(t, rows) for t, rows in ((qp, 64), (kp, cfg.dq.block_n),
@@ -232,7 +232,7 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
         args = (*dq_descs, lse, delta, dq, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dq.stride(1), dq.stride(0),
                 total_q, *ints)
         launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(packed.batch, hq, packed.max_seqlen_q),
-                              args, cfg.dq.constexprs(d, causal=is_causal, varlen=True), {})
+                   args, cfg.dq.constexprs(d, causal=is_causal, varlen=True), {})
 
     _dkdv_then_dq(q.device, dkdv, dq_kernel, concurrent=cfg.concurrent_dq and q.is_cuda)
 
@@ -284,7 +284,7 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
 
     def dkdv() -> None:
         launch.run(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
-                              cfg.constexprs(d, causal=is_causal), {})
+                   cfg.constexprs(d, causal=is_causal), {})
 
     if dq_cfg is not None and dq_accum is None:
         _dkdv_then_dq(q.device, dkdv, lambda: _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal,
@@ -308,4 +308,4 @@ def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float,
     args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, lse, lse, *dq.stride()[:3], 0, hq,
             hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq), args,
-                          dq_cfg.constexprs(d, causal=is_causal), {})
+               dq_cfg.constexprs(d, causal=is_causal), {})

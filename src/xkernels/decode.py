@@ -199,8 +199,15 @@ class DecodePlan:
                     arrivals = torch.zeros(self.programs, dtype=torch.int32, device=self.device)
         ints = (*at.ints, new, *self.tail_ints, qk_scale)
         combined = part is not None and not fused  # the merge is a kernel of its own
-        if self.direct and not any(p % 16 for p in ptrs) and variant.kernel is not None and (
-                not combined or variant.combine is not None):
+        if self.direct and not any(p % 16 for p in ptrs):
+            if variant.kernel is None or (combined and variant.combine is None):  # this variant's first launch
+                args, combine = self._arguments(at, tensors, part, arrivals, ints)
+                variant.kernel = launch.compile_kernel(kernel.attention_decode_kernel, at.grid, args,
+                                                       variant.constexprs, self.options, self.device)
+                if combined:
+                    variant.combine = launch.compile_kernel(kernel.combine_kernel, self.rows, combine,
+                                                            self.combine_constexprs, dict(num_warps=1, num_stages=1),
+                                                            self.device)
             o_part = lse_part = counter_ptr = ptrs[3]  # never touched unless split (and fused)
             if part is not None:
                 o_part = part.data_ptr()
@@ -212,28 +219,23 @@ class DecodePlan:
                 variant.combine.launch(self.rows, (o_part, lse_part, ptrs[3], ptrs[4], *at.combine_ints,
                                                    *self.combine_tail))
             return
-        o_part, lse_part = out, out
-        if part is not None:
-            o_part = part[:o_words].view(at.splits, self.rows, g.head_dim)
-            lse_part = part[o_words:o_words + at.splits * self.rows].view(at.splits, self.rows)
-        args = (*tensors[:5], o_part, lse_part, *tensors[5:], arrivals if fused else out, *ints)
-        combine = (o_part, lse_part, out, lse_arg, *at.combine_ints)
-        if self.direct and not any(p % 16 for p in ptrs):  # first direct launch of this variant: compile it
-            variant.kernel = launch.compile_kernel(kernel.attention_decode_kernel, at.grid, args,
-                                                   variant.constexprs, self.options, self.device)
-            variant.kernel.launch(at.grid, (*(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args),
-                                            *variant.tail))
-            if combined:
-                variant.combine = launch.compile_kernel(kernel.combine_kernel, self.rows, combine,
-                                                        self.combine_constexprs, dict(num_warps=1, num_stages=1),
-                                                        self.device)
-                variant.combine.launch(self.rows, (*(a.data_ptr() if isinstance(a, torch.Tensor) else a
-                                                     for a in combine), *self.combine_tail))
-            return
+        args, combine = self._arguments(at, tensors, part, arrivals, ints)
         launch.generic_launch(kernel.attention_decode_kernel, at.grid, args, variant.constexprs, self.options)
         if combined:
             launch.generic_launch(kernel.combine_kernel, self.rows, combine, self.combine_constexprs,
                                   dict(num_warps=1, num_stages=1))
+
+    def _arguments(self, at: Launch, tensors, part, arrivals, ints) -> tuple[tuple, tuple]:
+        """The decode and combine kernels' argument lists as tensors (Triton's launcher and the first compile of a
+        variant take them so): the partials viewed out of `part`, `out` where an argument is never touched."""
+        out, lse_arg = tensors[3], tensors[4]
+        o_part = lse_part = out
+        if part is not None:
+            o_words = at.splits * self.rows * self.g.head_dim
+            o_part = part[:o_words].view(at.splits, self.rows, self.g.head_dim)
+            lse_part = part[o_words:o_words + at.splits * self.rows].view(at.splits, self.rows)
+        args = (*tensors[:5], o_part, lse_part, *tensors[5:], out if arrivals is None else arrivals, *ints)
+        return args, (o_part, lse_part, out, lse_arg, *at.combine_ints)
 
 
 _PLANS: dict = {}

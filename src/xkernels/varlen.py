@@ -134,4 +134,4 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
             cu_seqlens_k, q_rh, q_ch, kv_rh, kv_ch, *out.stride()[:2], total_q if lse is not None else 0,
             hq // k.shape[1], *walk, qk_scale)
     launch.run(hvp.attention_varlen_persistent_kernel, grid or sms_grid, args,
-                          constexprs | (knobs or {}), options)
+               constexprs | (knobs or {}), options)

@@ -81,10 +81,6 @@ class Kernel:
         self.device = device
         self.index = device.index
 
-    @property
-    def needs_scratch(self) -> bool:
-        return bool(self._scratch)
-
     def launch(self, grid: int, args: Sequence[object], stream: int | None = None) -> None:
         """Launch on the current stream, or on `stream` (a raw CUDA stream handle: only for kernels that need no
         global scratch, which is allocated in the current stream's order)."""

@@ -237,12 +237,12 @@ def preprocess(o, do, grad_lse, *, block_m: int, num_warps: int = 4, dq_accum=No
     shape = (b, hq, sq) if packed is None else (hq, o.shape[0])
     delta = torch.empty(shape, dtype=torch.float32, device=o.device)
     run_kernel(preprocess_kernel, triton.cdiv(sq, block_m) * b * hq,
-                   (o, do, delta if grad_lse is None else grad_lse, delta, delta if dq_accum is None else dq_accum,
-                    _cu(o, packed)[0], *_strides(o, packed), *_strides(do, packed), _lse_head_stride(delta, packed),
-                    hq, sq),
-                   dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None, ZERO_DQ=dq_accum is not None,
-                        VARLEN=packed is not None),
-                   dict(num_warps=num_warps))
+               (o, do, delta if grad_lse is None else grad_lse, delta, delta if dq_accum is None else dq_accum,
+                _cu(o, packed)[0], *_strides(o, packed), *_strides(do, packed), _lse_head_stride(delta, packed),
+                hq, sq),
+               dict(HEAD_DIM=d, BLOCK_M=block_m, HAS_DLSE=grad_lse is not None, ZERO_DQ=dq_accum is not None,
+                    VARLEN=packed is not None),
+               dict(num_warps=num_warps))
     return delta
 
 
@@ -252,8 +252,8 @@ def finish_dq(dq_accum, dq, *, scale: float, block_m: int, num_warps: int = 4) -
 
     b, hq, sq, d = dq.shape
     run_kernel(dq_finish_kernel, triton.cdiv(sq, block_m) * b * hq,
-                   (dq_accum, dq, *dq.stride()[:3], hq, sq, scale), dict(HEAD_DIM=d, BLOCK_M=block_m),
-                   dict(num_warps=num_warps))
+               (dq_accum, dq, *dq.stride()[:3], hq, sq, scale), dict(HEAD_DIM=d, BLOCK_M=block_m),
+               dict(num_warps=num_warps))
 
 
 def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg,
@@ -262,10 +262,10 @@ def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg
 
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
     run_kernel(dq_kernel, triton.cdiv(sq, cfg.q_m) * b * hq,
-                   (q, k, v, do, lse, delta, dq, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
-                    *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), _lse_head_stride(lse, packed),
-                    hq, hq // hkv, sq, skv, scale),
-                   cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
+               (q, k, v, do, lse, delta, dq, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
+                *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), _lse_head_stride(lse, packed),
+                hq, hq // hkv, sq, skv, scale),
+               cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
 
 
 def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg,
@@ -279,8 +279,8 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale:
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
     delta = preprocess(o, do, grad_lse, block_m=cfg.q_m, num_warps=cfg.num_warps, packed=packed)
     run_kernel(dkdv_kernel, triton.cdiv(skv, cfg.kv_n) * b * hkv,
-                   (q, k, v, do, lse, delta, dk, dv, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
-                    *_strides(v, packed), *_strides(do, packed), *_strides(dk, packed), *_strides(dv, packed),
-                    _lse_head_stride(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),
-                   cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
+               (q, k, v, do, lse, delta, dk, dv, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
+                *_strides(v, packed), *_strides(do, packed), *_strides(dk, packed), *_strides(dv, packed),
+                _lse_head_stride(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),
+               cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
     launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg, packed=packed)

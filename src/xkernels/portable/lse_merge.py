@@ -65,6 +65,6 @@ def merge_into(acc: torch.Tensor, acc_lse: torch.Tensor, out: torch.Tensor, lse:
     head_dim = triton.next_power_of_2(d)
     block_m = max(1, min(64, 4096 // head_dim))
     run_kernel(merge_kernel, triton.cdiv(rows, block_m) * b * h,
-                   (acc, acc_lse, out, lse, *acc.stride()[:3], *acc_lse.stride()[:2], *out.stride()[:3],
-                    *lse.stride()[:2], h, rows, d),
-                   dict(HEAD_DIM=head_dim, BLOCK_M=block_m), dict(num_warps=4))
+               (acc, acc_lse, out, lse, *acc.stride()[:3], *acc_lse.stride()[:2], *out.stride()[:3],
+                *lse.stride()[:2], h, rows, d),
+               dict(HEAD_DIM=head_dim, BLOCK_M=block_m), dict(num_warps=4))
