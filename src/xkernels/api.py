@@ -9,6 +9,7 @@ from xkernels.select import DEFAULT_BACKEND
 from xkernels.validation import (
     B_LAYOUTS,
     MAX_SCALE,
+    NO_WINDOW,
     WALK_CHOICES,
     check_max_seqlen,
     check_precision,
@@ -63,6 +64,7 @@ def _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision, retur
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, precision: str = "auto",
               return_lse: bool = False, out: torch.Tensor | None = None,
+              window_size: tuple[int, int] = NO_WINDOW,
               backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, like F.scaled_dot_product_attention without a mask or dropout.
 
@@ -75,6 +77,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     `return_lse`. Differentiable in q, k and v through O and the LSE (not with `out`): the forward saves O and the
     LSE, and the backward recomputes the attention matrix tile by tile; bf16io's backward is the bf16 recipe's,
     an -acc16 variant's that of its base.
+    `window_size` (left, right) is FlashAttention's sliding window, aligned as `is_causal` (top-left): query i
+    attends keys i - left <= j <= i + right, -1 for an unbounded side; with is_causal, right must be -1 or 0. Rows
+    that see no key (a window past the last key) return 0 and LSE -inf. Windows run the portable kernels (on Hopper
+    too), which visit only the key tiles inside the band, forward and backward; each window value compiles its own
+    kernel variant.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
@@ -91,26 +98,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
+    window = () if window_size is NO_WINDOW else check_window(window_size, is_causal)  # () for the op's defaults
     if out is None:
         q, k, v = _autocast((q, k, v))
     if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # differentiable: the op that also returns the LSE, which the backward needs (ops.py registers it)
-        o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend)
+        o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend, *window)
         return (o, lse) if return_lse else o
     if out is not None:
         no_grad({"q": q, "k": k, "v": v}, "a call with out= is not differentiable (as for torch's out= functions)")
         _out(out)
-        lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse)
+        lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse,
+                                   *window)
         return (out, lse) if return_lse else out
     if return_lse:
-        return ops.call_without_grad(ops.attention_lse_op, q, k, v, is_causal, scale, enable_gqa, precision, backend)
-    return ops.call_without_grad(ops.attention_op, q, k, v, is_causal, scale, enable_gqa, precision, backend)
+        return ops.call_without_grad(ops.attention_lse_op, q, k, v, is_causal, scale, enable_gqa, precision, backend,
+                                     *window)
+    return ops.call_without_grad(ops.attention_op, q, k, v, is_causal, scale, enable_gqa, precision, backend,
+                                 *window)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
                      scale: float | None = None, precision: str = "auto", return_lse: bool = False,
-                     sync_checks: bool = True,
+                     sync_checks: bool = True, window_size: tuple[int, int] = NO_WINDOW,
                      backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a packed batch of variable-length sequences, like flash_attn_varlen_func.
 
@@ -118,7 +129,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     bf16; sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and
     v (int32, (batch + 1,), starting at 0); max_seqlen_q / max_seqlen_k bound the lengths. No padding is computed.
     **Causal is aligned bottom-right** per sequence, as FlashAttention >= 2.1 and KV caches (query i sees keys
-    j <= i + Sk - Sq), unlike `attention`'s top-left; rows that see no key return 0 (LSE -inf). The cu_seqlens values
+    j <= i + Sk - Sq), unlike `attention`'s top-left, and so is `window_size` (left, right), flash_attn's sliding
+    window: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right (-1: unbounded; causal: right -1 or
+    0; portable kernels, as for `attention`); rows that see no key return 0 (LSE -inf). The cu_seqlens values
     are checked (0 first, non-decreasing, the packed total last, no sequence over max_seqlen): with `sync_checks`
     (the default) they are read to the host (one synchronization) and a bad value raises a ValueError naming the
     argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and
@@ -136,11 +149,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
+    window = () if window_size is NO_WINDOW else check_window(window_size, is_causal)
     q, k, v = _autocast((q, k, v))
     # differentiable: the backward needs the LSE, so the op returns it whatever the caller asked
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-                                     scale, precision, return_lse or grad, sync_checks, backend)
+                                     scale, precision, return_lse or grad, sync_checks, backend, *window)
     return (o, lse) if return_lse else o
 
 

@@ -86,6 +86,7 @@ class Launch:
     combine_ints: tuple
     variant: _Variant
     name: str
+    tail: tuple  # the block count and the window's sides (NO_WINDOW where unbounded)
 
 
 class DecodePlan:
@@ -96,8 +97,7 @@ class DecodePlan:
         kernel checks each sequence's length, left pad and block ids as it reads them (`attention_decode_kernel`).
         The launch for `g`'s capacity is `self.launch`; `resize` gives the launch for another capacity of a dense
         cache (the dense API's K/V grown by a token: the same plan, new integer arguments)."""
-        # a side as long as the cache cuts nothing: unbounded (so the kernel's int32 position arithmetic never wraps)
-        self.window = tuple(-1 if side >= g.capacity else side for side in window)
+        self.window = window
         self.g, self.device, self.write_lse, self.cfg, self.recipe = g, device, write_lse, cfg, recipe
         self.is_causal, self.forced_splits = is_causal, splits
         self.group = g.hq // g.hkv
@@ -107,15 +107,12 @@ class DecodePlan:
         sms = INTERPRETED_SMS if INTERPRET or device.type != "cuda" else sm_count(device.index or 0)
         self.slots = sms * cfg.programs_per_sm
         self.rows = g.batch * g.sq * g.hq
-        self.windowed = self.window[0] >= 0 or (self.window[1] >= 0 and not is_causal)
         # a row's offset inside its page, up to (page - 1) * row stride, is int32 in the kernel unless that could wrap
         wide = g.page > 0 and (g.page - 1) * max(g.k_strides[1], g.v_strides[1]) >= 2**31
         self._flags = dict(rows=rows, page=g.page, seq_lengths=seq_lengths, causal=is_causal,
-                           bottom_right=bottom_right, write_lse=write_lse, key_starts=key_starts,
-                           windowed=self.windowed, wide_rows=wide)
+                           bottom_right=bottom_right, write_lse=write_lse, key_starts=key_starts, wide_rows=wide)
         self._variants: dict[tuple, _Variant] = {}
         self.options = cfg.options()
-        self.tail_ints = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in self.window))
         self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
         self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
         self.direct = launch.direct_launch_available(device)
@@ -139,7 +136,11 @@ class DecodePlan:
 
     def resize(self, capacity: int, k_strides: tuple[int, int, int], v_strides: tuple[int, int, int]) -> Launch:
         """The launch for a cache of `capacity` keys per sequence with these K/V (block, row, head) strides."""
-        g, cfg, window = self.g, self.cfg, self.window
+        g, cfg = self.g, self.cfg
+        # a side that reaches past every key from every row (|diagonal shift| < capacity + sq, either alignment) cuts
+        # nothing: unbounded, so such a window runs the unwindowed variant and int32 positions never wrap
+        window = tuple(-1 if side < 0 or side >= capacity + g.sq else side for side in self.window)
+        windowed = window[0] >= 0 or (window[1] >= 0 and not self.is_causal)
         # the keys a row block can see: the cache, or with a left window at most the window and the block's rows
         # (and the right window, not causal); the splits cut that span
         span = capacity
@@ -157,16 +158,17 @@ class DecodePlan:
         # Triton types each int argument i64 from 2^31 up and specializes strides on being 1 or a multiple of 16:
         # variants of their own (a dense cache's strides keep theirs as it grows: D is a multiple of 16)
         key = (splits > 1, tuple(x >= 2**31 for x in ints),
-               tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)))
+               tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)), windowed)
         variant = self._variants.get(key)
         if variant is None:
-            constexprs = cfg.constexprs(g.head_dim, self.recipe, split=key[0], **self._flags)
+            constexprs = cfg.constexprs(g.head_dim, self.recipe, split=key[0], windowed=windowed, **self._flags)
             variant = self._variants[key] = _Variant(constexprs,
                                                      launch.constexpr_tail(kernel.attention_decode_kernel, constexprs))
         name = (f"portable.decode[{self.recipe.name} {cfg} BM{self.block_m} splits={splits}"
-                + (f" window={window[0]},{window[1]}" if self.windowed else "") + "]")
+                + (f" window={window[0]},{window[1]}" if windowed else "") + "]")
+        tail = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in window))
         return Launch(splits, self.programs * splits, ints, (*g.o_strides, self.rows, g.sq, g.hq, splits), variant,
-                      name)
+                      name, tail)
 
     def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None,
             new: int = 0, at: Launch | None = None) -> None:
@@ -197,7 +199,7 @@ class DecodePlan:
                 part = torch.empty(o_words + at.splits * self.rows, dtype=torch.float32, device=self.device)
                 if fused:
                     arrivals = torch.zeros(self.programs, dtype=torch.int32, device=self.device)
-        ints = (*at.ints, new, *self.tail_ints, qk_scale)
+        ints = (*at.ints, new, *at.tail, qk_scale)
         combined = part is not None and not fused  # the merge is a kernel of its own
         if self.direct and not any(p % 16 for p in ptrs):
             if variant.kernel is None or (combined and variant.combine is None):  # this variant's first launch
@@ -275,10 +277,10 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
 
 
 def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: DecodeConfig,
-               write_lse: bool) -> DecodePlan:
+               write_lse: bool, window: tuple[int, int] = (-1, -1)) -> DecodePlan:
     """The plan of a dense `attention` call with few query rows: q, O (B, Hq, Sq, D), K, V (B, Hkv, Skv, D) read
-    as a one-page-per-sequence cache of Skv keys each; top-left causal, as the dense API. Not cached here: the
-    caller's plan (`plans.DecodeAttentionPlan`) keeps it under its own key."""
+    as a one-page-per-sequence cache of Skv keys each; top-left causal and window, as the dense API. Not cached here:
+    the caller's plan (`plans.DecodeAttentionPlan`) keeps it under its own key."""
     batch, hq, sq, d = q.shape
 
     def bsh(t):  # (batch, token, head) strides of a (B, H, S, D) tensor
@@ -286,4 +288,4 @@ def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: D
 
     g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0, batch)
     return DecodePlan(g, seq_lengths=False, is_causal=is_causal, bottom_right=False, recipe=recipe, cfg=cfg,
-                      write_lse=write_lse, device=q.device)
+                      write_lse=write_lse, device=q.device, window=window)

@@ -23,6 +23,7 @@ import torch
 import triton
 
 from xkernels.common.dtypes import POINTER_TYPE, SHORT_NAME
+from xkernels.common.seqlen import Band
 from xkernels.common.targets import TARGETS, Target
 
 # instruction counts per backend, label -> regex: the matrix op first, then copies and loads (16-byte vs 2-byte),
@@ -40,6 +41,10 @@ AMDGCN_OPS = {"v_mfma": _MATRIX["v_mfma"], "load_dwordx4": r"_load_dwordx4\b", "
 # the DPAS builtin, 2D block loads, and work-group barriers
 XPU_OPS = {"matrix_mad": r"call[^\n]*matrix_mad_k16", "block_load_2d": r"call[^\n]*2d_block_read",
            "barrier": r"call[^\n]*(?:barrier|__spirv_ControlBarrier)"}
+
+
+# the sliding window the compile gate builds the portable kernels' windowed variants with (Mistral's)
+WINDOW = Band.of(True, (4095, 0))
 
 
 def ops_for(target: Target) -> dict[str, str]:
@@ -131,11 +136,12 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
     for d in HEAD_DIMS:
         for recipe in ATTENTION_RECIPES.values():
             cfg = attention_config(d, recipe, target, interpret=False)
-            for causal in (False, True):
+            # bf16 also with a causal sliding window (Mistral's 4096 keys): the band's masked loop below the tiles
+            for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (recipe.name == "bf16"):
                 yield KernelConfig(
-                    f"portable.attention {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
+                    f"portable.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''} {cfg}",
                     attn.attention_fwd_kernel, _attention_types(recipe.io_dtype),
-                    cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
+                    cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band),
                     cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
                     spill_free=table_for(target).spill_free(
                         "attention_acc16" if recipe.pv_acc_dtype == torch.float16 else "attention", d))
@@ -192,10 +198,10 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
                  "o_sh")
     for d in HEAD_DIMS:
         cfg = attention_config(d, recipe, target, interpret=False)
-        for causal in (False, True):
-            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''} {cfg}",
+        for causal, band in ((False, None), (True, None), (True, WINDOW)):
+            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''}{band or ''} {cfg}",
                                varlen.attention_varlen_kernel, types,
-                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False),
+                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band),
                                cfg.num_warps, cfg.num_stages, divisible=divisible,
                                spill_free=table_for(target).spill_free("attention_varlen", d))
 
@@ -272,11 +278,14 @@ def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
              "CU_Q": "*i32", "CU_K": "*i32", "scale": "fp32"}
     for d in HEAD_DIMS:
         cfg = attention_bwd_config(d, target, interpret=False)
-        for causal, varlen in product((False, True), (False, True)):
+        # and the dense layout with a causal sliding window (the band's bounds and mask)
+        for causal, varlen, band in (*product((False, True), (False, True), (None,)), (True, False, WINDOW)):
             for name, fn, constexprs in (
-                    ("dkdv", bwd.dkdv_kernel, cfg.dkdv_constexprs(d, causal=causal, varlen=varlen, interpret=False)),
-                    ("dq", bwd.dq_kernel, cfg.dq_constexprs(d, causal=causal, varlen=varlen, interpret=False))):
-                mode = " causal" * causal + " varlen" * varlen
+                    ("dkdv", bwd.dkdv_kernel, cfg.dkdv_constexprs(d, causal=causal, varlen=varlen, interpret=False,
+                                                                  band=band)),
+                    ("dq", bwd.dq_kernel, cfg.dq_constexprs(d, causal=causal, varlen=varlen, interpret=False,
+                                                            band=band))):
+                mode = " causal" * causal + " varlen" * varlen + str(band or "")
                 yield KernelConfig(f"portable.attention_bwd.{name} bf16 D{d}{mode} {cfg}", fn,
                                    types, constexprs, cfg.num_warps, cfg.num_stages,
                                    divisible=tuple(a for a in _BWD_DIVISIBLE if a in fn.arg_names),

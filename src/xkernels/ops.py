@@ -6,7 +6,8 @@ tracing see the op, its output shapes and its errors. The ops are declared with 
 the `torch.library.custom_op` decorator: the same dispatcher registration (opcheck, compile, CUDA graphs), but the
 decorator's Python wrapper costs ~15 us of host time per call, more than the whole launch.
 
-  xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, backend) -> O
+  xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
+                      window_right=-1) -> O
   xkernels::attention_lse(q, k, v, ...same...) -> (O, LSE)
   xkernels::attention_out(q, k, v, out!, ...same..., return_lse) -> LSE          (writes O into `out`)
   xkernels::attention_backward(grad_out, q, k, v, out, lse, grad_lse?, ...same...) -> (dQ, dK, dV)
@@ -21,6 +22,8 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
                                    (writes k, v into the caches first)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
+Every dense and varlen attention op (forward and backward) ends with `window_left=-1, window_right=-1` (flash_attn's
+window_size; defaults, so calls without a window keep their positional form).
 LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
 fixed type; the LSE-less op allocates nothing for an LSE.
 
@@ -47,22 +50,24 @@ from xkernels.select import (
     resolve_attention_varlen_backward,
     resolve_matmul,
 )
-from xkernels.validation import check_out_memory, check_out_storage
+from xkernels.validation import NO_WINDOW, check_out_memory, check_out_storage, check_window
 
 _lib = torch.library.Library("xkernels", "DEF")
 _ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, str backend"
+_WINDOW = "int window_left=-1, int window_right=-1"  # FlashAttention's window_size; last, so positional calls keep
 _MM_ARGS = "str b_layout, str walk, ScalarType? out_dtype, str backend"
-_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> Tensor")
-_lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}) -> (Tensor, Tensor)")
-_lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse) -> Tensor")
+_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}) -> Tensor")
+_lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}) -> (Tensor, Tensor)")
+_lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse, {_WINDOW}) "
+            "-> Tensor")
 _lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-            f"Tensor? grad_lse, {_ATTN_ARGS}) -> (Tensor, Tensor, Tensor)")
+            f"Tensor? grad_lse, {_ATTN_ARGS}, {_WINDOW}) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float? scale, str precision, bool return_lse, "
-            "bool sync_checks, str backend) -> (Tensor, Tensor)")
+            f"bool sync_checks, str backend, {_WINDOW}) -> (Tensor, Tensor)")
 _lib.define("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             "Tensor? grad_lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
-            "bool is_causal, float? scale, str precision, str backend) -> (Tensor, Tensor, Tensor)")
+            f"bool is_causal, float? scale, str precision, str backend, {_WINDOW}) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
             "str precision, bool return_lse, int num_splits, bool sync_checks, int window_left, int window_right, "
@@ -77,40 +82,55 @@ def _register(name: str, fn) -> None:
         _lib.impl(name, fn, key)
 
 
-def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend):
+def _window(is_causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
+    """The ops' window arguments checked (they may come from a direct op call) and normalized as the API does."""
+    if window_left == window_right == -1:
+        return NO_WINDOW
+    return check_window((window_left, window_right), is_causal)
+
+
+def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                           precision=precision, return_lse=False, backend=backend)[0]
+                           precision=precision, return_lse=False, backend=backend,
+                           window=_window(is_causal, window_left, window_right))[0]
 
 
-def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend):
+def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                           precision=precision, return_lse=True, backend=backend)
+                           precision=precision, return_lse=True, backend=backend,
+                           window=_window(is_causal, window_left, window_right))
 
 
-def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse):
+def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1,
+                   window_right=-1):
     check_out_memory(out, {"q": q, "k": k, "v": v})
     lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
-                          precision=precision, return_lse=return_lse, backend=backend)[1]
+                          precision=precision, return_lse=return_lse, backend=backend,
+                          window=_window(is_causal, window_left, window_right))[1]
     return q.new_empty(0, dtype=torch.float32) if lse is None else lse
 
 
-def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend):
+def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend,
+                        window_left=-1, window_right=-1):
     return backward.attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal, scale=scale,
-                                       enable_gqa=enable_gqa, precision=precision, backend=backend)
+                                       enable_gqa=enable_gqa, precision=precision, backend=backend,
+                                       window=_window(is_causal, window_left, window_right))
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision,
-                      return_lse, sync_checks, backend):
+                      return_lse, sync_checks, backend, window_left=-1, window_right=-1):
     return varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    is_causal=is_causal, scale=scale, precision=precision, return_lse=return_lse,
-                                   sync_checks=sync_checks, backend=backend)
+                                   sync_checks=sync_checks, backend=backend,
+                                   window=_window(is_causal, window_left, window_right))
 
 
 def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, is_causal, scale, precision, backend):
+                               max_seqlen_k, is_causal, scale, precision, backend, window_left=-1, window_right=-1):
     return backward.attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                               max_seqlen_q, max_seqlen_k, is_causal=is_causal, scale=scale,
-                                              precision=precision, backend=backend)
+                                              precision=precision, backend=backend,
+                                              window=_window(is_causal, window_left, window_right))
 
 
 def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale,
@@ -146,45 +166,52 @@ def _fake_lse(q):
 
 
 @torch.library.register_fake("xkernels::attention")
-def _(q, k, v, is_causal, scale, enable_gqa, precision, backend):
-    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend)
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
+    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
+                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("xkernels::attention_lse")
-def _(q, k, v, is_causal, scale, enable_gqa, precision, backend):
-    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend)
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
+    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
+                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
     return q.new_empty(q.shape), _fake_lse(q)
 
 
 @torch.library.register_fake("xkernels::attention_out")
-def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse):
-    resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend)
+def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1, window_right=-1):
+    resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
+                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
     check_out_storage(out, {"q": q, "k": k, "v": v})
     return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
 
 
 @torch.library.register_fake("xkernels::attention_backward")
-def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend):
+def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
+      window_right=-1):
     resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa, precision=precision,
-                               backend=backend)
+                               backend=backend, is_causal=is_causal,
+                               window=_window(is_causal, window_left, window_right))
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 
 @torch.library.register_fake("xkernels::attention_varlen")
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
-      sync_checks, backend):
+      sync_checks, backend, window_left=-1, window_right=-1):
     resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             precision=precision, backend=backend)
+                             precision=precision, backend=backend, is_causal=is_causal,
+                             window=_window(is_causal, window_left, window_right))
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("xkernels::attention_varlen_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-      precision, backend):
+      precision, backend, window_left=-1, window_right=-1):
     resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
-                                      max_seqlen_q, max_seqlen_k, precision=precision, backend=backend)
+                                      max_seqlen_q, max_seqlen_k, precision=precision, backend=backend,
+                                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 
@@ -215,18 +242,18 @@ def _(a, b, out, b_layout, walk, out_dtype, backend):
 def _save_lse(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
     ctx.save_for_backward(q, k, v, *output)
-    ctx.flags = flags  # is_causal, scale, enable_gqa, precision, backend
+    ctx.flags = flags  # is_causal, scale, enable_gqa, precision, backend, window_left, window_right
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensor to build and read
 
 
 def _backward_lse(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     if grad_out is None and grad_lse is None:
-        return None, None, None, None, None, None, None, None
+        return None, None, None, *(None,) * len(ctx.flags)
     if grad_out is None:  # only the LSE reached the loss
         grad_out = torch.zeros_like(out)
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, *(None,) * len(ctx.flags)
 
 
 def _save_inputs(ctx, inputs, output) -> None:
@@ -239,19 +266,20 @@ def _backward_recompute(ctx, grad_out):
     q, k, v = ctx.saved_tensors
     out, lse = attention_lse_op(q, k, v, *ctx.flags)
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, None, *ctx.flags)
-    return dq, dk, dv, None, None, None, None, None
+    return dq, dk, dv, *(None,) * len(ctx.flags)
 
 
 def _save_varlen(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, _, _, backend = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, _, _, backend, \
+        *window = inputs
     ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output)
-    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend)
+    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend, *window)
     ctx.set_materialize_grads(False)
 
 
 def _backward_varlen(ctx, grad_out, grad_lse):
     q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse = ctx.saved_tensors
-    nones = (None,) * 10  # cu_seqlens, lengths and flags
+    nones = (None,) * (len(ctx.flags) + 4)  # cu_seqlens, lengths and flags (return_lse and sync_checks too)
     if grad_out is None and grad_lse is None:
         return None, None, None, *nones
     if lse.dim() != 2:  # the (0,) placeholder of a call without return_lse

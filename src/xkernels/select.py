@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from xkernels.common.runtime import INTERPRET, check_device, device_index, hopper_available, sm_count
+from xkernels.common.seqlen import Band
 from xkernels.common.targets import TARGETS, Target, device_target
 from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
@@ -32,6 +33,7 @@ from xkernels.hopper.configs import (
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import AttentionRecipe
 from xkernels.validation import (
+    NO_WINDOW,
     check_attention,
     check_attention_backward,
     check_attention_kvcache,
@@ -155,54 +157,70 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 
-def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:
-    """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, GQA and length); else portable."""
+def _no_hopper_window(override: Override, window: tuple[int, int], is_causal: bool, op: str) -> bool:
+    """Whether the call has a sliding window (which only the portable kernels apply); a forced "hopper" raises."""
+    windowed = Band.of(is_causal, window).windowed
+    if windowed and override.layer == "hopper":
+        raise ValueError(f"backend: 'hopper' was forced, but {op} with window_size={window} runs the portable kernels "
+                         "only (the Hopper kernels have no sliding window yet)")
+    return windowed
+
+
+def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override,
+                     windowed: bool = False) -> Choice:
+    """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, GQA and length), but for sliding
+    windows; else portable."""
     on_hopper = hopper_available(device)
     if override.layer == "hopper" and not on_hopper:
         raise ValueError("backend: 'hopper' was forced, but attention there needs sm_90 and a tested triton")
-    if override.layer != "portable" and on_hopper:
+    if override.layer != "portable" and on_hopper and not windowed:
         return Choice("hopper", _hopper_forward(head_dim, recipe, override))
     return Choice("portable", portable_configs.attention_config(head_dim, recipe, _target(device)))
 
 
-def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str):
+def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str, is_causal: bool = False,
+                      window: tuple[int, int] = NO_WINDOW):
     """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
     alike, so a traced call raises what the eager call raises. Calls with few query rows take the split-KV kernel
-    unless "hopper" is forced. Returns (recipe, Choice)."""
+    unless "hopper" is forced; sliding windows (`window`, checked) the portable kernels. Returns (recipe, Choice)."""
     recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
     check_device(q.device, "q")
     override = parse_backend(backend)
+    windowed = _no_hopper_window(override, window, is_causal, "attention")
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
     d = int(q.shape[-1])
     if override.layer != "hopper" and q.shape[2] <= DECODE_MAX_SQ:  # a guard on the relation, not on Sq
         return recipe, Choice("portable", portable_configs.decode_config(d, _target(q.device)), "decode")
-    return recipe, select_attention(q.device, d, recipe, override)
+    return recipe, select_attention(q.device, d, recipe, override, windowed)
 
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
-                               backend: str):
+                               backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW):
     """The backward's checks and kernel choice, for the real and the fake kernel alike: on sm_90 with a tested triton
     the Hopper dK/dV and dQ kernels (every head dim: D256 splits dK's and dV's columns across the warpgroups), else
     the portable kernels. `backend` "portable" forces those; "hopper" where the Hopper backward has no kernel (other
     GPUs, an untested triton) runs the portable one (`last_backend()` names it), and config overrides
-    ("hopper:stages=3") apply to the forward only. Returns (recipe, Choice)."""
+    ("hopper:stages=3") apply to the forward only; a sliding window runs the portable kernels (forcing "hopper"
+    raises). Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=True)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window)
 
 
-def _backward_choice(q, backend: str, *, hopper_by_default: bool) -> Choice:
+def _backward_choice(q, backend: str, *, hopper_by_default: bool, is_causal: bool = False,
+                     window: tuple[int, int] = NO_WINDOW) -> Choice:
     """The backward kernels: the Hopper dK/dV and dQ kernels on sm_90 with a tested triton where "hopper" is forced,
-    or with `hopper_by_default` where no layer is, else the portable ones."""
+    or with `hopper_by_default` where no layer is, but for sliding windows; else the portable ones."""
     check_device(q.device, "q")
     override = parse_backend(backend)
+    windowed = _no_hopper_window(override, window, is_causal, "the attention backward")
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])
     portable = portable_configs.attention_bwd_config(d, _target(q.device))
-    wanted = override.layer == "hopper" or (hopper_by_default and override.layer is None)
+    wanted = not windowed and (override.layer == "hopper" or (hopper_by_default and override.layer is None))
     if wanted and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
         return Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, ATTENTION_DQ_CONFIGS.get(d)))
     return Choice("portable", portable)
@@ -212,16 +230,17 @@ def _backward_choice(q, backend: str, *, hopper_by_default: bool) -> Choice:
 HOPPER_VARLEN_HEAD_DIMS = (64, 128, 256)
 
 
-def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:
+def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, window: tuple[int, int]) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
-    overrides) on sm_90 with a tested triton at the head dims it ran at, else the portable one; a forced layer that
-    cannot run raises."""
+    overrides) on sm_90 with a tested triton at the head dims it ran at, but for sliding windows; else the portable
+    one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
+    windowed = _no_hopper_window(override, window, is_causal, "attention_varlen")
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])
-    hopper = hopper_available(q.device) and d in HOPPER_VARLEN_HEAD_DIMS
+    hopper = hopper_available(q.device) and d in HOPPER_VARLEN_HEAD_DIMS and not windowed
     if override.layer == "hopper" and not hopper:
         raise ValueError(f"backend: 'hopper' was forced, but attention_varlen there needs sm_90, a tested triton and "
                          f"a head dim in {HOPPER_VARLEN_HEAD_DIMS}")
@@ -231,22 +250,23 @@ def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:
 
 
 def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, precision: str,
-                             backend: str):
+                             backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW):
     """The varlen forward's metadata checks and kernel choice. Returns (recipe, Choice)."""
     recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     precision=precision)
-    return recipe, _varlen_choice(q, recipe, backend)
+    return recipe, _varlen_choice(q, recipe, backend, is_causal, window)
 
 
 def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
-                                     max_seqlen_q, max_seqlen_k, *, precision: str, backend: str):
+                                     max_seqlen_q, max_seqlen_k, *, precision: str, backend: str,
+                                     is_causal: bool = False, window: tuple[int, int] = NO_WINDOW):
     """The varlen backward's checks and kernel: on sm_90 with a tested triton the Hopper dK/dV and dQ kernels' packed
     variants (`VARLEN`; 1.4-1.7x padded SDPA-cuDNN's backward and 1.3x the portable kernels on the bench's packed
     batches), else the portable kernels, as the dense backward (`backend="portable"` forces them; config fields
     apply to the forward only; `last_backend()` names the kernels). Returns (recipe, Choice)."""
     recipe = check_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=True)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,

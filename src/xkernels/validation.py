@@ -194,6 +194,9 @@ def check_max_seqlen(m: object, name: str) -> None:
         raise ValueError(f"{name}: {m} is outside 0..{MAX_SEQLEN} (token rows are 32-bit in the kernels)")
 
 
+NO_WINDOW = (-1, -1)  # window_size's default: no sliding window
+
+
 def check_window(window: object, is_causal: bool) -> tuple[int, int]:
     """FlashAttention's window_size: (left, right) ints >= -1 (-1: unbounded); causal windows end at the query
     (right -1 or 0). Returns (left, right) with a causal right of -1 made 0."""

@@ -11,8 +11,9 @@ import torch
 from xkernels import plans, select
 from xkernels.common import launch
 from xkernels.common.runtime import strides_ok
+from xkernels.common.seqlen import Band
 from xkernels.portable import attention_varlen as kernel
-from xkernels.validation import check_cu_seqlens
+from xkernels.validation import NO_WINDOW, check_cu_seqlens
 
 
 def _tiled(t: torch.Tensor) -> torch.Tensor:
@@ -37,15 +38,16 @@ def bad_cu_seqlens(cu: torch.Tensor, total: int, max_seqlen: int) -> torch.Tenso
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      is_causal: bool, scale: float | None, precision: str, return_lse: bool, sync_checks: bool,
-                     backend: str):
+                     backend: str, window: tuple[int, int] = NO_WINDOW):
     """(O (total_q, Hq, D), LSE (Hq, total_q) fp32, or an empty tensor unless `return_lse`). The cu_seqlens values
     are read to the host and checked with `sync_checks`; without, they are checked on the device, and a bad call
     runs on empty sequences (nothing read or written outside the packed tensors) and returns NaN everywhere. During
-    CUDA-graph capture nothing is checked."""
+    CUDA-graph capture nothing is checked. `window`: a checked window_size, aligned bottom-right as is_causal."""
     # the kernel reads cu_seqlens as contiguous int32 (the checks below read the same values)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     recipe, choice = select.resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                                     max_seqlen_k, precision=precision, backend=backend)
+                                                     max_seqlen_k, precision=precision, backend=backend,
+                                                     is_causal=is_causal, window=window)
     total_q, hq, d = q.shape
     bad = None
     if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
@@ -64,7 +66,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         plans._record("empty")
     else:
         plans._record(run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                          max_seqlen_k, is_causal=is_causal, scale=scale, recipe=recipe, choice=choice))
+                          max_seqlen_k, is_causal=is_causal, scale=scale, recipe=recipe, choice=choice,
+                          band=Band.of(is_causal, window)))
     if bad is not None:  # after the early outs too: a bad call with no work to launch still answers NaN
         out.masked_fill_(bad, float("nan"))
         lse.masked_fill_(bad, float("nan"))
@@ -72,9 +75,11 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 
 
 def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool,
-        scale: float | None, recipe, choice) -> str:
+        scale: float | None, recipe, choice, band: Band | None = None) -> str:
     """Launch the varlen kernel `choice` names (on Hopper the persistent one where it serves the call); returns the
-    kernel's name for `last_backend()`. `lse` (Hq, total_q) or None."""
+    kernel's name for `last_backend()`. `lse` (Hq, total_q) or None; `band` a sliding window (portable kernel)."""
+    band = band or Band(is_causal)
+    is_causal = band.causal
     total_q, hq, d = q.shape
     q, k, v = _tiled(q), _tiled(k), _tiled(v)
     batch = cu_seqlens_q.shape[0] - 1
@@ -95,11 +100,12 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
     else:
         fn = kernel.attention_varlen_kernel
         grid, constexprs, options = kernel.launch_spec(batch, hq, max_seqlen_q, d, is_causal=is_causal,
-                                                       recipe=recipe, write_lse=lse is not None, cfg=choice.config)
+                                                       recipe=recipe, write_lse=lse is not None, cfg=choice.config,
+                                                       band=band)
     args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
             *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
     launch.run(fn, grid, args, constexprs, options)
-    return f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}]"
+    return f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}{band}]"
 
 
 def _persistent(q, k, v, max_seqlen_k: int, is_causal: bool, recipe, cfg) -> bool:

@@ -145,3 +145,30 @@ def test_sliding_window_model_matches_sdpa(device):
         assert _rel(a, b) < 2e-2, (step, _rel(a, b))
         if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
             break
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_sliding_window_training_step_matches_sdpa(device, padded):
+    """Training a windowed model: the window reaches the dense backward (no padding) or the varlen backward (left
+    padding), and the attention weights' gradients match the fp32 model's through sdpa's masked attention within
+    bf16 noise, as in the unwindowed training test; without the window they would not."""
+    ours, sdpa = tiny_mistral("xkernels", device, 6).train(), tiny_mistral("sdpa", device, 6).float().train()
+    ids = torch.randint(0, 256, (2, 21), generator=torch.Generator().manual_seed(5)).to(device)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :4] = 0
+
+    def grads(model):
+        labels = ids.masked_fill(mask == 0, -100)
+        model(ids, attention_mask=mask if padded else None, labels=labels).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if "self_attn" in n}
+
+    got = grads(ours)
+    ran = xkernels.last_backend()
+    assert "backward" in ran and "window=5,0" in ran, ran
+    want = grads(sdpa)
+    unwindowed = grads(tiny_mistral("sdpa", device, 64).float().train())
+    for name, g in got.items():
+        assert g is not None and torch.isfinite(g).all(), name
+        assert _rel(g, want[name]) < 5e-2, (name, _rel(g, want[name]))
+    assert max(_rel(unwindowed[n], want[n]) for n in want) > 0.2, "the window must change the gradients"

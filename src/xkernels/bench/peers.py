@@ -18,6 +18,7 @@ from xkernels.testing.cases import (
     VarlenCase,
     VarlenGradCase,
 )
+from xkernels.validation import NO_WINDOW
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,12 @@ def _sdpa_peer(name: str, backend_name: str, case: AttentionCase) -> Peer:
 
     backend = getattr(SDPBackend, backend_name)
     gqa = case.hq != case.hkv
+    if case.window != NO_WINDOW:  # SDPA has no window: its mask, built once outside the timing
+        def masked(qkvm):
+            q, k, v, mask = qkvm
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+        return Peer(name, lambda: sdpa_kernel([backend]), lambda qkv: (*qkv, case.mask(qkv[0].device)), masked)
 
     def fn(qkv):
         q, k, v = qkv
@@ -50,9 +57,16 @@ def _sdpa_grad_peer(name: str, backend_name: str, case: AttentionGradCase | Varl
     backend = getattr(SDPBackend, backend_name)
     gqa = case.hq != case.hkv
     dense = case.padded if isinstance(case, VarlenGradCase) else (lambda inputs: inputs)
+    windowed = isinstance(case, AttentionGradCase) and case.window != NO_WINDOW
+    masks: dict = {}  # SDPA has no window: its mask, built once (the first call) per device
 
     def forward(q, k, v):
         leaves = tuple(t.detach().requires_grad_() for t in (q, k, v))
+        if windowed:
+            mask = masks.get(q.device)
+            if mask is None:
+                mask = masks[q.device] = case.mask(q.device)
+            return F.scaled_dot_product_attention(*leaves, attn_mask=mask, enable_gqa=gqa), leaves
         return F.scaled_dot_product_attention(*leaves, is_causal=case.causal, enable_gqa=gqa), leaves
 
     def prepare(inputs):
@@ -79,10 +93,10 @@ def _flash_attn_peer(case: AttentionCase) -> Peer | None:
         from flash_attn import flash_attn_func
     except ImportError:
         return None
-    if case.causal and case.sq != case.skv:
-        return None  # flash_attn aligns causal masks bottom-right; ours (and PyTorch's) top-left
+    if (case.causal or case.window != NO_WINDOW) and case.sq != case.skv:
+        return None  # flash_attn aligns causal masks and windows bottom-right; ours (and PyTorch's) top-left
     return Peer("flash_attn", contextlib.nullcontext, lambda qkv: tuple(t.transpose(1, 2).contiguous() for t in qkv),
-                lambda qkv: flash_attn_func(*qkv, causal=case.causal))
+                lambda qkv: flash_attn_func(*qkv, causal=case.causal, window_size=case.window))
 
 
 def _sdpa_decode_peer(name: str, backend_name: str | None, case: DecodeCase) -> Peer:

@@ -56,6 +56,8 @@ def attention_suite(quick: bool) -> list[Case]:
         cases += [AttentionCase(e.b, e.hq, e.hkv, e.sq, e.skv, e.d, e.causal, r) for r in recipes]
     cases += [AttentionCase(1, 32, 32, 8192, 8192, 128, False, "bf16", "portable"),
               AttentionCase(4, 32, 32, 4096, 4096, 64, False, "bf16", "portable")]
+    # a causal sliding window of 4K keys (Mistral's) on 16K tokens: the portable kernels' band against SDPA's mask
+    cases += [AttentionCase(1, 32, 8, 16384, 16384, 128, True, "bf16", window=(4095, 0))]
     return cases + (attention_ablation() if hopper_here() else [])
 
 
@@ -90,7 +92,8 @@ def attention_bwd_suite(quick: bool) -> list[Case]:
     cases += [AttentionGradCase(b, h, h, s, s, d, c, "bf16", step="fwd+bwd") for b, h, s, d, c in rows[:2]]
     if not quick:
         cases += [AttentionGradCase(1, 32, 32, 8192, 8192, 128, False, "fp16", step="bwd"),
-                  AttentionGradCase(1, 32, 8, 8192, 8192, 128, True, "bf16", step="bwd")]
+                  AttentionGradCase(1, 32, 8, 8192, 8192, 128, True, "bf16", step="bwd"),
+                  AttentionGradCase(1, 32, 8, 16384, 16384, 128, True, "bf16", window=(4095, 0), step="fwd+bwd")]
     return cases
 
 

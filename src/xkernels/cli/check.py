@@ -41,12 +41,14 @@ def check_cases(device: str) -> list[Case]:
         cases += [DecodeCase(8, 32, 8, 8192, 128, cache=c) for c in ("dense-api", "dense", "paged16")]
         cases += [VarlenCase(8, 256, 2048, 32, 8, 128, True)]
         cases += [AttentionGradCase(1, 16, 16, 2048, 2048, 128, True, "bf16", step="fwd+bwd"),
-                  VarlenGradCase(8, 256, 2048, 16, 4, 128, True, step="fwd+bwd")]
+                  VarlenGradCase(8, 256, 2048, 16, 4, 128, True, step="fwd+bwd"),
+                  AttentionGradCase(1, 16, 4, 2048, 2048, 128, True, "bf16", window=(511, 0), step="fwd+bwd")]
     else:
         cases += [DecodeCase(2, 4, 2, 100, 64, cache=c) for c in ("dense-api", "dense", "paged16")]
         cases += [VarlenCase(3, 5, 60, 4, 2, 64, True)]
         cases += [AttentionGradCase(1, 2, 2, 40, 40, 64, True, "fp16", step="fwd+bwd"),
-                  VarlenGradCase(3, 5, 40, 4, 2, 64, True, "fp16", step="fwd+bwd")]
+                  VarlenGradCase(3, 5, 40, 4, 2, 64, True, "fp16", step="fwd+bwd"),
+                  AttentionGradCase(1, 2, 1, 40, 40, 64, True, "fp16", window=(9, 0), step="fwd+bwd")]
     return cases
 
 

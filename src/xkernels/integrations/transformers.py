@@ -10,11 +10,12 @@ the left (what `generate()` makes of prompts of different lengths): each row's m
 valid position to the end, causal or not", which is checked on the device (a few reads to the host); prefill packs
 the valid rows and keys through `xkernels.attention_varlen`, decoding reads the cache in place as a left-padded
 cache (`attention_with_kvcache(cache_leftpad=...)`); rows that see no key return 0, as SDPA.
-Sliding-window layers (Mistral, Gemma, ...; the `sliding_window` argument, its mask) run through the KV-cache
-kernel's window (inference only). Another mask (right padding with causal attention, arbitrary patterns) raises a
-ValueError saying so; so do dropout, softcapping and attention sinks. Inputs must be fp16 or bf16 (the model's
-dtype) with head dims 64, 128 or 256. Training works too: padded batches through the varlen backward (decoding
-steps and sliding windows are inference only).
+Sliding-window layers (Mistral, Gemma, ...; the `sliding_window` argument, its mask) pass the window to the same
+kernels (`window_size`): unpadded prefill and training through `attention`, padded or chunked prefill through
+`attention_varlen`, decoding steps through the KV-cache kernel. Another mask (right padding with causal attention,
+arbitrary patterns) raises a ValueError saying so; so do dropout, softcapping and attention sinks. Inputs must be
+fp16 or bf16 (the model's dtype) with head dims 64, 128 or 256. Training works too, windowed or not: padded batches
+through the varlen backward (decoding steps are inference only).
 """
 
 from __future__ import annotations
@@ -46,7 +47,11 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
         window = None  # every key is inside every query's window
     if attention_mask is not None:
         return _left_padded(query, key, value, attention_mask, scaling, window), None
-    if window is not None:  # no mask, but the window cuts keys: causal, no padding
+    if window is not None and q_length == kv_length:  # unpadded prefill or training: the dense kernels' window
+        out = xkernels.attention(query, key, value, is_causal=True, scale=scaling,
+                                 enable_gqa=query.shape[1] != key.shape[1], window_size=(window - 1, 0))
+        return out.transpose(1, 2).contiguous(), None
+    if window is not None:  # no mask, but the window cuts keys and the queries end the keys: causal, no padding
         mask = torch.ones((query.shape[0], 1, q_length, kv_length), dtype=torch.bool, device=query.device)
         return _left_padded(query, key, value, mask.tril(kv_length - q_length) & _window_mask(q_length, kv_length,
                                                                                               window, query.device),
@@ -70,10 +75,10 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                  scaling: float | None, window: int | None = None) -> torch.Tensor:
     """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, Skv), causally (key j for query i
     when j <= i + Skv - Sq) or all of them, and with a sliding `window` only keys j > i + Skv - Sq - window. Decoding
-    steps (a few causal rows) and every windowed call read K and V in place as a left-padded cache
-    (`attention_with_kvcache(cache_leftpad=..., window_size=(window - 1, 0))`); other prefill packs the valid rows and
-    keys into one varlen call and unpacks them, the rows that see no key at 0; so does every call that needs
-    gradients (the split-KV kernel has no backward; a windowed one raises). Any other mask raises."""
+    steps (a few causal rows) read K and V in place as a left-padded cache (`attention_with_kvcache(cache_leftpad=
+    ...)`, with the window as `window_size=(window - 1, 0)`); other prefill packs the valid rows and keys into one
+    varlen call (the window aligned bottom-right there too) and unpacks them, the rows that see no key at 0; so does
+    every call that needs gradients (the split-KV kernel has no backward). Any other mask raises."""
     batch, _, sq, _ = query.shape
     skv = key.shape[2]
     if mask.dtype != torch.bool or mask.dim() != 4 or tuple(mask.shape) != (batch, 1, sq, skv):
@@ -95,20 +100,13 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                          "attn_implementation='sdpa'")
     q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
-    if window is not None:
-        if training:
-            raise ValueError(f"sliding_window: {window} with gradients is not supported by "
-                             "attn_implementation='xkernels' (windows are served by the inference-only KV-cache "
-                             "kernel); use attn_implementation='sdpa' to train")
-        lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
-        return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,
-                                               cache_leftpad=start.to(torch.int32), scale=scaling, sync_checks=False,
-                                               window_size=(window - 1, 0))
+    window_size = (-1, -1) if window is None else (window - 1, 0)  # transformers' window counts the query's key
     if is_causal and sq <= DECODE_MAX_SQ and not training:  # decoding: the split-KV kernel reads the cache in place
         lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
         # lengths and first keys come from the mask checked above: no second read of the cache checks
         return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,
-                                               cache_leftpad=start.to(torch.int32), scale=scaling, sync_checks=False)
+                                               cache_leftpad=start.to(torch.int32), scale=scaling, sync_checks=False,
+                                               window_size=window_size)
     rows = mask.any(2)  # (B, Sq): queries that see a key
     q_counts, k_counts = rows.sum(1), key_ok.sum(1)
     zero = torch.zeros(1, dtype=torch.int32, device=mask.device)
@@ -117,7 +115,7 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     max_q, max_k = torch.stack([q_counts.max(), k_counts.max()]).tolist()
     # cu_seqlens and their bounds come from the mask checked above: no second read to check them
     packed = xkernels.attention_varlen(q_t[rows], k_t[key_ok], v_t[key_ok], cu_q, cu_k, max_q, max_k,
-                                       is_causal=is_causal, scale=scaling, sync_checks=False)
+                                       is_causal=is_causal, scale=scaling, sync_checks=False, window_size=window_size)
     out = q_t.new_zeros(q_t.shape)
     out[rows] = packed
     return out

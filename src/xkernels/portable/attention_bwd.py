@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from xkernels.common.seqlen import kv_bounds_shifted, q_bounds, sequence
+from xkernels.common.seqlen import Band, kv_band_start, kv_bounds_shifted, q_bounds, sequence
 from xkernels.portable.dot import mma
 
 
@@ -99,16 +99,17 @@ def _tile_t(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constex
 def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                 do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ,
                 SKV, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                INTERPRET: tl.constexpr, VARLEN: tl.constexpr):
+                INTERPRET: tl.constexpr, VARLEN: tl.constexpr, SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
     """Works on transposed scores, S^T = K Q^T (keys on rows): P^T and dS^T come out of one product as the left
     operand of the next (dV += P^T dO, dK += dS^T Q), so nothing is transposed in registers."""
     n_blocks = tl.cdiv(SKV, BLOCK_N)
     bhk = (tl.program_id(0) // n_blocks).to(tl.int64)
     b, hk = bhk // HKV, bhk % HKV
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
+    offset += SHIFT
     start_n = (tl.program_id(0) % n_blocks) * BLOCK_N
     # a program past its sequence's last key walks no query and stores nothing (its loads and stores are masked)
-    lo, q_end = q_bounds(start_n, offset, sq, skv, BLOCK_M, CAUSAL, VARLEN)
+    lo, q_end = q_bounds(start_n, offset, sq, skv, BLOCK_M, CAUSAL, VARLEN, BLOCK_N, BAND)
     keys = start_n + tl.arange(0, BLOCK_N)
     k_base = K + b * k_sb + hk * k_sh + k0 * k_ss
     v_base = V + b * v_sb + hk * v_sh + k0 * v_ss
@@ -132,6 +133,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
             keep = (keys[:, None] < skv) & (rows[None, :] < sq)
             if CAUSAL:
                 keep = keep & (keys[:, None] <= rows[None, :] + offset)
+            if BAND >= 0:
+                keep = keep & (keys[:, None] >= rows[None, :] + offset - BAND)
             p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse[None, :] * 1.4426950408889634), 0.0)
             dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
             dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
@@ -149,12 +152,13 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
 def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
               do_sb, do_sh, do_ss, dq_sb, dq_sh, dq_ss, lse_sh, HQ, GROUP, SQ, SKV, scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              INTERPRET: tl.constexpr, VARLEN: tl.constexpr):
+              INTERPRET: tl.constexpr, VARLEN: tl.constexpr, SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     b, h = bh // HQ, bh % HQ
     hk = h // GROUP
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
+    offset += SHIFT
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     if start_m < sq:
         rows = start_m + tl.arange(0, BLOCK_M)
@@ -165,10 +169,14 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k
         delta = tl.load(DELTA + row_base + rows, mask=rows < sq, other=0.0)
         dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         _, hi = kv_bounds_shifted(start_m, offset, skv, BLOCK_M, BLOCK_N, CAUSAL)
+        lo = 0
+        if BAND >= 0:
+            lo, _ = kv_band_start(start_m, offset, BLOCK_M, BLOCK_N, BAND)
         k_base = K + b * k_sb + hk * k_sh + k0 * k_ss
         v_base = V + b * v_sb + hk * v_sh + k0 * v_ss
         qk_scale = scale * 1.4426950408889634
-        for start_n in range(0, hi, BLOCK_N):
+        for step in range(0, hi - lo, BLOCK_N):  # counted from 0: from `lo`, ptxas keeps 8 bytes of stack (sm_120)
+            start_n = lo + step
             keys = start_n + tl.arange(0, BLOCK_N)
             k = _tile(k_base, k_ss, start_n, skv, HEAD_DIM, BLOCK_N)
             v = _tile(v_base, v_ss, start_n, skv, HEAD_DIM, BLOCK_N)
@@ -176,6 +184,8 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k
             keep = (rows[:, None] < sq) & (keys[None, :] < skv)
             if CAUSAL:
                 keep = keep & (keys[None, :] <= rows[:, None] + offset)
+            if BAND >= 0:
+                keep = keep & (keys[None, :] >= rows[:, None] + offset - BAND)
             p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634), 0.0)
             dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
             ds = p * (dp - delta[:, None])
@@ -257,7 +267,7 @@ def finish_dq(dq_accum, dq, *, scale: float, block_m: int, num_warps: int = 4) -
 
 
 def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg,
-              packed: Packed | None = None) -> None:
+              packed: Packed | None = None, band: Band | None = None) -> None:
     from xkernels.common.launch import run as run_kernel
 
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
@@ -265,15 +275,15 @@ def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg
                (q, k, v, do, lse, delta, dq, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
                 *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), _lse_head_stride(lse, packed),
                 hq, hq // hkv, sq, skv, scale),
-               cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
+               cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None, band=band), cfg.options())
 
 
 def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg,
-           packed: Packed | None = None) -> None:
+           packed: Packed | None = None, band: Band | None = None) -> None:
     """Gradients of O = attention(q, k, v) given dO (and dLSE, or None), written into dq, dk, dv (allocated by the
     caller, any strides with a unit last stride, like every input): dense (B, H, S, D) tensors with `lse` and
     `grad_lse` (B, Hq, Sq) contiguous fp32, or with `packed` a varlen batch, (total, H, D) tensors with `lse` and
-    `grad_lse` (Hq, total_q). Workspace: delta, one fp32 per query row and head."""
+    `grad_lse` (Hq, total_q); `band` a sliding window. Workspace: delta, one fp32 per query row and head."""
     from xkernels.common.launch import run as run_kernel
 
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
@@ -282,5 +292,5 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale:
                (q, k, v, do, lse, delta, dk, dv, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
                 *_strides(v, packed), *_strides(do, packed), *_strides(dk, packed), *_strides(dv, packed),
                 _lse_head_stride(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),
-               cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None), cfg.options())
-    launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg, packed=packed)
+               cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None, band=band), cfg.options())
+    launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg, packed=packed, band=band)

@@ -4,7 +4,9 @@ One program owns BLOCK_M query rows of one (batch, head) and streams K/V tiles o
 softmax. Tiles that need no mask (inside the sequence and, when causal, wholly below the diagonal) run a loop without
 masking; the diagonal and tail tiles run a masked loop; tiles wholly above the diagonal are never visited. GQA maps
 query head h to kv head h // (Hq / Hkv): no K/V copies. Causal is top-left aligned, as in
-F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i, whatever Sq and Skv are.
+F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i, whatever Sq and Skv are. A sliding window
+(`common.seqlen.Band`) is aligned the same way: query i sees keys i - left <= j <= i + right; the tiles below the
+window of the block's first row are never visited, and those the lower side cuts for some row run masked.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xkernels.common.seqlen import kv_bounds
+from xkernels.common.seqlen import Band, kv_band_start, kv_bounds_shifted
 from xkernels.portable import tiles
 from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.dot import mma
@@ -25,13 +27,19 @@ from xkernels.recipes import AttentionRecipe
 def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk_scale, SKV,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                   PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr,
-                  EMPTY_ROWS: tl.constexpr):
+                  EMPTY_ROWS: tl.constexpr, BAND: tl.constexpr = -1, gap_at=0, gap=0):
     """Fold K/V tiles [lo, hi) into the running (acc, row sum l_i, row max m_i), all in base-2 units. K and V come
     from descriptors (`k_src`, `v_src`), or without them from those base pointers and row strides. Causal keeps key
-    j for row i when j <= offs_m[i] (callers shift offs_m for other alignments). EMPTY_ROWS: some rows may see no
-    key at all (`softmax.online_step`)."""
+    j for row i when j <= offs_m[i] (callers shift offs_m for other alignments and windows), a lower band side
+    (BAND >= 0) when j >= offs_m[i] - BAND; with a band, tiles from `gap_at` on are taken `gap` keys further on
+    (one loop over the band's two masked stretches, around the unmasked tiles between them: one loop fewer keeps
+    the registers of a D256 tile on sm_80 within the file). EMPTY_ROWS: some rows may see no key at all
+    (`softmax.online_step`)."""
     offs_n = tl.arange(0, BLOCK_N)
-    for start_n in tl.range(lo, hi, BLOCK_N):
+    for tile in tl.range(lo, hi, BLOCK_N):
+        start_n = tile
+        if BAND >= 0:
+            start_n = tile + tl.where(tile >= gap_at, gap, 0)
         if DESCRIPTORS:
             k = k_src.load([start_n, 0])
         else:
@@ -42,6 +50,8 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk
             keep = keys[None, :] < SKV
             if CAUSAL:
                 keep = keep & (keys[None, :] <= offs_m[:, None])
+            if BAND >= 0:
+                keep = keep & (keys[None, :] >= offs_m[:, None] - BAND)
             s = tl.where(keep, s, float("-inf"))
         p, m_i, l_i, acc = online_step(s, m_i, l_i, acc, EMPTY_ROWS)
         # recipe: P rounded to PV_DTYPE; V converted in-kernel when its storage dtype differs (bf16io)
@@ -53,6 +63,24 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk
     return acc, l_i, m_i
 
 
+@triton.jit
+def _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, offset, full_hi, hi, offs_m, qk_scale, SKV,
+          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+          PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, BAND: tl.constexpr):
+    """The key tiles of a row block from `start_m` under a band (`common.seqlen.Band`; the diagonal at `offset`,
+    SHIFT included; `offs_m` the rows shifted so): tiles [lo, mid) that the lower side cuts for some row and
+    [top, hi) past `full_hi` (the upper side, the tail) run masked in one loop, the tiles [mid, top) between them
+    unmasked; keys below lo are never visited. Rows may see no key."""
+    lo, full_lo = kv_band_start(start_m, offset, BLOCK_M, BLOCK_N, BAND)
+    mid = max(lo, min(full_lo, full_hi))
+    top = max(mid, full_hi)
+    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, mid, top, offs_m, qk_scale, SKV,
+                                  HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET, False)
+    return _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi - (top - mid), offs_m, qk_scale, SKV,
+                         HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET, True, BAND, mid,
+                         top - mid)
+
+
 # SQ and SKV are specialized (divisible by 16 or not), as M, N, K in the GEMM: vector loads where TMA is absent
 @triton.jit(do_not_specialize=["HQ", "GROUP"])
 def attention_fwd_kernel(Q, K, V, O, LSE,
@@ -60,7 +88,8 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
                          HQ, GROUP, SQ, SKV, qk_scale,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                         DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr):
+                         DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                         SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
     # one grid axis (CUDA caps the others at 65535): row blocks of one (batch, head) are neighbours, sharing K/V in L2
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
@@ -91,13 +120,21 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
 
     # [0, full_hi): whole tiles inside Skv and (causal) wholly at or below the diagonal of this row block
     # [full_hi, hi): the tail tile and the diagonal tiles, masked; keys >= hi are never visited
-    full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, 0, full_hi, offs_m, qk_scale, SKV,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET, False)
-    acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m, qk_scale, SKV,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET, False)
+    full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    # (a window's right side shifts the diagonal by SHIFT; its left side walks `_band`: rows may see no key)
+    if BAND >= 0:
+        acc, l_i, m_i = _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, SHIFT, full_hi, hi,
+                              offs_m + SHIFT, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
+                              DESCRIPTORS, INTERPRET, BAND)
+    else:
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, 0, full_hi, offs_m + SHIFT,
+                                      qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,
+                                      INTERPRET, False)
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m + SHIFT,
+                                      qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
+                                      INTERPRET, False)
 
-    o, lse = finish(acc, l_i, m_i, False)
+    o, lse = finish(acc, l_i, m_i, BAND >= 0)
     o = o.to(O.dtype.element_ty)
     if DESCRIPTORS:
         o_desc.store([start_m, 0], o)
@@ -108,8 +145,10 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
-                write_lse: bool, cfg: AttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
+                write_lse: bool, cfg: AttentionConfig,
+                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_fwd_kernel` with the config `select` chose; its runtime
-    arguments are `plans.attention_args` (shared with the Hopper kernel)."""
+    arguments are `plans.attention_args` (shared with the Hopper kernel). `band`: a sliding window (its `causal`
+    replaces `is_causal`)."""
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
-    return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse), cfg.options()
+    return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band), cfg.options()

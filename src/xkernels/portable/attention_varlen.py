@@ -4,8 +4,9 @@ q is (total_q, Hq, D) and k, v are (total_k, Hkv, D): sequence b holds rows cu_s
 and cu_seqlens_k[b]..cu_seqlens_k[b+1] of k and v. One program owns BLOCK_M query rows of one (sequence, head); it
 reads its sequence's bounds, returns at once past the sequence end (the grid covers max_seqlen_q), and runs the dense
 kernel's tile loop (`attention_fwd._attend_tiles`) on that sequence only, so no padding is computed. Causal is
-aligned bottom-right per sequence, as FlashAttention >= 2.1 and KV caches do: query i sees keys j <= i + Sk - Sq.
-Rows that see no key (causal with Sq > Sk, or Sk = 0) return O = 0 and LSE = -inf.
+aligned bottom-right per sequence, as FlashAttention >= 2.1 and KV caches do: query i sees keys j <= i + Sk - Sq,
+and so is a sliding window (`common.seqlen.Band`): keys i + Sk - Sq - left <= j <= i + Sk - Sq + right. Rows that
+see no key (causal with Sq > Sk, a window past the keys, or Sk = 0) return O = 0 and LSE = -inf.
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
+from xkernels.common.seqlen import Band, kv_bounds_shifted, sequence_bounds
 from xkernels.portable import tiles
-from xkernels.portable.attention_fwd import _attend_tiles
+from xkernels.portable.attention_fwd import _attend_tiles, _band
 from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.softmax import finish
 from xkernels.portable.tiles import load_tile, store_tile
@@ -27,7 +28,8 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
                             lse_sh, HQ, GROUP, MAX_SQ, qk_scale,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
-                            DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr):
+                            DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                            SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
     m_blocks = tl.cdiv(MAX_SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     bh = tl.program_id(0) // m_blocks
@@ -53,17 +55,22 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
             q = load_tile(q_base, start_m, 0, SQ, HEAD_DIM, q_st, BLOCK_M, HEAD_DIM)
 
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        offset = SKV - SQ  # bottom-right: row i's last key is i + offset
+        offset = SKV - SQ + SHIFT  # bottom-right: row i's last key is i + offset (a window's right side: + SHIFT)
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)  # fp16 for the acc16 recipes
         full_hi, hi = kv_bounds_shifted(start_m, offset, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, 0, full_hi, offs_m + offset,
-                                      qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,
-                                      INTERPRET, True)
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, full_hi, hi, offs_m + offset,
-                                      qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
-                                      INTERPRET, True)
+        if BAND >= 0:  # a window: the dense kernel's band walk
+            acc, l_i, m_i = _band(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, start_m, offset, full_hi, hi,
+                                  offs_m + offset, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
+                                  DESCRIPTORS, INTERPRET, BAND)
+        else:
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, 0, full_hi, offs_m + offset,
+                                          qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,
+                                          INTERPRET, True)
+            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, full_hi, hi, offs_m + offset,
+                                          qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
+                                          INTERPRET, True)
         o, lse = finish(acc, l_i, m_i, True)  # rows that saw no key: O = 0, LSE = -inf
         o = o.to(O.dtype.element_ty)
         if DESCRIPTORS:
@@ -75,9 +82,9 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
-                recipe: AttentionRecipe, write_lse: bool,
-                cfg: AttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
-    """(grid, constexprs, launch options) for `attention_varlen_kernel`."""
+                recipe: AttentionRecipe, write_lse: bool, cfg: AttentionConfig,
+                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
+    """(grid, constexprs, launch options) for `attention_varlen_kernel`; `band`: a sliding window."""
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
-    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse)
+    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band)
     return grid, constexprs, cfg.options()

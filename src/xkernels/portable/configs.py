@@ -9,6 +9,7 @@ import torch
 
 from xkernels.common.dtypes import TL_DTYPE
 from xkernels.common.runtime import INTERPRET, TENSOR_DESCRIPTORS
+from xkernels.common.seqlen import Band
 from xkernels.common.targets import Target
 from xkernels.recipes import AttentionRecipe
 
@@ -21,11 +22,13 @@ class AttentionConfig:
     num_stages: int
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, write_lse: bool,
-                   interpret: bool = INTERPRET) -> dict[str, object]:
-        """`attention_fwd_kernel`'s compile-time arguments: one mapping for the launch and for `inspect`."""
-        return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
-                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, DESCRIPTORS=TENSOR_DESCRIPTORS,
-                    INTERPRET=interpret, ACC_DTYPE=TL_DTYPE[recipe.pv_acc_dtype])
+                   interpret: bool = INTERPRET, band: Band | None = None) -> dict[str, object]:
+        """`attention_fwd_kernel`'s (and the varlen kernel's) compile-time arguments: one mapping for the launch and
+        for `inspect`. A windowed `band` adds its SHIFT and BAND (and sets CAUSAL from its upper side)."""
+        out = dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
+                   PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, DESCRIPTORS=TENSOR_DESCRIPTORS,
+                   INTERPRET=interpret, ACC_DTYPE=TL_DTYPE[recipe.pv_acc_dtype])
+        return out | (band if band is not None and band.windowed else Band(causal)).constexprs()
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -46,15 +49,17 @@ class AttentionBwdConfig:
     num_warps: int
     num_stages: int
 
-    def dkdv_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
-                        interpret: bool = INTERPRET) -> dict[str, object]:
-        return dict(HEAD_DIM=head_dim, BLOCK_M=self.kv_m, BLOCK_N=self.kv_n, CAUSAL=causal, INTERPRET=interpret,
-                    VARLEN=varlen)
+    def dkdv_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, interpret: bool = INTERPRET,
+                        band: Band | None = None) -> dict[str, object]:
+        out = dict(HEAD_DIM=head_dim, BLOCK_M=self.kv_m, BLOCK_N=self.kv_n, CAUSAL=causal, INTERPRET=interpret,
+                   VARLEN=varlen)
+        return out | (band if band is not None and band.windowed else Band(causal)).constexprs()
 
-    def dq_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
-                      interpret: bool = INTERPRET) -> dict[str, object]:
-        return dict(HEAD_DIM=head_dim, BLOCK_M=self.q_m, BLOCK_N=self.q_n, CAUSAL=causal, INTERPRET=interpret,
-                    VARLEN=varlen)
+    def dq_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, interpret: bool = INTERPRET,
+                      band: Band | None = None) -> dict[str, object]:
+        out = dict(HEAD_DIM=head_dim, BLOCK_M=self.q_m, BLOCK_N=self.q_n, CAUSAL=causal, INTERPRET=interpret,
+                   VARLEN=varlen)
+        return out | (band if band is not None and band.windowed else Band(causal)).constexprs()
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)

@@ -18,7 +18,9 @@ from xkernels.testing.reference import (
     reference_attention_varlen_grads,
     reference_lse,
     reference_matmul,
+    visible,
 )
+from xkernels.validation import NO_WINDOW
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -42,22 +44,35 @@ class AttentionCase:
     causal: bool
     recipe: str
     backend: str | None = None  # e.g. "portable", "hopper:stages=3" (xkernels.select); None: the default choice
+    window: tuple[int, int] = NO_WINDOW  # window_size (left, right), top-left as the causal mask
 
     @property
     def shape(self) -> str:
         heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
+        window = f" window {self.window[0]},{self.window[1]}" if self.window != NO_WINDOW else ""
         return (f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
-                f"{_forced(self.backend)}")
+                f"{window}{_forced(self.backend)}")
 
     @property
     def flops(self) -> int:
-        """4 * D per attended (query, key) pair; causal counts only the pairs the top-left mask keeps."""
-        if self.causal:
+        """4 * D per attended (query, key) pair; causal and a window count only the pairs their top-left masks
+        keep."""
+        if self.window != NO_WINDOW:
+            left, right = self.window
+            right = 0 if self.causal else right
+            pairs = sum(max(min(self.skv - 1, i + right if right >= 0 else self.skv) - max(0, i - left if left >= 0
+                                                                                            else 0) + 1, 0)
+                        for i in range(self.sq))
+        elif self.causal:
             n = min(self.sq, self.skv)
             pairs = n * (n + 1) // 2 + max(self.sq - self.skv, 0) * self.skv
         else:
             pairs = self.sq * self.skv
         return 4 * self.d * pairs * self.b * self.hq
+
+    def mask(self, device) -> torch.Tensor:
+        """The (Sq, Skv) boolean mask of the call's causal mask and window (what an SDPA peer is given)."""
+        return visible(self.sq, self.skv, is_causal=self.causal, window=self.window, device=device)
 
     @property
     def nbytes(self) -> int:
@@ -70,14 +85,20 @@ class AttentionCase:
     def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
         q, k, v = inputs
         return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
-                                  precision=self.recipe, out=out, return_lse=return_lse, backend=self.backend)
+                                  precision=self.recipe, out=out, return_lse=return_lse, backend=self.backend,
+                                  window_size=self.window)
 
     def check(self, inputs) -> Comparison:
         """Run on a NaN-poisoned output and compare O and the LSE with their float64 references."""
         q, k, v = inputs
         out, lse = self.run(inputs, out=torch.full_like(q, float("nan")), return_lse=True)
-        c = compare_attention(out, reference_attention(q, k, v, is_causal=self.causal), ATTENTION_RECIPES[self.recipe])
-        c_lse = compare_lse(lse, reference_lse(q, k, is_causal=self.causal))
+        c = compare_attention(out, reference_attention(q, k, v, is_causal=self.causal, window=self.window),
+                              ATTENTION_RECIPES[self.recipe])
+        ref_lse = reference_lse(q, k, is_causal=self.causal, window=self.window)
+        seen = ~torch.isinf(ref_lse)
+        c_lse = compare_lse(lse[seen], ref_lse[seen])
+        if not torch.equal(torch.isinf(lse), ~seen):
+            c_lse = dataclasses.replace(c_lse, passed=False, reason="-inf where a row sees a key, or not where none")
         return c if c_lse.passed else dataclasses.replace(c, passed=False, reason=f"lse: {c_lse.reason}")
 
 
@@ -151,7 +172,7 @@ class AttentionGradCase(_GradStep, AttentionCase):
         return AttentionCase.run(self, leaves), leaves
 
     def references(self, inputs):
-        return reference_attention_grads(*inputs, is_causal=self.causal)
+        return reference_attention_grads(*inputs, is_causal=self.causal, window=self.window)
 
 
 @dataclass(frozen=True)

@@ -10,20 +10,38 @@ import math
 
 import torch
 
+NO_WINDOW = (-1, -1)
 
-def _causal_mask(sq: int, skv: int, device: torch.device) -> torch.Tensor:
-    """Top-left alignment, as F.scaled_dot_product_attention(is_causal=True): query i sees keys j <= i."""
-    i = torch.arange(sq, device=device)[:, None]
+
+def visible(sq: int, skv: int, *, is_causal: bool, window: tuple[int, int] = NO_WINDOW, offset: int = 0,
+            device: torch.device | str = "cpu") -> torch.Tensor:
+    """(Sq, Skv) bool: key j visible from query i, whose diagonal is at i + offset (0: top-left, as
+    F.scaled_dot_product_attention(is_causal=True); Skv - Sq: bottom-right, as flash_attn): causal keeps j <= i +
+    offset, a window (left, right) keeps i + offset - left <= j <= i + offset + right, -1 unbounded."""
+    i = torch.arange(sq, device=device)[:, None] + offset
     j = torch.arange(skv, device=device)[None, :]
-    return j <= i
+    keep = torch.ones(sq, skv, dtype=torch.bool, device=device)
+    if is_causal:
+        keep &= j <= i
+    if window[0] >= 0:
+        keep &= j >= i - window[0]
+    if window[1] >= 0:
+        keep &= j <= i + window[1]
+    return keep
 
 
-def _scores(q, k, is_causal: bool, scale: float | None):
+def _scores(q, k, is_causal: bool, scale: float | None, window: tuple[int, int] = NO_WINDOW, offset: int = 0):
     d = q.shape[-1]
     s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
-    if is_causal:
-        s = s.masked_fill(~_causal_mask(q.shape[-2], k.shape[-2], q.device), float("-inf"))
+    if is_causal or window != NO_WINDOW:
+        s = s.masked_fill(~visible(q.shape[-2], k.shape[-2], is_causal=is_causal, window=window, offset=offset,
+                                   device=q.device), float("-inf"))
     return s
+
+
+def _softmax(s: torch.Tensor) -> torch.Tensor:
+    """Row softmax; a row that sees no key (all -inf) is 0, as the kernels return it."""
+    return torch.softmax(s, -1).nan_to_num(0.0)
 
 
 def _per_head(q, k, v, fn):
@@ -37,22 +55,25 @@ def _per_head(q, k, v, fn):
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-                        scale: float | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) v in float64; GQA by head-index mapping (head h uses kv head h // (Hq / Hkv))."""
-    return _per_head(q, k, v, lambda qh, kh, vh: torch.softmax(_scores(qh, kh, is_causal, scale), -1) @ vh)
+                        scale: float | None = None, window: tuple[int, int] = NO_WINDOW) -> torch.Tensor:
+    """softmax(q k^T * scale) v in float64; GQA by head-index mapping (head h uses kv head h // (Hq / Hkv)); causal
+    and `window` top-left (`visible`), a row that sees no key 0."""
+    return _per_head(q, k, v, lambda qh, kh, vh: _softmax(_scores(qh, kh, is_causal, scale, window)) @ vh)
 
 
 def reference_lse(q: torch.Tensor, k: torch.Tensor, *, is_causal: bool = False,
-                  scale: float | None = None) -> torch.Tensor:
-    """Natural-log log-sum-exp of the scaled scores, (B, Hq, Sq), float64."""
-    return _per_head(q, k, k, lambda qh, kh, _: torch.logsumexp(_scores(qh, kh, is_causal, scale), -1))
+                  scale: float | None = None, window: tuple[int, int] = NO_WINDOW) -> torch.Tensor:
+    """Natural-log log-sum-exp of the scaled scores, (B, Hq, Sq), float64 (-inf where a row sees no key)."""
+    return _per_head(q, k, k, lambda qh, kh, _: torch.logsumexp(_scores(qh, kh, is_causal, scale, window), -1))
 
 
 def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, *,
                               is_causal: bool = False, scale: float | None = None,
-                              grad_lse: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                              grad_lse: torch.Tensor | None = None,
+                              window: tuple[int, int] = NO_WINDOW) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) in float64 by autograd through the float64 attention (and the LSE when `grad_lse` is given), on
-    the same quantized q, k, v and dO, one (batch, query head) at a time; GQA gradients sum over each group."""
+    the same quantized q, k, v and dO, one (batch, query head) at a time; GQA gradients sum over each group. Rows
+    that see no key (a window past the keys) are constants (O = 0, LSE = -inf): no gradient flows through them."""
     b, hq = q.shape[:2]
     group = hq // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
@@ -62,14 +83,16 @@ def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         for h in range(hq):
             qh, kh, vh = (t.detach().double().requires_grad_() for t in (q[bi, h], k[bi, h // group],
                                                                          v[bi, h // group]))
-            s = _scores(qh, kh, is_causal, scale)
-            loss = ((torch.softmax(s, -1) @ vh) * grad_out[bi, h].double()).sum()
+            s = _scores(qh, kh, is_causal, scale, window)
+            seen = (s > float("-inf")).any(-1)
+            s = s[seen]
+            loss = ((torch.softmax(s, -1) @ vh) * grad_out[bi, h].double()[seen]).sum()
             if grad_lse is not None:
-                loss = loss + (torch.logsumexp(s, -1) * grad_lse[bi, h].double()).sum()
-            gq, gk, gv = torch.autograd.grad(loss, (qh, kh, vh))
-            dq[bi, h] = gq
-            dk[bi, h // group] += gk
-            dv[bi, h // group] += gv
+                loss = loss + (torch.logsumexp(s, -1) * grad_lse[bi, h].double()[seen]).sum()
+            gq, gk, gv = torch.autograd.grad(loss, (qh, kh, vh), allow_unused=True)
+            for full, at, g in ((dq, (bi, h), gq), (dk, (bi, h // group), gk), (dv, (bi, h // group), gv)):
+                if g is not None:  # None: no row saw a key
+                    full[at] += g
     return dq, dk, dv
 
 
@@ -79,7 +102,7 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """(O (total_q, Hq, D), LSE (Hq, total_q)) in float64 for packed sequences, causal aligned bottom-right (query
     i sees keys j <= i + Sk - Sq); `window` (left, right), -1 unbounded, keeps keys i + Sk - Sq - left .. + right;
     rows that see no key give O = 0 and LSE = -inf."""
-    hq, d = q.shape[1], q.shape[2]
+    hq = q.shape[1]
     group = hq // k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     lse = torch.full((hq, q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
@@ -91,16 +114,8 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         sq, sk = qs.shape[1], ks.shape[1]
         if sq == 0 or sk == 0:
             continue
-        s = (qs @ ks.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
-        i = torch.arange(sq, device=q.device)[:, None] + sk - sq  # each query's position among the keys
-        j = torch.arange(sk, device=q.device)[None, :]
-        if is_causal:
-            s = s.masked_fill(j > i, float("-inf"))
-        if window[0] >= 0:
-            s = s.masked_fill(j < i - window[0], float("-inf"))
-        if window[1] >= 0:
-            s = s.masked_fill(j > i + window[1], float("-inf"))
-        out[cq[b]:cq[b + 1]] = (torch.softmax(s, -1).nan_to_num(0.0) @ vs).transpose(0, 1)
+        s = _scores(qs, ks, is_causal, scale, window, sk - sq)  # bottom-right
+        out[cq[b]:cq[b + 1]] = (_softmax(s) @ vs).transpose(0, 1)
         lse[:, cq[b]:cq[b + 1]] = torch.logsumexp(s, -1)
     return out, lse
 
@@ -108,11 +123,12 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                                      is_causal: bool = False, scale: float | None = None,
-                                     grad_lse: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                                     grad_lse: torch.Tensor | None = None,
+                                     window: tuple[int, int] = NO_WINDOW) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) of packed sequences in float64 by autograd, one sequence at a time (causal bottom-right); dO
     (total_q, Hq, D) and dLSE (Hq, total_q). Rows that see no key have O = 0 and LSE = -inf as constants: no gradient
     flows through them (their dLSE is ignored), as in the kernel."""
-    hq, d = q.shape[1], q.shape[2]
+    hq = q.shape[1]
     group = hq // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
@@ -124,14 +140,9 @@ def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.
         sq, sk = qs.shape[0], ks.shape[0]
         if sq == 0 or sk == 0:
             continue
-        s = (qs.transpose(0, 1) @ ks.transpose(0, 1).repeat_interleave(group, 0).transpose(-1, -2))
-        s = s * (1.0 / math.sqrt(d) if scale is None else scale)  # (Hq, sq, sk)
-        seen = torch.ones(sq, dtype=torch.bool, device=q.device)
-        if is_causal:
-            i = torch.arange(sq, device=q.device)[:, None]
-            j = torch.arange(sk, device=q.device)[None, :]
-            s = s.masked_fill(j > i + sk - sq, float("-inf"))
-            seen = (i[:, 0] + sk - sq) >= 0
+        s = _scores(qs.transpose(0, 1), ks.transpose(0, 1).repeat_interleave(group, 0), is_causal, scale, window,
+                    sk - sq)  # (Hq, sq, sk), bottom-right
+        seen = visible(sq, sk, is_causal=is_causal, window=window, offset=sk - sq, device=q.device).any(-1)
         s = s[:, seen]  # rows that see a key; the others contribute nothing
         o = torch.softmax(s, -1) @ vs.transpose(0, 1).repeat_interleave(group, 0)
         loss = (o * grad_out[rows_q].double().transpose(0, 1)[:, seen]).sum()
