@@ -4,7 +4,7 @@
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
 #                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]
-#                              [fusedab] [hosttime]"
+#                              [fusedab] [hosttime] [window]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -116,6 +116,10 @@ for part in "${@:-smoke host}"; do
         stage timeout 60 python3 scripts/bwd_host_profile.py --calls 100
         stage timeout 60 python3 scripts/host_floor.py --json "$OUT/host_floor.json"
         stage timeout 240 bash -c "cd scripts && python3 generate_host.py --rounds 3 --json '$OUT/generate_host.json'" ;;
+      window)  # sliding windows and soft caps (portable kernels on every GPU): their tests compiled, the window suite
+        stage timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_window.py tests/test_softcap.py \
+          tests/test_fuzz.py tests/integrations -k "window or softcap or soft_capped"
+        stage timeout 280 xkernels bench --suite window --iters 20 --out "$OUT/bench-window" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

@@ -14,6 +14,7 @@ from xkernels.validation import (
     check_max_seqlen,
     check_precision,
     check_scale,
+    check_softcap,
     check_window,
     choice,
     flag,
@@ -64,7 +65,7 @@ def _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision, retur
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, precision: str = "auto",
               return_lse: bool = False, out: torch.Tensor | None = None,
-              window_size: tuple[int, int] = NO_WINDOW,
+              window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
               backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, like F.scaled_dot_product_attention without a mask or dropout.
 
@@ -81,7 +82,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     attends keys i - left <= j <= i + right, -1 for an unbounded side; with is_causal, right must be -1 or 0. Rows
     that see no key (a window past the last key) return 0 and LSE -inf. Windows run the portable kernels (on Hopper
     too), which visit only the key tiles inside the band, forward and backward; each window value compiles its own
-    kernel variant.
+    kernel variant. `softcap` > 0 soft-caps the scaled scores x to softcap * tanh(x / softcap) (flash_attn's
+    softcap, Gemma 2's attn_logit_softcapping), in the forward and the backward; portable kernels too.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
@@ -98,30 +100,38 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
-    window = () if window_size is NO_WINDOW else check_window(window_size, is_causal)  # () for the op's defaults
+    extras = _extras(window_size, softcap, is_causal)
     if out is None:
         q, k, v = _autocast((q, k, v))
     if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         # differentiable: the op that also returns the LSE, which the backward needs (ops.py registers it)
-        o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend, *window)
+        o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend, *extras)
         return (o, lse) if return_lse else o
     if out is not None:
         no_grad({"q": q, "k": k, "v": v}, "a call with out= is not differentiable (as for torch's out= functions)")
         _out(out)
         lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse,
-                                   *window)
+                                   *extras)
         return (out, lse) if return_lse else out
     if return_lse:
         return ops.call_without_grad(ops.attention_lse_op, q, k, v, is_causal, scale, enable_gqa, precision, backend,
-                                     *window)
+                                     *extras)
     return ops.call_without_grad(ops.attention_op, q, k, v, is_causal, scale, enable_gqa, precision, backend,
-                                 *window)
+                                 *extras)
+
+
+def _extras(window_size: object, softcap: object, is_causal: bool) -> tuple:
+    """The ops' trailing (window_left, window_right, softcap), checked, or () for their defaults (no window, no
+    soft cap: the common call passes two identity tests)."""
+    if window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0:
+        return ()
+    return (*check_window(window_size, is_causal), check_softcap(softcap))
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
                      scale: float | None = None, precision: str = "auto", return_lse: bool = False,
-                     sync_checks: bool = True, window_size: tuple[int, int] = NO_WINDOW,
+                     sync_checks: bool = True, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
                      backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a packed batch of variable-length sequences, like flash_attn_varlen_func.
 
@@ -131,7 +141,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     **Causal is aligned bottom-right** per sequence, as FlashAttention >= 2.1 and KV caches (query i sees keys
     j <= i + Sk - Sq), unlike `attention`'s top-left, and so is `window_size` (left, right), flash_attn's sliding
     window: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right (-1: unbounded; causal: right -1 or
-    0; portable kernels, as for `attention`); rows that see no key return 0 (LSE -inf). The cu_seqlens values
+    0; portable kernels, as for `attention`), and `softcap` the scores' soft cap as in `attention`; rows that see no
+    key return 0 (LSE -inf). The cu_seqlens values
     are checked (0 first, non-decreasing, the packed total last, no sequence over max_seqlen): with `sync_checks`
     (the default) they are read to the host (one synchronization) and a bad value raises a ValueError naming the
     argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and
@@ -149,12 +160,12 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
-    window = () if window_size is NO_WINDOW else check_window(window_size, is_causal)
+    extras = _extras(window_size, softcap, is_causal)
     q, k, v = _autocast((q, k, v))
     # differentiable: the backward needs the LSE, so the op returns it whatever the caller asked
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-                                     scale, precision, return_lse or grad, sync_checks, backend, *window)
+                                     scale, precision, return_lse or grad, sync_checks, backend, *extras)
     return (o, lse) if return_lse else o
 
 
@@ -163,7 +174,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            block_table: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
                            is_causal: bool = True, scale: float | None = None,
                            precision: str = "auto", return_lse: bool = False, num_splits: int = 0,
-                           sync_checks: bool = True, window_size: tuple[int, int] = (-1, -1),
+                           sync_checks: bool = True, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention against a KV cache, like flash_attn_with_kvcache (decode, speculative decoding, chunked prefill).
 
@@ -188,7 +199,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     as flash_attn_with_kvcache's: query i (at position p = i + L - Sq of its sequence of L keys) sees keys p - left ..
     p (causal) or p - left .. p + right (not causal), -1 leaving a side unbounded; a decode step then reads only its
     window (sliding-window models: Mistral, Gemma, ...). With is_causal, right must be -1 or 0. The checks still
-    read every page below a sequence's length, so pages before the window must be valid blocks too.
+    read every page below a sequence's length, so pages before the window must be valid blocks too. `softcap` > 0:
+    the scores' soft cap, as in `attention`.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         tensor(t, name)
@@ -197,10 +209,11 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if type(num_splits) is not int or num_splits < 0:
         raise ValueError(f"num_splits: expected an int >= 0 (0: heuristic), got {num_splits!r}")
     left, right = check_window(window_size, is_causal)
+    softcap = check_softcap(softcap)
     no_grad({"q": q, "k": k, "v": v}, "attention_with_kvcache is an inference op (no backward)")
     o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
                                            is_causal, scale, precision, return_lse, num_splits, sync_checks, left,
-                                           right, backend)
+                                           right, backend, softcap)
     return (o, lse) if return_lse else o
 
 

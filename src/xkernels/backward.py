@@ -15,6 +15,7 @@ from xkernels import plans, select, varlen
 from xkernels.common.runtime import side_stream, unit_last_stride
 from xkernels.common.seqlen import Band
 from xkernels.portable import attention_bwd as portable_bwd
+from xkernels.portable.softmax import softcap_name
 from xkernels.validation import NO_WINDOW
 
 
@@ -26,20 +27,21 @@ def grad_like(t: torch.Tensor) -> torch.Tensor:
 
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, scale: float | None,
-                       enable_gqa: bool, precision: str, backend: str, window: tuple[int, int] = NO_WINDOW):
+                       enable_gqa: bool, precision: str, backend: str, window: tuple[int, int] = NO_WINDOW,
+                       softcap: float = 0.0):
     """(dQ, dK, dV) of O = attention(q, k, v) for the upstream gradients dO (and dLSE, or None): dK and dV summed
-    over each GQA group, in the inputs' dtypes; `window` the forward's checked window_size. The call's plan
+    over each GQA group, in the inputs' dtypes; `window` and `softcap` the forward's, checked. The call's plan
     (`BackwardPlan`) is found by its key."""
     key = ("attention_backward", grad_out.shape, grad_out.stride(), grad_out.dtype, grad_out.device, q.shape,
            q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype,
            v.device, out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype, lse.device,
            None if grad_lse is None else (grad_lse.shape, grad_lse.stride(), grad_lse.dtype, grad_lse.device),
-           is_causal, enable_gqa, precision, backend, window)
+           is_causal, enable_gqa, precision, backend, window, softcap)
     plan = plans._PLANS.get(key)
     if plan is None:
         plan = plans._remember(key, BackwardPlan(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal,
                                                  enable_gqa=enable_gqa, precision=precision, backend=backend,
-                                                 window=window))
+                                                 window=window, softcap=softcap))
     return plan.run(grad_out, q, k, v, out, lse, grad_lse, scale)
 
 
@@ -54,11 +56,12 @@ class BackwardPlan:
     is and launches through `launch.run`. A plan holds numbers and compiled kernels, never a tensor."""
 
     def __init__(self, grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, enable_gqa: bool, precision: str,
-                 backend: str, window: tuple[int, int] = NO_WINDOW):
+                 backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
         _, self.choice = select.resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse,
                                                            enable_gqa=enable_gqa, precision=precision,
-                                                           backend=backend, is_causal=is_causal, window=window)
-        self.band = Band.of(is_causal, window)
+                                                           backend=backend, is_causal=is_causal, window=window,
+                                                           softcap=softcap)
+        self.band, self.softcap = Band.of(is_causal, window), softcap
         self.is_causal = self.band.causal
         self.empty = q.numel() == 0 or k.numel() == 0
         self.default_scale = 1.0 / math.sqrt(q.shape[-1])
@@ -70,7 +73,7 @@ class BackwardPlan:
                        and not cfg.dkdv.fused_dq and launch.direct_launch_available(q.device)
                        and all(t.is_contiguous() for t in (q, k, v, grad_out, lse))
                        and out.stride(-1) == 1 and (grad_lse is None or grad_lse.is_contiguous()))
-        self.name = f"{self.choice.layer}.attention_backward[{cfg}{self.band}]"
+        self.name = f"{self.choice.layer}.attention_backward[{cfg}{self.band}{softcap_name(softcap)}]"
         self.launches: tuple | None = None
 
     def run(self, grad_out, q, k, v, out, lse, grad_lse, scale: float | None):
@@ -86,7 +89,7 @@ class BackwardPlan:
             plans._record(self.name)
             return dq, dk, dv
         _general(grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, is_causal=self.is_causal, scale=scale,
-                 choice=self.choice, band=self.band)
+                 choice=self.choice, band=self.band, softcap=self.softcap)
         return dq, dk, dv
 
     def _prepare(self, q, k, v, out, grad_out, dq, dk, dv, has_dlse: bool) -> tuple:
@@ -148,9 +151,9 @@ class BackwardPlan:
 
 
 def _general(grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, *, is_causal: bool, scale: float, choice,
-             band: Band) -> None:
+             band: Band, softcap: float = 0.0) -> None:
     """Any layout: copies where a kernel cannot read a tensor as it is, then the chosen kernels (`_hopper`, or the
-    portable backward, which applies a sliding window `band`), launched through `launch.run`."""
+    portable backward, which applies a sliding window `band` and a soft cap), launched through `launch.run`."""
     grad_lse = None if grad_lse is None else grad_lse.contiguous()
     q, k, v, out, grad_out, lse = (unit_last_stride(q), unit_last_stride(k), unit_last_stride(v),
                                    unit_last_stride(out), unit_last_stride(grad_out), lse.contiguous())
@@ -160,13 +163,13 @@ def _general(grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, *, is_causal: bo
         plans._record(f"hopper.attention_backward[{choice.config}]")
         return
     portable_bwd.launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
-                        cfg=choice.config, band=band)
-    plans._record(f"portable.attention_backward[{choice.config}{band}]")
+                        cfg=choice.config, band=band, softcap=softcap)
+    plans._record(f"portable.attention_backward[{choice.config}{band}{softcap_name(softcap)}]")
 
 
 def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
                               max_seqlen_k: int, *, is_causal: bool, scale: float | None, precision: str,
-                              backend: str, window: tuple[int, int] = NO_WINDOW):
+                              backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
     """(dQ, dK, dV) of a packed varlen forward (q (total_q, Hq, D), LSE (Hq, total_q)), causal (and `window`)
     bottom-right, dK and dV summed over each GQA group, by the kernels `select.resolve_attention_varlen_backward`
     picks (`_varlen_launch`).
@@ -177,7 +180,7 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
     _, choice = select.resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
                                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                          precision=precision, backend=backend, is_causal=is_causal,
-                                                         window=window)
+                                                         window=window, softcap=softcap)
     band = Band.of(is_causal, window)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
@@ -195,8 +198,8 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
         grad_lse = None if grad_lse is None else grad_lse.contiguous()
         packed = portable_bwd.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         _varlen_launch(q, k, v, out, lse.contiguous(), grad_out, dq, dk, dv, grad_lse, packed, is_causal=band.causal,
-                       scale=scale, choice=choice, band=band)
-        plans._record(f"{choice.layer}.attention_varlen_backward[{choice.config}{band}]")
+                       scale=scale, choice=choice, band=band, softcap=softcap)
+        plans._record(f"{choice.layer}.attention_varlen_backward[{choice.config}{band}{softcap_name(softcap)}]")
     if bad is not None:
         for g in (dq, dk, dv):
             g.masked_fill_(bad, float("nan"))
@@ -204,14 +207,14 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
 
 
 def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *, is_causal: bool, scale: float,
-                   choice, band: Band) -> None:
+                   choice, band: Band, softcap: float = 0.0) -> None:
     """The packed backward's kernels: the portable ones (which apply a sliding window `band`), or (choice "hopper")
     the portable preprocess, then the Gluon dK/dV and dQ kernels' VARLEN variants over packed (total, H * D)
     descriptors, dQ beside dK/dV as in `_hopper`."""
     if choice.layer != "hopper":
         portable_bwd.launch(unit_last_stride(q), unit_last_stride(k), unit_last_stride(v), unit_last_stride(out), lse,
                             unit_last_stride(grad_out), dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
-                            cfg=choice.config, packed=packed, band=band)
+                            cfg=choice.config, packed=packed, band=band, softcap=softcap)
         return
     from xkernels.common import launch
     from xkernels.hopper import attention_bwd as hopper_bwd

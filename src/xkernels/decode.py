@@ -17,6 +17,7 @@ from xkernels.common import launch, scratch
 from xkernels.common.runtime import INTERPRET, sm_count
 from xkernels.portable import attention_decode as kernel
 from xkernels.portable.configs import DecodeConfig
+from xkernels.portable.softmax import softcap_name
 from xkernels.recipes import AttentionRecipe
 
 LOG2E = math.log2(math.e)
@@ -92,8 +93,10 @@ class Launch:
 class DecodePlan:
     def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
-                 splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1)):
-        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side. With `seq_lengths` the
+                 splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1),
+                 softcap: float = 0.0):
+        """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side; `softcap` the scores'
+        soft cap (0: none). With `seq_lengths` the
         kernel checks each sequence's length, left pad and block ids as it reads them (`attention_decode_kernel`).
         The launch for `g`'s capacity is `self.launch`; `resize` gives the launch for another capacity of a dense
         cache (the dense API's K/V grown by a token: the same plan, new integer arguments)."""
@@ -110,7 +113,9 @@ class DecodePlan:
         # a row's offset inside its page, up to (page - 1) * row stride, is int32 in the kernel unless that could wrap
         wide = g.page > 0 and (g.page - 1) * max(g.k_strides[1], g.v_strides[1]) >= 2**31
         self._flags = dict(rows=rows, page=g.page, seq_lengths=seq_lengths, causal=is_causal,
-                           bottom_right=bottom_right, write_lse=write_lse, key_starts=key_starts, wide_rows=wide)
+                           bottom_right=bottom_right, write_lse=write_lse, key_starts=key_starts, wide_rows=wide,
+                           softcap=softcap)
+        self.softcap = softcap
         self._variants: dict[tuple, _Variant] = {}
         self.options = cfg.options()
         self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
@@ -165,7 +170,7 @@ class DecodePlan:
             variant = self._variants[key] = _Variant(constexprs,
                                                      launch.constexpr_tail(kernel.attention_decode_kernel, constexprs))
         name = (f"portable.decode[{self.recipe.name} {cfg} BM{self.block_m} splits={splits}"
-                + (f" window={window[0]},{window[1]}" if windowed else "") + "]")
+                + (f" window={window[0]},{window[1]}" if windowed else "") + softcap_name(self.softcap) + "]")
         tail = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in window))
         return Launch(splits, self.programs * splits, ints, (*g.o_strides, self.rows, g.sq, g.hq, splits), variant,
                       name, tail)
@@ -255,14 +260,14 @@ def _plan(key: tuple, make) -> DecodePlan:
 
 def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, recipe: AttentionRecipe,
                  cfg: DecodeConfig, write_lse: bool, splits: int, key_starts: bool = False,
-                 window: tuple[int, int] = (-1, -1)) -> DecodePlan:
+                 window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> DecodePlan:
     """The plan of an `attention_with_kvcache` call: q, O (B, Sq, Hq, D); a dense (B, S_max, Hkv, D) or paged
     (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths (and, for a left-padded dense
     cache, first keys) read on the device."""
     paged = block_table is not None
     key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), out.stride(),
            None if not paged else (block_table.shape, block_table.stride()), q.dtype, q.device, is_causal,
-           recipe.name, cfg, write_lse, splits, key_starts, window)
+           recipe.name, cfg, write_lse, splits, key_starts, window, softcap)
 
     def make() -> DecodePlan:
         batch, sq, hq, d = q.shape
@@ -271,13 +276,14 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
                      page, q.stride()[:3], k_cache.stride()[:3], v_cache.stride()[:3], out.stride()[:3],
                      block_table.stride(0) if paged else 0, k_cache.shape[0])
         return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
-                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window)
+                          write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window,
+                          softcap=softcap)
 
     return _plan(key, make)
 
 
 def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: DecodeConfig,
-               write_lse: bool, window: tuple[int, int] = (-1, -1)) -> DecodePlan:
+               write_lse: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> DecodePlan:
     """The plan of a dense `attention` call with few query rows: q, O (B, Hq, Sq, D), K, V (B, Hkv, Skv, D) read
     as a one-page-per-sequence cache of Skv keys each; top-left causal and window, as the dense API. Not cached here:
     the caller's plan (`plans.DecodeAttentionPlan`) keeps it under its own key."""
@@ -288,4 +294,4 @@ def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: D
 
     g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0, batch)
     return DecodePlan(g, seq_lengths=False, is_causal=is_causal, bottom_right=False, recipe=recipe, cfg=cfg,
-                      write_lse=write_lse, device=q.device, window=window)
+                      write_lse=write_lse, device=q.device, window=window, softcap=softcap)

@@ -25,6 +25,7 @@ import triton
 from xkernels.common.dtypes import POINTER_TYPE, SHORT_NAME
 from xkernels.common.seqlen import Band
 from xkernels.common.targets import TARGETS, Target
+from xkernels.portable.softmax import softcap_name
 
 # instruction counts per backend, label -> regex: the matrix op first, then copies and loads (16-byte vs 2-byte),
 # barriers, and local-memory (spill) traffic
@@ -43,8 +44,10 @@ XPU_OPS = {"matrix_mad": r"call[^\n]*matrix_mad_k16", "block_load_2d": r"call[^\
            "barrier": r"call[^\n]*(?:barrier|__spirv_ControlBarrier)"}
 
 
-# the sliding window the compile gate builds the portable kernels' windowed variants with (Mistral's)
+# the sliding window and soft cap the compile gate builds the portable kernels' windowed variants with (Gemma 2's:
+# the superset of Mistral's window alone)
 WINDOW = Band.of(True, (4095, 0))
+SOFTCAP = 50.0
 
 
 def ops_for(target: Target) -> dict[str, str]:
@@ -136,12 +139,14 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
     for d in HEAD_DIMS:
         for recipe in ATTENTION_RECIPES.values():
             cfg = attention_config(d, recipe, target, interpret=False)
-            # bf16 also with a causal sliding window (Mistral's 4096 keys): the band's masked loop below the tiles
+            # bf16 also with a causal sliding window and a soft cap (Gemma 2's): the band's masked loop, the tanh
             for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (recipe.name == "bf16"):
+                cap = SOFTCAP if band else 0.0
                 yield KernelConfig(
-                    f"portable.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''} {cfg}",
+                    f"portable.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
+                    f"{softcap_name(cap)} {cfg}",
                     attn.attention_fwd_kernel, _attention_types(recipe.io_dtype),
-                    cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band),
+                    cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band, softcap=cap),
                     cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
                     spill_free=table_for(target).spill_free(
                         "attention_acc16" if recipe.pv_acc_dtype == torch.float16 else "attention", d))
@@ -199,9 +204,12 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
     for d in HEAD_DIMS:
         cfg = attention_config(d, recipe, target, interpret=False)
         for causal, band in ((False, None), (True, None), (True, WINDOW)):
-            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''}{band or ''} {cfg}",
+            cap = SOFTCAP if band else 0.0
+            yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''}{band or ''}"
+                               f"{softcap_name(cap)} {cfg}",
                                varlen.attention_varlen_kernel, types,
-                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band),
+                               cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band,
+                                              softcap=cap),
                                cfg.num_warps, cfg.num_stages, divisible=divisible,
                                spill_free=table_for(target).spill_free("attention_varlen", d))
 
@@ -238,10 +246,10 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
             cfg = dataclasses.replace(shipped, fused_combine=True) if fused else shipped
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
-                                interpret=False)
+                                softcap=SOFTCAP if window else 0.0, interpret=False)
             yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
-                               f"{' split' if split else ''}{' leftpad' if left else ''}{' window' if window else ''}"
-                               f" {cfg}",
+                               f"{' split' if split else ''}{' leftpad' if left else ''}"
+                               f"{' window' + softcap_name(SOFTCAP) if window else ''} {cfg}",
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix,
                                spill_free=table_for(target).spill_free("decode", d))
@@ -278,18 +286,20 @@ def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
              "CU_Q": "*i32", "CU_K": "*i32", "scale": "fp32"}
     for d in HEAD_DIMS:
         cfg = attention_bwd_config(d, target, interpret=False)
-        # and the dense layout with a causal sliding window (the band's bounds and mask)
+        # and the dense layout with a causal sliding window and a soft cap (the band's bounds and mask, the tanh)
         for causal, varlen, band in (*product((False, True), (False, True), (None,)), (True, False, WINDOW)):
+            cap = SOFTCAP if band else 0.0
             for name, fn, constexprs in (
                     ("dkdv", bwd.dkdv_kernel, cfg.dkdv_constexprs(d, causal=causal, varlen=varlen, interpret=False,
-                                                                  band=band)),
+                                                                  band=band, softcap=cap)),
                     ("dq", bwd.dq_kernel, cfg.dq_constexprs(d, causal=causal, varlen=varlen, interpret=False,
-                                                            band=band))):
-                mode = " causal" * causal + " varlen" * varlen + str(band or "")
+                                                            band=band, softcap=cap))):
+                mode = " causal" * causal + " varlen" * varlen + str(band or "") + softcap_name(cap)
                 yield KernelConfig(f"portable.attention_bwd.{name} bf16 D{d}{mode} {cfg}", fn,
                                    types, constexprs, cfg.num_warps, cfg.num_stages,
                                    divisible=tuple(a for a in _BWD_DIVISIBLE if a in fn.arg_names),
                                    spill_free=table_for(target).spill_free(
+                                       "attention_bwd_softcap" if cap else
                                        "attention_bwd_varlen" if varlen else "attention_bwd", d))
 
 

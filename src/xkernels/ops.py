@@ -6,8 +6,7 @@ tracing see the op, its output shapes and its errors. The ops are declared with 
 the `torch.library.custom_op` decorator: the same dispatcher registration (opcheck, compile, CUDA graphs), but the
 decorator's Python wrapper costs ~15 us of host time per call, more than the whole launch.
 
-  xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
-                      window_right=-1) -> O
+  xkernels::attention(q, k, v, is_causal, scale, enable_gqa, precision, backend) -> O
   xkernels::attention_lse(q, k, v, ...same...) -> (O, LSE)
   xkernels::attention_out(q, k, v, out!, ...same..., return_lse) -> LSE          (writes O into `out`)
   xkernels::attention_backward(grad_out, q, k, v, out, lse, grad_lse?, ...same...) -> (dQ, dK, dV)
@@ -17,13 +16,13 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
                                       max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend) -> (dQ, dK, dV)
   xkernels::attention_with_kvcache(q, k_cache!, v_cache!, cache_seqlens, k?, v?, block_table?, cache_leftpad?,
                                    is_causal, scale, precision, return_lse, num_splits, sync_checks, window_left,
-                                   window_right, backend)
+                                   window_right, backend, softcap=0.0)
                                    -> (O, LSE (B, Hq, Sq) or empty)
                                    (writes k, v into the caches first)
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
-Every dense and varlen attention op (forward and backward) ends with `window_left=-1, window_right=-1` (flash_attn's
-window_size; defaults, so calls without a window keep their positional form).
+Every dense and varlen attention op (forward and backward) ends with `window_left=-1, window_right=-1,
+softcap=0.0` (flash_attn's window_size and softcap; defaults, so calls without them keep their positional form).
 LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
 fixed type; the LSE-less op allocates nothing for an LSE.
 
@@ -50,11 +49,12 @@ from xkernels.select import (
     resolve_attention_varlen_backward,
     resolve_matmul,
 )
-from xkernels.validation import NO_WINDOW, check_out_memory, check_out_storage, check_window
+from xkernels.validation import NO_WINDOW, check_out_memory, check_out_storage, check_softcap, check_window
 
 _lib = torch.library.Library("xkernels", "DEF")
 _ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, str backend"
-_WINDOW = "int window_left=-1, int window_right=-1"  # FlashAttention's window_size; last, so positional calls keep
+# flash_attn's window_size and softcap, last and with defaults, so calls without them keep their positional form
+_WINDOW = "int window_left=-1, int window_right=-1, float softcap=0.0"
 _MM_ARGS = "str b_layout, str walk, ScalarType? out_dtype, str backend"
 _lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}) -> Tensor")
 _lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}) -> (Tensor, Tensor)")
@@ -71,7 +71,7 @@ _lib.define("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tens
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
             "str precision, bool return_lse, int num_splits, bool sync_checks, int window_left, int window_right, "
-            "str backend) -> (Tensor, Tensor)")
+            "str backend, float softcap=0.0) -> (Tensor, Tensor)")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
 _DEVICES = ("CPU", "CUDA", "XPU")
@@ -89,56 +89,68 @@ def _window(is_causal: bool, window_left: int, window_right: int) -> tuple[int, 
     return check_window((window_left, window_right), is_causal)
 
 
-def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
+def _softcap(softcap: float) -> float:
+    """The ops' softcap checked (a direct op call may pass any float)."""
+    return softcap if softcap == 0.0 else check_softcap(softcap)
+
+
+def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
+               softcap=0.0):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=False, backend=backend,
-                           window=_window(is_causal, window_left, window_right))[0]
+                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))[0]
 
 
-def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
+def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
+                   softcap=0.0):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=True, backend=backend,
-                           window=_window(is_causal, window_left, window_right))
+                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
 
 
 def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1,
-                   window_right=-1):
+                   window_right=-1, softcap=0.0):
     check_out_memory(out, {"q": q, "k": k, "v": v})
     lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                           precision=precision, return_lse=return_lse, backend=backend,
-                          window=_window(is_causal, window_left, window_right))[1]
+                          window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))[1]
     return q.new_empty(0, dtype=torch.float32) if lse is None else lse
 
 
 def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend,
-                        window_left=-1, window_right=-1):
+                        window_left=-1, window_right=-1, softcap=0.0):
     return backward.attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal, scale=scale,
                                        enable_gqa=enable_gqa, precision=precision, backend=backend,
-                                       window=_window(is_causal, window_left, window_right))
+                                       window=_window(is_causal, window_left, window_right),
+                                       softcap=_softcap(softcap))
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision,
-                      return_lse, sync_checks, backend, window_left=-1, window_right=-1):
+                      return_lse, sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0):
     return varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    is_causal=is_causal, scale=scale, precision=precision, return_lse=return_lse,
                                    sync_checks=sync_checks, backend=backend,
-                                   window=_window(is_causal, window_left, window_right))
+                                   window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
 
 
 def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                               max_seqlen_k, is_causal, scale, precision, backend, window_left=-1, window_right=-1):
+                               max_seqlen_k, is_causal, scale, precision, backend, window_left=-1, window_right=-1,
+                               softcap=0.0):
     return backward.attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                               max_seqlen_q, max_seqlen_k, is_causal=is_causal, scale=scale,
                                               precision=precision, backend=backend,
-                                              window=_window(is_causal, window_left, window_right))
+                                              window=_window(is_causal, window_left, window_right),
+                                              softcap=_softcap(softcap))
 
 
 def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale,
-                            precision, return_lse, num_splits, sync_checks, window_left, window_right, backend):
+                            precision, return_lse, num_splits, sync_checks, window_left, window_right, backend,
+                            softcap=0.0):
     return kvcache.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
                                           is_causal=is_causal, scale=scale, precision=precision,
                                           return_lse=return_lse, num_splits=num_splits, sync_checks=sync_checks,
-                                          window=(window_left, window_right), backend=backend)
+                                          window=(window_left, window_right), backend=backend,
+                                          softcap=_softcap(softcap))
 
 
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
@@ -166,60 +178,66 @@ def _fake_lse(q):
 
 
 @torch.library.register_fake("xkernels::attention")
-def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0):
     resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
+                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                      softcap=_softcap(softcap))
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("xkernels::attention_lse")
-def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1):
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0):
     resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
+                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                      softcap=_softcap(softcap))
     return q.new_empty(q.shape), _fake_lse(q)
 
 
 @torch.library.register_fake("xkernels::attention_out")
-def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1, window_right=-1):
+def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1, window_right=-1,
+      softcap=0.0):
     resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
+                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                      softcap=_softcap(softcap))
     check_out_storage(out, {"q": q, "k": k, "v": v})
     return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
 
 
 @torch.library.register_fake("xkernels::attention_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
-      window_right=-1):
+      window_right=-1, softcap=0.0):
     resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa, precision=precision,
                                backend=backend, is_causal=is_causal,
-                               window=_window(is_causal, window_left, window_right))
+                               window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 
 @torch.library.register_fake("xkernels::attention_varlen")
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
-      sync_checks, backend, window_left=-1, window_right=-1):
+      sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0):
     resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              precision=precision, backend=backend, is_causal=is_causal,
-                             window=_window(is_causal, window_left, window_right))
+                             window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 @torch.library.register_fake("xkernels::attention_varlen_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-      precision, backend, window_left=-1, window_right=-1):
+      precision, backend, window_left=-1, window_right=-1, softcap=0.0):
     resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                       max_seqlen_q, max_seqlen_k, precision=precision, backend=backend,
-                                      is_causal=is_causal, window=_window(is_causal, window_left, window_right))
+                                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                                      softcap=_softcap(softcap))
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 
 @torch.library.register_fake("xkernels::attention_with_kvcache")
 def _(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale, precision, return_lse,
-      num_splits, sync_checks, window_left, window_right, backend):
+      num_splits, sync_checks, window_left, window_right, backend, softcap=0.0):
     resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, precision=precision,
                               backend=backend)
+    _softcap(softcap)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -242,7 +260,7 @@ def _(a, b, out, b_layout, walk, out_dtype, backend):
 def _save_lse(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
     ctx.save_for_backward(q, k, v, *output)
-    ctx.flags = flags  # is_causal, scale, enable_gqa, precision, backend, window_left, window_right
+    ctx.flags = flags  # is_causal, scale, enable_gqa, precision, backend, window_left, window_right, softcap
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensor to build and read
 
 
@@ -271,9 +289,9 @@ def _backward_recompute(ctx, grad_out):
 
 def _save_varlen(ctx, inputs, output) -> None:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, _, _, backend, \
-        *window = inputs
+        *window_and_softcap = inputs
     ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output)
-    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend, *window)
+    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend, *window_and_softcap)
     ctx.set_materialize_grads(False)
 
 

@@ -30,6 +30,7 @@ from xkernels.common.seqlen import Band
 from xkernels.portable import attention_fwd as portable_attention
 from xkernels.portable import gemm as portable_gemm
 from xkernels.portable import gemm_skinny
+from xkernels.portable.softmax import softcap_name
 from xkernels.select import DECODE_MAX_SQ
 from xkernels.validation import NO_WINDOW
 
@@ -87,9 +88,10 @@ class DecodeAttentionPlan:
     plan, with the integer arguments of its key count (`decode.DecodePlan.resize`)."""
 
     def __init__(self, q, recipe, choice, *, is_causal: bool, return_lse: bool, grows: bool = False,
-                 window: tuple[int, int] = NO_WINDOW):
+                 window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
         b, hq, sq, d = q.shape
         self.recipe, self.cfg, self.is_causal, self.window = recipe, choice.config, is_causal, window
+        self.softcap = softcap
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.empty = q.numel() == 0
@@ -109,7 +111,7 @@ class DecodeAttentionPlan:
         q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
         if self.plan is None:
             self.plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
-                                          write_lse=lse is not None, window=self.window)
+                                          write_lse=lse is not None, window=self.window, softcap=self.softcap)
         plan, at = self.plan, None
         if self.grows and k.shape[2] != plan.g.capacity:  # K and V contiguous: (batch, token, head) strides
             at = self.resized.get(k.shape[2])  # every layer of a model calls with the same key count in a step
@@ -129,7 +131,7 @@ class DecodeAttentionPlan:
 
 class AttentionPlan:
     def __init__(self, q, k, v, out, recipe, choice, *, is_causal: bool, return_lse: bool, positive_scale: bool,
-                 window: tuple[int, int] = NO_WINDOW):
+                 window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
         band = Band.of(is_causal, window)  # a non-causal window of right side 0 and no left one is causal
         is_causal = band.causal
         self.recipe = recipe
@@ -150,8 +152,9 @@ class AttentionPlan:
         else:
             self.fn = portable_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = portable_attention.launch_spec(
-                b, hq, sq, d, is_causal=is_causal, recipe=recipe, write_lse=return_lse, cfg=choice.config, band=band)
-        self.name = f"{choice.layer}.attention[{recipe.name} {choice.config}{band}]"
+                b, hq, sq, d, is_causal=is_causal, recipe=recipe, write_lse=return_lse, cfg=choice.config, band=band,
+                softcap=softcap)
+        self.name = f"{choice.layer}.attention[{recipe.name} {choice.config}{band}{softcap_name(softcap)}]"
         self.tail = launch.constexpr_tail(self.fn, self.constexprs)
         # the fast path: every layout descriptor-ready as it is; its integer arguments follow from the key
         tensors = (q, k, v) if out is None else (q, k, v, out)
@@ -256,9 +259,9 @@ _NOT_DECODE = object()  # a growing-cache key whose call does not take the split
 
 
 def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa: bool, precision: str,
-              return_lse: bool, backend: str, window: tuple[int, int] = NO_WINDOW):
+              return_lse: bool, backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
     """(O, LSE or None); `out` (checked for memory overlap by the caller) receives O when given; `window` a checked
-    window_size (`validation.check_window`)."""
+    window_size (`validation.check_window`), `softcap` a checked soft cap (0: none)."""
     positive = scale is None or scale > 0
     if (q.dim() == k.dim() == v.dim() == 4 and q.shape[2] <= DECODE_MAX_SQ and k.shape[2] and k.is_contiguous()
             and v.is_contiguous()):
@@ -266,28 +269,31 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
         grows = ("decode", q.shape, q.stride(), k.shape[:2], k.shape[3], v.shape[:2], v.shape[3:],
                  k.shape[2] == v.shape[2], q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                  None if out is None else (out.shape, out.stride(), out.dtype, out.device), is_causal, enable_gqa,
-                 precision, return_lse, backend, window)
+                 precision, return_lse, backend, window, softcap)
         plan = _PLANS.get(grows)
         if plan is None:
             recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
-                                                      backend=backend, is_causal=is_causal, window=window)
+                                                      backend=backend, is_causal=is_causal, window=window,
+                                                      softcap=softcap)
             plan = _remember(grows, DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal,
-                                                        return_lse=return_lse, grows=True, window=window)
+                                                        return_lse=return_lse, grows=True, window=window,
+                                                        softcap=softcap)
                              if choice.kernel == "decode" else _NOT_DECODE)
         if plan is not _NOT_DECODE:
             return plan.run(q, k, v, out, scale)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device, None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-           is_causal, enable_gqa, precision, return_lse, positive, backend, window)
+           is_causal, enable_gqa, precision, return_lse, positive, backend, window, softcap)
     plan = _PLANS.get(key)
     if plan is None:
         recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
-                                                  backend=backend, is_causal=is_causal, window=window)
+                                                  backend=backend, is_causal=is_causal, window=window, softcap=softcap)
         if choice.kernel == "decode":
-            plan = DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal, return_lse=return_lse, window=window)
+            plan = DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal, return_lse=return_lse, window=window,
+                                       softcap=softcap)
         else:
             plan = AttentionPlan(q, k, v, out, recipe, choice, is_causal=is_causal, return_lse=return_lse,
-                                 positive_scale=positive, window=window)
+                                 positive_scale=positive, window=window, softcap=softcap)
         plan = _remember(key, plan)
     return plan.run(q, k, v, out, scale)
 

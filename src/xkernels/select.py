@@ -157,47 +157,51 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 
-def _no_hopper_window(override: Override, window: tuple[int, int], is_causal: bool, op: str) -> bool:
-    """Whether the call has a sliding window (which only the portable kernels apply); a forced "hopper" raises."""
+def _portable_only(override: Override, window: tuple[int, int], is_causal: bool, softcap: float, op: str) -> bool:
+    """Whether the call has a sliding window or a soft cap, which only the portable kernels apply; a forced "hopper"
+    raises."""
     windowed = Band.of(is_causal, window).windowed
-    if windowed and override.layer == "hopper":
-        raise ValueError(f"backend: 'hopper' was forced, but {op} with window_size={window} runs the portable kernels "
-                         "only (the Hopper kernels have no sliding window yet)")
-    return windowed
+    if (windowed or softcap) and override.layer == "hopper":
+        what = f"window_size={window}" if windowed else f"softcap={softcap}"
+        raise ValueError(f"backend: 'hopper' was forced, but {op} with {what} runs the portable kernels only (the "
+                         "Hopper kernels have no sliding window or soft cap yet)")
+    return windowed or bool(softcap)
 
 
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override,
-                     windowed: bool = False) -> Choice:
+                     portable_only: bool = False) -> Choice:
     """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, GQA and length), but for sliding
-    windows; else portable."""
+    windows and soft caps (`portable_only`); else portable."""
     on_hopper = hopper_available(device)
     if override.layer == "hopper" and not on_hopper:
         raise ValueError("backend: 'hopper' was forced, but attention there needs sm_90 and a tested triton")
-    if override.layer != "portable" and on_hopper and not windowed:
+    if override.layer != "portable" and on_hopper and not portable_only:
         return Choice("hopper", _hopper_forward(head_dim, recipe, override))
     return Choice("portable", portable_configs.attention_config(head_dim, recipe, _target(device)))
 
 
 def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str, is_causal: bool = False,
-                      window: tuple[int, int] = NO_WINDOW):
+                      window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
     """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
     alike, so a traced call raises what the eager call raises. Calls with few query rows take the split-KV kernel
-    unless "hopper" is forced; sliding windows (`window`, checked) the portable kernels. Returns (recipe, Choice)."""
+    unless "hopper" is forced; sliding windows (`window`, checked) and soft caps the portable kernels. Returns
+    (recipe, Choice)."""
     recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
     check_device(q.device, "q")
     override = parse_backend(backend)
-    windowed = _no_hopper_window(override, window, is_causal, "attention")
+    portable_only = _portable_only(override, window, is_causal, softcap, "attention")
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
     d = int(q.shape[-1])
     if override.layer != "hopper" and q.shape[2] <= DECODE_MAX_SQ:  # a guard on the relation, not on Sq
         return recipe, Choice("portable", portable_configs.decode_config(d, _target(q.device)), "decode")
-    return recipe, select_attention(q.device, d, recipe, override, windowed)
+    return recipe, select_attention(q.device, d, recipe, override, portable_only)
 
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
-                               backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW):
+                               backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW,
+                               softcap: float = 0.0):
     """The backward's checks and kernel choice, for the real and the fake kernel alike: on sm_90 with a tested triton
     the Hopper dK/dV and dQ kernels (every head dim: D256 splits dK's and dV's columns across the warpgroups), else
     the portable kernels. `backend` "portable" forces those; "hopper" where the Hopper backward has no kernel (other
@@ -206,21 +210,22 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     raises). Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window,
+                                    softcap=softcap)
 
 
 def _backward_choice(q, backend: str, *, hopper_by_default: bool, is_causal: bool = False,
-                     window: tuple[int, int] = NO_WINDOW) -> Choice:
+                     window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> Choice:
     """The backward kernels: the Hopper dK/dV and dQ kernels on sm_90 with a tested triton where "hopper" is forced,
     or with `hopper_by_default` where no layer is, but for sliding windows; else the portable ones."""
     check_device(q.device, "q")
     override = parse_backend(backend)
-    windowed = _no_hopper_window(override, window, is_causal, "the attention backward")
+    portable_only = _portable_only(override, window, is_causal, softcap, "the attention backward")
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])
     portable = portable_configs.attention_bwd_config(d, _target(q.device))
-    wanted = not windowed and (override.layer == "hopper" or (hopper_by_default and override.layer is None))
+    wanted = not portable_only and (override.layer == "hopper" or (hopper_by_default and override.layer is None))
     if wanted and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
         return Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, ATTENTION_DQ_CONFIGS.get(d)))
     return Choice("portable", portable)
@@ -230,17 +235,18 @@ def _backward_choice(q, backend: str, *, hopper_by_default: bool, is_causal: boo
 HOPPER_VARLEN_HEAD_DIMS = (64, 128, 256)
 
 
-def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, window: tuple[int, int]) -> Choice:
+def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, window: tuple[int, int],
+                   softcap: float) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
     overrides) on sm_90 with a tested triton at the head dims it ran at, but for sliding windows; else the portable
     one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
-    windowed = _no_hopper_window(override, window, is_causal, "attention_varlen")
+    portable_only = _portable_only(override, window, is_causal, softcap, "attention_varlen")
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])
-    hopper = hopper_available(q.device) and d in HOPPER_VARLEN_HEAD_DIMS and not windowed
+    hopper = hopper_available(q.device) and d in HOPPER_VARLEN_HEAD_DIMS and not portable_only
     if override.layer == "hopper" and not hopper:
         raise ValueError(f"backend: 'hopper' was forced, but attention_varlen there needs sm_90, a tested triton and "
                          f"a head dim in {HOPPER_VARLEN_HEAD_DIMS}")
@@ -250,23 +256,26 @@ def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, wi
 
 
 def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, precision: str,
-                             backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW):
+                             backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW,
+                             softcap: float = 0.0):
     """The varlen forward's metadata checks and kernel choice. Returns (recipe, Choice)."""
     recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     precision=precision)
-    return recipe, _varlen_choice(q, recipe, backend, is_causal, window)
+    return recipe, _varlen_choice(q, recipe, backend, is_causal, window, softcap)
 
 
 def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                      max_seqlen_q, max_seqlen_k, *, precision: str, backend: str,
-                                     is_causal: bool = False, window: tuple[int, int] = NO_WINDOW):
+                                     is_causal: bool = False, window: tuple[int, int] = NO_WINDOW,
+                                     softcap: float = 0.0):
     """The varlen backward's checks and kernel: on sm_90 with a tested triton the Hopper dK/dV and dQ kernels' packed
     variants (`VARLEN`; 1.4-1.7x padded SDPA-cuDNN's backward and 1.3x the portable kernels on the bench's packed
     batches), else the portable kernels, as the dense backward (`backend="portable"` forces them; config fields
     apply to the forward only; `last_backend()` names the kernels). Returns (recipe, Choice)."""
     recipe = check_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window,
+                                    softcap=softcap)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,

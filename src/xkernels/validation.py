@@ -197,6 +197,15 @@ def check_max_seqlen(m: object, name: str) -> None:
 NO_WINDOW = (-1, -1)  # window_size's default: no sliding window
 
 
+def check_softcap(softcap: object) -> float:
+    """flash_attn's `softcap`: a finite float or int >= 0 (0: off), as a float."""
+    if isinstance(softcap, bool) or not isinstance(softcap, float | int):
+        raise TypeError(f"softcap: expected a float, got {type(softcap).__name__}")
+    if not (0.0 <= softcap < float("inf")):
+        raise ValueError(f"softcap: {softcap} is not a finite value >= 0 (0: no soft cap)")
+    return float(softcap)
+
+
 def check_window(window: object, is_causal: bool) -> tuple[int, int]:
     """FlashAttention's window_size: (left, right) ints >= -1 (-1: unbounded); causal windows end at the query
     (right -1 or 0). Returns (left, right) with a causal right of -1 made 0."""

@@ -56,4 +56,26 @@ def test_windowed_decode_case_reads_its_window(device):
     assert case.check(inputs).passed
     assert case.dense(inputs)[1].shape == (2, 2, 21, 64)
     with pytest.raises(ValueError, match="window"):
-        DecodeCase(2, 4, 2, 90, 64, window=20)  # the dense API has no window
+        DecodeCase(2, 4, 2, 90, 64, window=20)  # the dense API aligns windows top-left: not a decode step
+
+
+def test_windowed_attention_cases_count_the_band_and_check(device):
+    """The window suite's cases: FLOPs count exactly the pairs the mask keeps (the mask an SDPA peer is given), the
+    float64 checks (forward, and the training step's gradients) pass, and each suite has a windowed forward and
+    training step beside the unwindowed call."""
+    import torch
+
+    from xkernels.bench.suites import window_suite
+    from xkernels.testing.cases import AttentionCase, AttentionGradCase
+
+    for quick in (True, False):
+        cases = window_suite(quick)
+        assert any(isinstance(c, AttentionGradCase) and c.window != (-1, -1) for c in cases)
+        assert any(type(c) is AttentionCase and c.window == (-1, -1) for c in cases)
+    for window, causal in (((9, 0), True), ((5, 7), False), ((-1, 3), False)):
+        case = AttentionCase(1, 4, 2, 40, 56, 64, causal, "fp16", window=window)
+        assert case.flops == 4 * 64 * 4 * int(case.mask("cpu").sum())
+        assert case.check(case.inputs(device)).passed
+    grad = AttentionGradCase(1, 2, 1, 40, 40, 64, True, "fp16", window=(6, 0), step="fwd+bwd")
+    assert grad.check(grad.inputs(device)).passed
+    assert "window 6,0" in grad.shape and torch.equal(grad.mask("cpu"), grad.mask("cpu").tril())

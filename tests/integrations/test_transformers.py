@@ -172,3 +172,45 @@ def test_sliding_window_training_step_matches_sdpa(device, padded):
         assert g is not None and torch.isfinite(g).all(), name
         assert _rel(g, want[name]) < 5e-2, (name, _rel(g, want[name]))
     assert max(_rel(unwindowed[n], want[n]) for n in want) > 0.2, "the window must change the gradients"
+
+
+def tiny_gemma2(attn_implementation: str, device: str, softcap: float | None):
+    """Gemma 2's attention: soft-capped scores, sliding-window layers alternating with global ones (window 8)."""
+    config = transformers.Gemma2Config(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                       max_position_embeddings=128, sliding_window=8, query_pre_attn_scalar=64,
+                                       attn_logit_softcapping=softcap, final_logit_softcapping=None)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                          dtype=torch.bfloat16)
+    with torch.no_grad():  # scores of several units, so a cap of 1 cuts them (random weights give ~0.1)
+        for layer in model.model.layers:
+            layer.self_attn.q_proj.weight.mul_(20.0)
+    return model.to(device).eval()
+
+
+def test_soft_capped_model_matches_eager(device):
+    """A Gemma 2 with attention soft-capped at 1.0 (sdpa has no soft cap; eager attention is the reference): prefill
+    with left padding and without, and greedy decoding, match eager's logits; the cap really cuts (a model without
+    it gives other logits)."""
+    ours, eager = tiny_gemma2("xkernels", device, 1.0), tiny_gemma2("eager", device, 1.0)
+    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(6)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    keep = mask.bool()
+    with torch.no_grad():
+        logits = ours(ids, attention_mask=mask).logits
+        assert "softcap=1" in xkernels.last_backend(), xkernels.last_backend()
+        ref = eager(ids, attention_mask=mask).logits
+        uncapped = tiny_gemma2("eager", device, None)(ids, attention_mask=mask).logits
+        assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
+        assert _rel(uncapped[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
+        assert _rel(ours(ids).logits, eager(ids).logits) < 2e-2
+        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=0)
+        out = ours.generate(ids, attention_mask=mask, **kw)
+        want = eager.generate(ids, attention_mask=mask, **kw)
+    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
+        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
+        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
+            break

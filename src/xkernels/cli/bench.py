@@ -29,7 +29,14 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
     from xkernels.bench import report
     from xkernels.bench.ceilings import measure_ceilings
     from xkernels.bench.runner import run_case
-    from xkernels.bench.suites import attention_bwd_suite, attention_suite, decode_suite, gemm_suite, varlen_suite
+    from xkernels.bench.suites import (
+        attention_bwd_suite,
+        attention_suite,
+        decode_suite,
+        gemm_suite,
+        varlen_suite,
+        window_suite,
+    )
 
     plan: list[tuple[object, bool]] = []
     if args.suite in ("all", "gemm"):
@@ -43,6 +50,8 @@ def run_bench(device: str, args: argparse.Namespace) -> int:
         plan += [(c, True) for c in decode_suite(args.quick)]
     if args.suite in ("all", "varlen"):
         plan += [(c, True) for c in varlen_suite(args.quick)]
+    if args.suite in ("all", "window"):
+        plan += [(c, True) for c in window_suite(args.quick)]
 
     command = "xkernels " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     out_dir = Path(args.out)

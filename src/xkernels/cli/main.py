@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("bench", help="benchmark against peers timed in the same run (GPU)")
     p.add_argument("--suite",
-                   choices=["all", "gemm", "attention", "attention-bwd", "decode", "varlen", "host", "sweep"],
+                   choices=["all", "gemm", "attention", "attention-bwd", "decode", "varlen", "window", "host",
+                            "sweep"],
                    default="all",
                    help="host: per-call host, back-to-back and CUDA-graph time, ours and torch's; sweep: the same "
                         "over attention lengths (16K tokens a call) and GEMM M on Llama-8B's layers, with a ratio "

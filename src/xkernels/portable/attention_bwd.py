@@ -24,6 +24,7 @@ import triton.language as tl
 
 from xkernels.common.seqlen import Band, kv_band_start, kv_bounds_shifted, q_bounds, sequence
 from xkernels.portable.dot import mma
+from xkernels.portable.softmax import cap_tanh
 
 
 @triton.jit
@@ -99,7 +100,8 @@ def _tile_t(base, s_s, start, rows_len, HEAD_DIM: tl.constexpr, ROWS: tl.constex
 def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
                 do_sb, do_sh, do_ss, dk_sb, dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ,
                 SKV, scale, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                INTERPRET: tl.constexpr, VARLEN: tl.constexpr, SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
+                INTERPRET: tl.constexpr, VARLEN: tl.constexpr, SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1,
+                SOFTCAP: tl.constexpr = 0.0):
     """Works on transposed scores, S^T = K Q^T (keys on rows): P^T and dS^T come out of one product as the left
     operand of the next (dV += P^T dO, dK += dS^T Q), so nothing is transposed in registers."""
     n_blocks = tl.cdiv(SKV, BLOCK_N)
@@ -135,8 +137,15 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
                 keep = keep & (keys[:, None] <= rows[None, :] + offset)
             if BAND >= 0:
                 keep = keep & (keys[:, None] >= rows[None, :] + offset - BAND)
-            p_t = tl.where(keep, tl.math.exp2(s_t * qk_scale - lse[None, :] * 1.4426950408889634), 0.0)
+            if SOFTCAP > 0:
+                t_t = cap_tanh(s_t, qk_scale, SOFTCAP)
+                s_t = SOFTCAP * t_t
+            else:
+                s_t = s_t * qk_scale
+            p_t = tl.where(keep, tl.math.exp2(s_t - lse[None, :] * 1.4426950408889634), 0.0)
             dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
+            if SOFTCAP > 0:  # dS through the cap: its derivative 1 - tanh^2, folded into P before dP (fewer live tiles)
+                p_t = p_t * (1.0 - t_t * t_t)
             dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
             ds_t = p_t * (dp_t - delta[None, :])
             dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, INTERPRET)
@@ -152,7 +161,8 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
 def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss,
               do_sb, do_sh, do_ss, dq_sb, dq_sh, dq_ss, lse_sh, HQ, GROUP, SQ, SKV, scale,
               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-              INTERPRET: tl.constexpr, VARLEN: tl.constexpr, SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
+              INTERPRET: tl.constexpr, VARLEN: tl.constexpr, SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1,
+              SOFTCAP: tl.constexpr = 0.0):
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     bh = (tl.program_id(0) // m_blocks).to(tl.int64)
     b, h = bh // HQ, bh % HQ
@@ -186,7 +196,14 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k
                 keep = keep & (keys[None, :] <= rows[:, None] + offset)
             if BAND >= 0:
                 keep = keep & (keys[None, :] >= rows[:, None] + offset - BAND)
-            p = tl.where(keep, tl.math.exp2(s * qk_scale - lse[:, None] * 1.4426950408889634), 0.0)
+            if SOFTCAP > 0:
+                t = cap_tanh(s, qk_scale, SOFTCAP)
+                s = SOFTCAP * t
+            else:
+                s = s * qk_scale
+            p = tl.where(keep, tl.math.exp2(s - lse[:, None] * 1.4426950408889634), 0.0)
+            if SOFTCAP > 0:  # dS through the cap: its derivative 1 - tanh^2, folded into P before dP
+                p = p * (1.0 - t * t)
             dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
             ds = p * (dp - delta[:, None])
             dq = mma(ds.to(k.dtype), k, dq, INTERPRET)
@@ -267,7 +284,7 @@ def finish_dq(dq_accum, dq, *, scale: float, block_m: int, num_warps: int = 4) -
 
 
 def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg,
-              packed: Packed | None = None, band: Band | None = None) -> None:
+              packed: Packed | None = None, band: Band | None = None, softcap: float = 0.0) -> None:
     from xkernels.common.launch import run as run_kernel
 
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
@@ -275,15 +292,17 @@ def launch_dq(q, k, v, do, lse, delta, dq, *, is_causal: bool, scale: float, cfg
                (q, k, v, do, lse, delta, dq, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
                 *_strides(v, packed), *_strides(do, packed), *_strides(dq, packed), _lse_head_stride(lse, packed),
                 hq, hq // hkv, sq, skv, scale),
-               cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None, band=band), cfg.options())
+               cfg.dq_constexprs(d, causal=is_causal, varlen=packed is not None, band=band, softcap=softcap),
+               cfg.options())
 
 
 def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float, cfg,
-           packed: Packed | None = None, band: Band | None = None) -> None:
+           packed: Packed | None = None, band: Band | None = None, softcap: float = 0.0) -> None:
     """Gradients of O = attention(q, k, v) given dO (and dLSE, or None), written into dq, dk, dv (allocated by the
     caller, any strides with a unit last stride, like every input): dense (B, H, S, D) tensors with `lse` and
     `grad_lse` (B, Hq, Sq) contiguous fp32, or with `packed` a varlen batch, (total, H, D) tensors with `lse` and
-    `grad_lse` (Hq, total_q); `band` a sliding window. Workspace: delta, one fp32 per query row and head."""
+    `grad_lse` (Hq, total_q); `band` a sliding window, `softcap` the scores' soft cap. Workspace: delta, one fp32
+    per query row and head."""
     from xkernels.common.launch import run as run_kernel
 
     b, hq, hkv, sq, skv, d = _sizes(q, k, packed)
@@ -292,5 +311,7 @@ def launch(q, k, v, o, lse, do, dq, dk, dv, grad_lse, *, is_causal: bool, scale:
                (q, k, v, do, lse, delta, dk, dv, *_cu(q, packed), *_strides(q, packed), *_strides(k, packed),
                 *_strides(v, packed), *_strides(do, packed), *_strides(dk, packed), *_strides(dv, packed),
                 _lse_head_stride(lse, packed), hq, hkv, hq // hkv, sq, skv, scale),
-               cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None, band=band), cfg.options())
-    launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg, packed=packed, band=band)
+               cfg.dkdv_constexprs(d, causal=is_causal, varlen=packed is not None, band=band, softcap=softcap),
+               cfg.options())
+    launch_dq(q, k, v, do, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=cfg, packed=packed, band=band,
+              softcap=softcap)

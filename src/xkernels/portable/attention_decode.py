@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from xkernels.portable.dot import mma
-from xkernels.portable.softmax import LN2, finish, online_step
+from xkernels.portable.softmax import LN2, finish, online_step, scores
 
 
 @triton.jit
@@ -106,7 +106,7 @@ def _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS: tl.constexpr):
 def _attend(acc, l_i, m_i, q, K, V, b, floor, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks,
             k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
             CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, PV_DTYPE: tl.constexpr,
-            WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
+            WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
     """Fold key tiles [lo, hi) (lo a multiple of BLOCK_N) into (acc, l_i, m_i). MASKED: keys >= hi and (causal)
     keys past each row's `limit` are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys
     below limit - win_left and (not causal) above limit + win_right, and reads no K/V row or block id below `floor`
@@ -127,7 +127,7 @@ def _attend(acc, l_i, m_i, q, K, V, b, floor, lo, hi, limit, win_left, win_right
             k = tl.load(K + k_rows[:, None] + cols[None, :], mask=read[:, None], other=0.0)
         else:
             k = tl.load(K + k_rows[:, None] + cols[None, :])
-        s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET) * qk_scale
+        s = scores(mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET), qk_scale, SOFTCAP)
         if MASKED:
             keep = keys[None, :] < hi
             if CAUSAL:
@@ -189,7 +189,8 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
-                            FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr):
+                            FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+                            SOFTCAP: tl.constexpr = 0.0):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
@@ -260,10 +261,10 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
         v_base += first.to(tl.int64) * v_ss
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, lo, full_hi, limit, win_left, win_right,
                             BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET)
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET, SOFTCAP)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, full_hi, hi, limit, win_left, win_right,
                             BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET)
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET, SOFTCAP)
     o, lse = finish(acc, l_i, m_i, True)
     if SEQ_LENGTHS:  # re-read after the loop rather than kept live through it (registers)
         bad = _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS).to(tl.int32)

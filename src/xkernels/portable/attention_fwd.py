@@ -18,7 +18,7 @@ from xkernels.common.seqlen import Band, kv_band_start, kv_bounds_shifted
 from xkernels.portable import tiles
 from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.dot import mma
-from xkernels.portable.softmax import finish, online_step
+from xkernels.portable.softmax import finish, online_step, scores
 from xkernels.portable.tiles import load_tile, store_tile
 from xkernels.recipes import AttentionRecipe
 
@@ -27,14 +27,14 @@ from xkernels.recipes import AttentionRecipe
 def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk_scale, SKV,
                   HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
                   PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr,
-                  EMPTY_ROWS: tl.constexpr, BAND: tl.constexpr = -1, gap_at=0, gap=0):
+                  EMPTY_ROWS: tl.constexpr, BAND: tl.constexpr = -1, gap_at=0, gap=0, SOFTCAP: tl.constexpr = 0.0):
     """Fold K/V tiles [lo, hi) into the running (acc, row sum l_i, row max m_i), all in base-2 units. K and V come
     from descriptors (`k_src`, `v_src`), or without them from those base pointers and row strides. Causal keeps key
     j for row i when j <= offs_m[i] (callers shift offs_m for other alignments and windows), a lower band side
     (BAND >= 0) when j >= offs_m[i] - BAND; with a band, tiles from `gap_at` on are taken `gap` keys further on
     (one loop over the band's two masked stretches, around the unmasked tiles between them: one loop fewer keeps
     the registers of a D256 tile on sm_80 within the file). EMPTY_ROWS: some rows may see no key at all
-    (`softmax.online_step`)."""
+    (`softmax.online_step`); SOFTCAP: the scores' soft cap (`softmax.scores`)."""
     offs_n = tl.arange(0, BLOCK_N)
     for tile in tl.range(lo, hi, BLOCK_N):
         start_n = tile
@@ -44,7 +44,7 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk
             k = k_src.load([start_n, 0])
         else:
             k = load_tile(k_src, start_n, 0, SKV, HEAD_DIM, k_ss, BLOCK_N, HEAD_DIM)
-        s = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET) * qk_scale
+        s = scores(mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], tl.float32), INTERPRET), qk_scale, SOFTCAP)
         if MASKED:
             keys = start_n + offs_n
             keep = keys[None, :] < SKV
@@ -66,7 +66,8 @@ def _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi, offs_m, qk
 @triton.jit
 def _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, offset, full_hi, hi, offs_m, qk_scale, SKV,
           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-          PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, BAND: tl.constexpr):
+          PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, BAND: tl.constexpr,
+          SOFTCAP: tl.constexpr):
     """The key tiles of a row block from `start_m` under a band (`common.seqlen.Band`; the diagonal at `offset`,
     SHIFT included; `offs_m` the rows shifted so): tiles [lo, mid) that the lower side cuts for some row and
     [top, hi) past `full_hi` (the upper side, the tail) run masked in one loop, the tiles [mid, top) between them
@@ -75,10 +76,11 @@ def _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, offset, full_hi, 
     mid = max(lo, min(full_lo, full_hi))
     top = max(mid, full_hi)
     acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, mid, top, offs_m, qk_scale, SKV,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET, False)
+                                  HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET, False,
+                                  SOFTCAP=SOFTCAP)
     return _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, lo, hi - (top - mid), offs_m, qk_scale, SKV,
                          HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET, True, BAND, mid,
-                         top - mid)
+                         top - mid, SOFTCAP)
 
 
 # SQ and SKV are specialized (divisible by 16 or not), as M, N, K in the GEMM: vector loads where TMA is absent
@@ -89,7 +91,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
                          DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                         SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
+                         SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1, SOFTCAP: tl.constexpr = 0.0):
     # one grid axis (CUDA caps the others at 65535): row blocks of one (batch, head) are neighbours, sharing K/V in L2
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
@@ -125,14 +127,14 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
     if BAND >= 0:
         acc, l_i, m_i = _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, SHIFT, full_hi, hi,
                               offs_m + SHIFT, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
-                              DESCRIPTORS, INTERPRET, BAND)
+                              DESCRIPTORS, INTERPRET, BAND, SOFTCAP)
     else:
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, 0, full_hi, offs_m + SHIFT,
                                       qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,
-                                      INTERPRET, False)
+                                      INTERPRET, False, SOFTCAP=SOFTCAP)
         acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m + SHIFT,
                                       qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
-                                      INTERPRET, False)
+                                      INTERPRET, False, SOFTCAP=SOFTCAP)
 
     o, lse = finish(acc, l_i, m_i, BAND >= 0)
     o = o.to(O.dtype.element_ty)
@@ -145,10 +147,11 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
-                write_lse: bool, cfg: AttentionConfig,
-                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
+                write_lse: bool, cfg: AttentionConfig, band: Band | None = None,
+                softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_fwd_kernel` with the config `select` chose; its runtime
     arguments are `plans.attention_args` (shared with the Hopper kernel). `band`: a sliding window (its `causal`
-    replaces `is_causal`)."""
+    replaces `is_causal`); `softcap`: the scores' soft cap."""
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
-    return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band), cfg.options()
+    return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band,
+                                softcap=softcap), cfg.options()

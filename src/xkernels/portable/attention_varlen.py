@@ -29,7 +29,7 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
                             DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                            SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1):
+                            SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1, SOFTCAP: tl.constexpr = 0.0):
     m_blocks = tl.cdiv(MAX_SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     bh = tl.program_id(0) // m_blocks
@@ -63,14 +63,14 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
         if BAND >= 0:  # a window: the dense kernel's band walk
             acc, l_i, m_i = _band(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, start_m, offset, full_hi, hi,
                                   offs_m + offset, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
-                                  DESCRIPTORS, INTERPRET, BAND)
+                                  DESCRIPTORS, INTERPRET, BAND, SOFTCAP)
         else:
             acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, 0, full_hi, offs_m + offset,
                                           qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,
-                                          INTERPRET, True)
+                                          INTERPRET, True, SOFTCAP=SOFTCAP)
             acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, full_hi, hi, offs_m + offset,
                                           qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
-                                          INTERPRET, True)
+                                          INTERPRET, True, SOFTCAP=SOFTCAP)
         o, lse = finish(acc, l_i, m_i, True)  # rows that saw no key: O = 0, LSE = -inf
         o = o.to(O.dtype.element_ty)
         if DESCRIPTORS:
@@ -82,9 +82,10 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
-                recipe: AttentionRecipe, write_lse: bool, cfg: AttentionConfig,
-                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
-    """(grid, constexprs, launch options) for `attention_varlen_kernel`; `band`: a sliding window."""
+                recipe: AttentionRecipe, write_lse: bool, cfg: AttentionConfig, band: Band | None = None,
+                softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
+    """(grid, constexprs, launch options) for `attention_varlen_kernel`; `band`: a sliding window; `softcap`: the
+    scores' soft cap."""
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
-    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band)
+    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band, softcap=softcap)
     return grid, constexprs, cfg.options()

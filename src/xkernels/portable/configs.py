@@ -11,7 +11,13 @@ from xkernels.common.dtypes import TL_DTYPE
 from xkernels.common.runtime import INTERPRET, TENSOR_DESCRIPTORS
 from xkernels.common.seqlen import Band
 from xkernels.common.targets import Target
+from xkernels.portable.softmax import softcap_constexpr
 from xkernels.recipes import AttentionRecipe
+
+
+def _band(band: Band | None, causal: bool) -> dict[str, object]:
+    """CAUSAL, SHIFT and BAND of a windowed `band`, or of the plain causal or full mask."""
+    return (band if band is not None and band.windowed else Band(causal)).constexprs()
 
 
 @dataclass(frozen=True)
@@ -22,13 +28,13 @@ class AttentionConfig:
     num_stages: int
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, write_lse: bool,
-                   interpret: bool = INTERPRET, band: Band | None = None) -> dict[str, object]:
+                   interpret: bool = INTERPRET, band: Band | None = None, softcap: float = 0.0) -> dict[str, object]:
         """`attention_fwd_kernel`'s (and the varlen kernel's) compile-time arguments: one mapping for the launch and
-        for `inspect`. A windowed `band` adds its SHIFT and BAND (and sets CAUSAL from its upper side)."""
+        for `inspect`. A windowed `band` sets SHIFT and BAND (and CAUSAL from its upper side); `softcap` SOFTCAP."""
         out = dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, DESCRIPTORS=TENSOR_DESCRIPTORS,
                    INTERPRET=interpret, ACC_DTYPE=TL_DTYPE[recipe.pv_acc_dtype])
-        return out | (band if band is not None and band.windowed else Band(causal)).constexprs()
+        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -50,16 +56,16 @@ class AttentionBwdConfig:
     num_stages: int
 
     def dkdv_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, interpret: bool = INTERPRET,
-                        band: Band | None = None) -> dict[str, object]:
+                        band: Band | None = None, softcap: float = 0.0) -> dict[str, object]:
         out = dict(HEAD_DIM=head_dim, BLOCK_M=self.kv_m, BLOCK_N=self.kv_n, CAUSAL=causal, INTERPRET=interpret,
                    VARLEN=varlen)
-        return out | (band if band is not None and band.windowed else Band(causal)).constexprs()
+        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
 
     def dq_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, interpret: bool = INTERPRET,
-                      band: Band | None = None) -> dict[str, object]:
+                      band: Band | None = None, softcap: float = 0.0) -> dict[str, object]:
         out = dict(HEAD_DIM=head_dim, BLOCK_M=self.q_m, BLOCK_N=self.q_n, CAUSAL=causal, INTERPRET=interpret,
                    VARLEN=varlen)
-        return out | (band if band is not None and band.windowed else Band(causal)).constexprs()
+        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -88,12 +94,13 @@ class DecodeConfig:
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
                    causal: bool, bottom_right: bool, write_lse: bool, split: bool, key_starts: bool = False,
-                   windowed: bool = False, wide_rows: bool = False,
+                   windowed: bool = False, wide_rows: bool = False, softcap: float = 0.0,
                    interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
-                    FUSED_COMBINE=split and self.fused_combine, WIDE_ROWS=wide_rows, INTERPRET=interpret)
+                    FUSED_COMBINE=split and self.fused_combine, WIDE_ROWS=wide_rows, INTERPRET=interpret,
+                    SOFTCAP=softcap_constexpr(softcap))
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -167,8 +174,8 @@ class ConfigTable:
     # few-row GEMMs; the default's ring (2 stages of a 32 x 64 A tile and a 64 x 64 B tile) fits every family
     skinny: SkinnyGemmConfig = SkinnyGemmConfig(64, 64, 4, 2)
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "<kernel>-<head
-    # dim>" (attention, attention_acc16, attention_varlen, attention_bwd, attention_bwd_varlen), "gemm-<output
-    # element size>" or "gemm_skinny-2"
+    # dim>" (attention, attention_acc16, attention_varlen, attention_bwd, attention_bwd_varlen, attention_bwd_softcap:
+    # the soft-capped backward's variants), "gemm-<output element size>" or "gemm_skinny-2"
     tolerated_spills: frozenset[str] = frozenset()
 
     def spill_free(self, kernel: str, key: int) -> bool:
@@ -194,7 +201,8 @@ HOPPER = ConfigTable(
             256: DecodeConfig(64, 8, 3)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
-                                "attention_bwd_varlen-256", "gemm_skinny-2", "decode-128", "decode-256"}))
+                                "attention_bwd_varlen-256", "attention_bwd_softcap-128", "attention_bwd_softcap-256",
+                                "gemm_skinny-2", "decode-128", "decode-256"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
 # 64-key tiles and more programs per SM lost 1-15 %. At D64 the same tile is ~70 KB and 97 registers, so two
@@ -233,17 +241,19 @@ ADA = ConfigTable(
 # sm_120 (99 KB): as sm_89, but triton 3.6 spills hundreds of bytes at D256 with 64-row blocks (and 32-row blocks
 # with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants (and in the
 # varlen kernel's causal variant), 32 bytes of stack in bf16io-acc16's. The D64 backward spills with 64-key dK/dV
-# tiles there; the packed D256 dK/dV tile reloads 2 values. The split-KV kernel's paged D64 variant, with its checks
-# of the cache values, reloads one value under triton 3.6, before and after its key loop.
+# tiles there; the packed D256 dK/dV tile reloads 2 values, the soft-capped one (the cap's derivative, a tile more)
+# 8 bytes. The split-KV kernel's paged D64 variant, with its checks of the cache values, reloads one value under
+# triton 3.6, before and after its key loop.
 BLACKWELL_CONSUMER = dataclasses.replace(
     ADA, attention={**ADA.attention, 256: AttentionConfig(32, 16, 4, 1)},
     attention_bwd={**ADA.attention_bwd, 64: AttentionBwdConfig(32, 32, 32, 32, 4, 2)},
     tolerated_spills=frozenset({"gemm-4", "attention-256", "attention_acc16-256", "attention_varlen-256",
-                                "attention_bwd_varlen-256", "decode-64"}))
+                                "attention_bwd_varlen-256", "attention_bwd_softcap-256", "decode-64"}))
 # AMD CDNA (wave64): 4 warps keep 512 VGPRs per thread available (8 warps halve it and spill); gfx942's 64 KB of
 # LDS holds a 64-row D256 block with 32-key tiles, not 64-key ones. MFMA accumulates in fp32 only, so the acc16
 # recipes convert their fp16 accumulator every tile there (no gain; they exist for Hopper and the seeds' Xe2), and
-# bf16io-acc16's causal D256 variant reloads one VGPR on gfx950: tolerated.
+# bf16io-acc16's causal D256 variant reloads one VGPR on gfx950: tolerated; so is the soft-capped D256 dK/dV tile's
+# spill on gfx942 under triton 3.7 (9 VGPRs: the cap's derivative is a tile more).
 CDNA = ConfigTable(
     attention={64: AttentionConfig(128, 64, 4, 2), 128: AttentionConfig(128, 32, 4, 2),
                256: AttentionConfig(64, 32, 4, 2)},
@@ -252,7 +262,7 @@ CDNA = ConfigTable(
     attention_bwd={64: AttentionBwdConfig(32, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(32, 64, 64, 32, 4, 1),
                    256: AttentionBwdConfig(32, 32, 32, 32, 4, 1)},
     decode={64: DecodeConfig(64, 4, 2), 128: DecodeConfig(64, 4, 2), 256: DecodeConfig(32, 4, 2)},
-    tolerated_spills=frozenset({"attention_acc16-256"}))
+    tolerated_spills=frozenset({"attention_acc16-256", "attention_bwd_softcap-256"}))
 # Intel Xe2 (SIMD16 sub-groups, DPAS 8x16x16, 128 KB SLM): the masked-pointer path of triton-xpu 3.3 has no 2D
 # block loads, so operands go through registers (256 GRF in large-GRF mode); moderate tiles. Compiled offline only:
 # no Xe2 device is reachable to time them.

@@ -1,10 +1,51 @@
-"""The online softmax of the portable kernels, in base-2 units with the scale folded into the scores: one update
-step per key tile and the final normalization, written once for the dense, varlen and decode kernels."""
+"""The online softmax of the portable kernels, in base-2 units with the scale folded into the scores: the scores'
+scale and soft cap, one update step per key tile and the final normalization, written once for the dense, varlen,
+decode and backward kernels.
+
+Soft-capping (Gemma 2, flash_attn's `softcap`) bounds each scaled score x = q.k * scale to cap * tanh(x / cap). The
+kernels take it as the compile-time SOFTCAP = cap * log2(e) (0.0: off), the cap in their base-2 units, so the capped
+score in those units is SOFTCAP * tanh(s * qk_scale / SOFTCAP) for a raw product s.
+"""
 
 import triton
 import triton.language as tl
 
 LN2 = tl.constexpr(0.6931471805599453)
+LOG2E = 1.4426950408889634
+
+
+def softcap_constexpr(softcap: float) -> float:
+    """The kernels' SOFTCAP for the API's `softcap` (0.0: off)."""
+    return softcap * LOG2E if softcap else 0.0
+
+
+def softcap_name(softcap: float) -> str:
+    """' softcap=<cap>' for a kernel's name in `last_backend()`, '' without one."""
+    return f" softcap={softcap:g}" if softcap else ""
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp2 (every backend and the interpreter have it; libdevice's tanh is CUDA's only): saturates to
+    +-1 for large |x|, absolute error ~1e-7 near 0."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)
+
+
+@triton.jit
+def cap_tanh(s, qk_scale, SOFTCAP: tl.constexpr):
+    """tanh(x / cap) of the raw products `s` (x = s * scale): the capped score is SOFTCAP times it, and the cap's
+    derivative 1 - tanh^2 (the backward keeps it)."""
+    return _tanh(s * (qk_scale / SOFTCAP))
+
+
+@triton.jit
+def scores(s, qk_scale, SOFTCAP: tl.constexpr):
+    """The raw products `s` as scaled scores in base-2 units, soft-capped when SOFTCAP > 0."""
+    if SOFTCAP > 0:
+        out = SOFTCAP * cap_tanh(s, qk_scale, SOFTCAP)
+    else:
+        out = s * qk_scale
+    return out
 
 
 @triton.jit

@@ -30,9 +30,13 @@ def visible(sq: int, skv: int, *, is_causal: bool, window: tuple[int, int] = NO_
     return keep
 
 
-def _scores(q, k, is_causal: bool, scale: float | None, window: tuple[int, int] = NO_WINDOW, offset: int = 0):
+def _scores(q, k, is_causal: bool, scale: float | None, window: tuple[int, int] = NO_WINDOW, offset: int = 0,
+            softcap: float = 0.0):
+    """Scaled scores, soft-capped to softcap * tanh(s / softcap) when softcap > 0, masked to -inf."""
     d = q.shape[-1]
     s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
     if is_causal or window != NO_WINDOW:
         s = s.masked_fill(~visible(q.shape[-2], k.shape[-2], is_causal=is_causal, window=window, offset=offset,
                                    device=q.device), float("-inf"))
@@ -55,22 +59,26 @@ def _per_head(q, k, v, fn):
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-                        scale: float | None = None, window: tuple[int, int] = NO_WINDOW) -> torch.Tensor:
+                        scale: float | None = None, window: tuple[int, int] = NO_WINDOW,
+                        softcap: float = 0.0) -> torch.Tensor:
     """softmax(q k^T * scale) v in float64; GQA by head-index mapping (head h uses kv head h // (Hq / Hkv)); causal
-    and `window` top-left (`visible`), a row that sees no key 0."""
-    return _per_head(q, k, v, lambda qh, kh, vh: _softmax(_scores(qh, kh, is_causal, scale, window)) @ vh)
+    and `window` top-left (`visible`), a row that sees no key 0; `softcap` as flash_attn's."""
+    return _per_head(q, k, v, lambda qh, kh, vh: _softmax(_scores(qh, kh, is_causal, scale, window,
+                                                                  softcap=softcap)) @ vh)
 
 
 def reference_lse(q: torch.Tensor, k: torch.Tensor, *, is_causal: bool = False,
-                  scale: float | None = None, window: tuple[int, int] = NO_WINDOW) -> torch.Tensor:
+                  scale: float | None = None, window: tuple[int, int] = NO_WINDOW,
+                  softcap: float = 0.0) -> torch.Tensor:
     """Natural-log log-sum-exp of the scaled scores, (B, Hq, Sq), float64 (-inf where a row sees no key)."""
-    return _per_head(q, k, k, lambda qh, kh, _: torch.logsumexp(_scores(qh, kh, is_causal, scale, window), -1))
+    return _per_head(q, k, k, lambda qh, kh, _: torch.logsumexp(_scores(qh, kh, is_causal, scale, window,
+                                                                        softcap=softcap), -1))
 
 
 def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, *,
                               is_causal: bool = False, scale: float | None = None,
-                              grad_lse: torch.Tensor | None = None,
-                              window: tuple[int, int] = NO_WINDOW) -> tuple[torch.Tensor, ...]:
+                              grad_lse: torch.Tensor | None = None, window: tuple[int, int] = NO_WINDOW,
+                              softcap: float = 0.0) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) in float64 by autograd through the float64 attention (and the LSE when `grad_lse` is given), on
     the same quantized q, k, v and dO, one (batch, query head) at a time; GQA gradients sum over each group. Rows
     that see no key (a window past the keys) are constants (O = 0, LSE = -inf): no gradient flows through them."""
@@ -83,7 +91,7 @@ def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         for h in range(hq):
             qh, kh, vh = (t.detach().double().requires_grad_() for t in (q[bi, h], k[bi, h // group],
                                                                          v[bi, h // group]))
-            s = _scores(qh, kh, is_causal, scale, window)
+            s = _scores(qh, kh, is_causal, scale, window, softcap=softcap)
             seen = (s > float("-inf")).any(-1)
             s = s[seen]
             loss = ((torch.softmax(s, -1) @ vh) * grad_out[bi, h].double()[seen]).sum()
@@ -98,7 +106,8 @@ def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                cu_seqlens_k: torch.Tensor, *, is_causal: bool = False, scale: float | None = None,
-                               window: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
+                               window: tuple[int, int] = (-1, -1),
+                               softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) in float64 for packed sequences, causal aligned bottom-right (query
     i sees keys j <= i + Sk - Sq); `window` (left, right), -1 unbounded, keeps keys i + Sk - Sq - left .. + right;
     rows that see no key give O = 0 and LSE = -inf."""
@@ -114,7 +123,7 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         sq, sk = qs.shape[1], ks.shape[1]
         if sq == 0 or sk == 0:
             continue
-        s = _scores(qs, ks, is_causal, scale, window, sk - sq)  # bottom-right
+        s = _scores(qs, ks, is_causal, scale, window, sk - sq, softcap)  # bottom-right
         out[cq[b]:cq[b + 1]] = (_softmax(s) @ vs).transpose(0, 1)
         lse[:, cq[b]:cq[b + 1]] = torch.logsumexp(s, -1)
     return out, lse
@@ -123,8 +132,8 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor,
                                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                                      is_causal: bool = False, scale: float | None = None,
-                                     grad_lse: torch.Tensor | None = None,
-                                     window: tuple[int, int] = NO_WINDOW) -> tuple[torch.Tensor, ...]:
+                                     grad_lse: torch.Tensor | None = None, window: tuple[int, int] = NO_WINDOW,
+                                     softcap: float = 0.0) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) of packed sequences in float64 by autograd, one sequence at a time (causal bottom-right); dO
     (total_q, Hq, D) and dLSE (Hq, total_q). Rows that see no key have O = 0 and LSE = -inf as constants: no gradient
     flows through them (their dLSE is ignored), as in the kernel."""
@@ -141,7 +150,7 @@ def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.
         if sq == 0 or sk == 0:
             continue
         s = _scores(qs.transpose(0, 1), ks.transpose(0, 1).repeat_interleave(group, 0), is_causal, scale, window,
-                    sk - sq)  # (Hq, sq, sk), bottom-right
+                    sk - sq, softcap)  # (Hq, sq, sk), bottom-right
         seen = visible(sq, sk, is_causal=is_causal, window=window, offset=sk - sq, device=q.device).any(-1)
         s = s[:, seen]  # rows that see a key; the others contribute nothing
         o = torch.softmax(s, -1) @ vs.transpose(0, 1).repeat_interleave(group, 0)
