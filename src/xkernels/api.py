@@ -65,7 +65,7 @@ def _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision, retur
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
               scale: float | None = None, enable_gqa: bool = False, precision: str = "auto",
               return_lse: bool = False, out: torch.Tensor | None = None,
-              window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+              window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks: torch.Tensor | None = None,
               backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, like F.scaled_dot_product_attention without a mask or dropout.
 
@@ -83,7 +83,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     that see no key (a window past the last key) return 0 and LSE -inf. Windows run the portable kernels (on Hopper
     too), which visit only the key tiles inside the band, forward and backward; each window value compiles its own
     kernel variant. `softcap` > 0 soft-caps the scaled scores x to softcap * tanh(x / softcap) (flash_attn's
-    softcap, Gemma 2's attn_logit_softcapping), in the forward and the backward; portable kernels too.
+    softcap, Gemma 2's attn_logit_softcapping), in the forward and the backward; portable kernels too. `sinks`
+    (Hq,) float: attention sinks (gpt-oss), one natural-log logit per query head that joins each row's softmax as a
+    key of value 0 (not scaled by `scale`, not masked): O = sum_j p_j v_j / (sum_j p_j + exp(sink)), and the LSE
+    includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. Portable kernels.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
@@ -100,15 +103,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
-    extras = _extras(window_size, softcap, is_causal)
+    extras = _extras(window_size, softcap, is_causal, sinks)
     if out is None:
         q, k, v = _autocast((q, k, v))
-    if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                    or (sinks is not None and sinks.requires_grad)):
         # differentiable: the op that also returns the LSE, which the backward needs (ops.py registers it)
         o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend, *extras)
         return (o, lse) if return_lse else o
     if out is not None:
-        no_grad({"q": q, "k": k, "v": v}, "a call with out= is not differentiable (as for torch's out= functions)")
+        no_grad({"q": q, "k": k, "v": v, "sinks": extras[3] if extras else None},
+                "a call with out= is not differentiable (as for torch's out= functions)")
         _out(out)
         lse = ops.attention_out_op(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse,
                                    *extras)
@@ -120,18 +125,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                  *extras)
 
 
-def _extras(window_size: object, softcap: object, is_causal: bool) -> tuple:
-    """The ops' trailing (window_left, window_right, softcap), checked, or () for their defaults (no window, no
-    soft cap: the common call passes two identity tests)."""
-    if window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0:
+def _extras(window_size: object, softcap: object, is_causal: bool, sinks: object) -> tuple:
+    """The ops' trailing (window_left, window_right, softcap, sinks), checked (the sinks' metadata by the op), or ()
+    for their defaults (no window, soft cap or sinks: the common call passes three cheap tests)."""
+    if window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0 and sinks is None:
         return ()
-    return (*check_window(window_size, is_causal), check_softcap(softcap))
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
+    return (*check_window(window_size, is_causal), check_softcap(softcap), sinks)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
                      scale: float | None = None, precision: str = "auto", return_lse: bool = False,
                      sync_checks: bool = True, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+                     sinks: torch.Tensor | None = None,
                      backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a packed batch of variable-length sequences, like flash_attn_varlen_func.
 
@@ -141,8 +149,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     **Causal is aligned bottom-right** per sequence, as FlashAttention >= 2.1 and KV caches (query i sees keys
     j <= i + Sk - Sq), unlike `attention`'s top-left, and so is `window_size` (left, right), flash_attn's sliding
     window: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right (-1: unbounded; causal: right -1 or
-    0; portable kernels, as for `attention`), and `softcap` the scores' soft cap as in `attention`; rows that see no
-    key return 0 (LSE -inf). The cu_seqlens values
+    0; portable kernels, as for `attention`), `softcap` the scores' soft cap and `sinks` (Hq,) attention sinks as in
+    `attention`; rows that see no key return 0 (LSE -inf, or the sink). The cu_seqlens values
     are checked (0 first, non-decreasing, the packed total last, no sequence over max_seqlen): with `sync_checks`
     (the default) they are read to the host (one synchronization) and a bad value raises a ValueError naming the
     argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and
@@ -160,10 +168,11 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
-    extras = _extras(window_size, softcap, is_causal)
+    extras = _extras(window_size, softcap, is_causal, sinks)
     q, k, v = _autocast((q, k, v))
     # differentiable: the backward needs the LSE, so the op returns it whatever the caller asked
-    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                        or (sinks is not None and sinks.requires_grad))
     o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
                                      scale, precision, return_lse or grad, sync_checks, backend, *extras)
     return (o, lse) if return_lse else o
@@ -175,6 +184,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
                            is_causal: bool = True, scale: float | None = None,
                            precision: str = "auto", return_lse: bool = False, num_splits: int = 0,
                            sync_checks: bool = True, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           sinks: torch.Tensor | None = None,
                            backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention against a KV cache, like flash_attn_with_kvcache (decode, speculative decoding, chunked prefill).
 
@@ -200,7 +210,7 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     p (causal) or p - left .. p + right (not causal), -1 leaving a side unbounded; a decode step then reads only its
     window (sliding-window models: Mistral, Gemma, ...). With is_causal, right must be -1 or 0. The checks still
     read every page below a sequence's length, so pages before the window must be valid blocks too. `softcap` > 0:
-    the scores' soft cap, as in `attention`.
+    the scores' soft cap, `sinks` (Hq,) attention sinks, as in `attention`.
     """
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("cache_seqlens", cache_seqlens)):
         tensor(t, name)
@@ -210,10 +220,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise ValueError(f"num_splits: expected an int >= 0 (0: heuristic), got {num_splits!r}")
     left, right = check_window(window_size, is_causal)
     softcap = check_softcap(softcap)
-    no_grad({"q": q, "k": k, "v": v}, "attention_with_kvcache is an inference op (no backward)")
+    if sinks is not None and not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
+    no_grad({"q": q, "k": k, "v": v, "sinks": sinks}, "attention_with_kvcache is an inference op (no backward)")
     o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
                                            is_causal, scale, precision, return_lse, num_splits, sync_checks, left,
-                                           right, backend, softcap)
+                                           right, backend, softcap, sinks)
     return (o, lse) if return_lse else o
 
 

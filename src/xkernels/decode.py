@@ -94,9 +94,9 @@ class DecodePlan:
     def __init__(self, g: Geometry, *, seq_lengths: bool, is_causal: bool, bottom_right: bool,
                  recipe: AttentionRecipe, cfg: DecodeConfig, write_lse: bool, device: torch.device,
                  splits: int = 0, key_starts: bool = False, window: tuple[int, int] = (-1, -1),
-                 softcap: float = 0.0):
+                 softcap: float = 0.0, sinks: bool = False):
         """`window` (left, right): FlashAttention's window_size, -1 for an unbounded side; `softcap` the scores'
-        soft cap (0: none). With `seq_lengths` the
+        soft cap (0: none); `sinks`: every call passes (Hq,) sink logits. With `seq_lengths` the
         kernel checks each sequence's length, left pad and block ids as it reads them (`attention_decode_kernel`).
         The launch for `g`'s capacity is `self.launch`; `resize` gives the launch for another capacity of a dense
         cache (the dense API's K/V grown by a token: the same plan, new integer arguments)."""
@@ -114,7 +114,7 @@ class DecodePlan:
         wide = g.page > 0 and (g.page - 1) * max(g.k_strides[1], g.v_strides[1]) >= 2**31
         self._flags = dict(rows=rows, page=g.page, seq_lengths=seq_lengths, causal=is_causal,
                            bottom_right=bottom_right, write_lse=write_lse, key_starts=key_starts, wide_rows=wide,
-                           softcap=softcap)
+                           softcap=softcap, sinks=sinks)
         self.softcap = softcap
         self._variants: dict[tuple, _Variant] = {}
         self.options = cfg.options()
@@ -170,24 +170,27 @@ class DecodePlan:
             variant = self._variants[key] = _Variant(constexprs,
                                                      launch.constexpr_tail(kernel.attention_decode_kernel, constexprs))
         name = (f"portable.decode[{self.recipe.name} {cfg} BM{self.block_m} splits={splits}"
-                + (f" window={window[0]},{window[1]}" if windowed else "") + softcap_name(self.softcap) + "]")
+                + (f" window={window[0]},{window[1]}" if windowed else "") + softcap_name(self.softcap)
+                + " sinks" * self._flags["sinks"] + "]")
         tail = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in window))
         return Launch(splits, self.programs * splits, ints, (*g.o_strides, self.rows, g.sq, g.hq, splits), variant,
                       name, tail)
 
     def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None,
-            new: int = 0, at: Launch | None = None) -> None:
+            new: int = 0, at: Launch | None = None, sinks=None) -> None:
         """Write O into `out` and, when the plan writes it, the LSE (B, HQ, SQ) fp32 into `lse`. `seqlens` (B,)
         int32: each sequence's cached keys, to which `new` keys were appended (they count too); `key_start` (B,)
         int32: each sequence's first key row, for a plan made with `key_starts`; `at`: a launch from `resize`
         (default: the plan's own capacity). A split launch's fp32 partials (O (splits, rows, D), then LSE
         (splits, rows)) are allocated per call, or with the fused merge taken with its arrival counters from the
-        current stream's kept scratch (`common.scratch`; per call under capture)."""
+        current stream's kept scratch (`common.scratch`; per call under capture). `sinks`: (Hq,) contiguous sink
+        logits, for a plan made with them."""
         g, at = self.g, at or self.launch
         qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
         lse_arg = out if lse is None else lse
         tensors = (q, k, v, out, lse_arg, out if seqlens is None else seqlens,
-                   out if block_table is None else block_table, out if key_start is None else key_start)
+                   out if block_table is None else block_table, out if key_start is None else key_start,
+                   out if sinks is None else sinks)
         ptrs = [t.data_ptr() for t in tensors]
         variant = at.variant
         fused = variant.constexprs["FUSED_COMBINE"]
@@ -220,7 +223,7 @@ class DecodePlan:
                 o_part = part.data_ptr()
                 lse_part = o_part + 4 * o_words
                 counter_ptr = arrivals.data_ptr() if fused else ptrs[3]
-            variant.kernel.launch(at.grid, (*ptrs[:5], o_part, lse_part, *ptrs[5:], counter_ptr, *ints,
+            variant.kernel.launch(at.grid, (*ptrs[:5], o_part, lse_part, *ptrs[5:8], counter_ptr, *ints, ptrs[8],
                                             *variant.tail))
             if combined:
                 variant.combine.launch(self.rows, (o_part, lse_part, ptrs[3], ptrs[4], *at.combine_ints,
@@ -241,7 +244,8 @@ class DecodePlan:
             o_words = at.splits * self.rows * self.g.head_dim
             o_part = part[:o_words].view(at.splits, self.rows, self.g.head_dim)
             lse_part = part[o_words:o_words + at.splits * self.rows].view(at.splits, self.rows)
-        args = (*tensors[:5], o_part, lse_part, *tensors[5:], out if arrivals is None else arrivals, *ints)
+        args = (*tensors[:5], o_part, lse_part, *tensors[5:8], out if arrivals is None else arrivals, *ints,
+                tensors[8])
         return args, (o_part, lse_part, out, lse_arg, *at.combine_ints)
 
 
@@ -260,14 +264,14 @@ def _plan(key: tuple, make) -> DecodePlan:
 
 def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, recipe: AttentionRecipe,
                  cfg: DecodeConfig, write_lse: bool, splits: int, key_starts: bool = False,
-                 window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> DecodePlan:
+                 window: tuple[int, int] = (-1, -1), softcap: float = 0.0, sinks: bool = False) -> DecodePlan:
     """The plan of an `attention_with_kvcache` call: q, O (B, Sq, Hq, D); a dense (B, S_max, Hkv, D) or paged
     (num_blocks, page_size, Hkv, D) cache; bottom-right causal; per-sequence lengths (and, for a left-padded dense
     cache, first keys) read on the device."""
     paged = block_table is not None
     key = ("kvcache", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.stride(), out.stride(),
            None if not paged else (block_table.shape, block_table.stride()), q.dtype, q.device, is_causal,
-           recipe.name, cfg, write_lse, splits, key_starts, window, softcap)
+           recipe.name, cfg, write_lse, splits, key_starts, window, softcap, sinks)
 
     def make() -> DecodePlan:
         batch, sq, hq, d = q.shape
@@ -277,13 +281,14 @@ def kvcache_plan(q, k_cache, v_cache, out, block_table, *, is_causal: bool, reci
                      block_table.stride(0) if paged else 0, k_cache.shape[0])
         return DecodePlan(g, seq_lengths=True, is_causal=is_causal, bottom_right=True, recipe=recipe, cfg=cfg,
                           write_lse=write_lse, device=q.device, splits=splits, key_starts=key_starts, window=window,
-                          softcap=softcap)
+                          softcap=softcap, sinks=sinks)
 
     return _plan(key, make)
 
 
 def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: DecodeConfig,
-               write_lse: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> DecodePlan:
+               write_lse: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+               sinks: bool = False) -> DecodePlan:
     """The plan of a dense `attention` call with few query rows: q, O (B, Hq, Sq, D), K, V (B, Hkv, Skv, D) read
     as a one-page-per-sequence cache of Skv keys each; top-left causal and window, as the dense API. Not cached here:
     the caller's plan (`plans.DecodeAttentionPlan`) keeps it under its own key."""
@@ -294,4 +299,4 @@ def dense_plan(q, k, v, out, *, is_causal: bool, recipe: AttentionRecipe, cfg: D
 
     g = Geometry(batch, sq, hq, k.shape[1], d, k.shape[2], 0, bsh(q), bsh(k), bsh(v), bsh(out), 0, batch)
     return DecodePlan(g, seq_lengths=False, is_causal=is_causal, bottom_right=False, recipe=recipe, cfg=cfg,
-                      write_lse=write_lse, device=q.device, window=window, softcap=softcap)
+                      write_lse=write_lse, device=q.device, window=window, softcap=softcap, sinks=sinks)

@@ -45,7 +45,7 @@ XPU_OPS = {"matrix_mad": r"call[^\n]*matrix_mad_k16", "block_load_2d": r"call[^\
 
 
 # the sliding window and soft cap the compile gate builds the portable kernels' windowed variants with (Gemma 2's:
-# the superset of Mistral's window alone)
+# the superset of Mistral's window alone); the forward kernels' also read attention sinks (gpt-oss)
 WINDOW = Band.of(True, (4095, 0))
 SOFTCAP = 50.0
 
@@ -64,7 +64,7 @@ _GEMM_DIVISIBLE = ("A", "B", "C", "M", "N", "K", "a_sb", "a_sm", "b_sb", "b_s0",
 def _attention_types(io: torch.dtype, v: torch.dtype | None = None) -> dict[str, str]:
     """Argument types of the attention kernels' shared runtime arguments (`plans.attention_args`)."""
     p = POINTER_TYPE[io]
-    return {"Q": p, "K": p, "V": POINTER_TYPE[v or io], "O": p, "LSE": "*fp32", "qk_scale": "fp32"}
+    return {"Q": p, "K": p, "V": POINTER_TYPE[v or io], "O": p, "LSE": "*fp32", "qk_scale": "fp32", "SINKS": "*fp32"}
 
 
 @dataclass(frozen=True)
@@ -144,9 +144,10 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                 cap = SOFTCAP if band else 0.0
                 yield KernelConfig(
                     f"portable.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
-                    f"{softcap_name(cap)} {cfg}",
+                    f"{softcap_name(cap)}{' sinks' if band else ''} {cfg}",
                     attn.attention_fwd_kernel, _attention_types(recipe.io_dtype),
-                    cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band, softcap=cap),
+                    cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band, softcap=cap,
+                                   sinks=band is not None),
                     cfg.num_warps, cfg.num_stages, divisible=_ATTENTION_DIVISIBLE,
                     spill_free=table_for(target).spill_free(
                         "attention_acc16" if recipe.pv_acc_dtype == torch.float16 else "attention", d))
@@ -206,10 +207,10 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
         for causal, band in ((False, None), (True, None), (True, WINDOW)):
             cap = SOFTCAP if band else 0.0
             yield KernelConfig(f"portable.attention_varlen bf16 D{d}{' causal' if causal else ''}{band or ''}"
-                               f"{softcap_name(cap)} {cfg}",
+                               f"{softcap_name(cap)}{' sinks' if band else ''} {cfg}",
                                varlen.attention_varlen_kernel, types,
                                cfg.constexprs(d, recipe, causal=causal, write_lse=True, interpret=False, band=band,
-                                              softcap=cap),
+                                              softcap=cap, sinks=band is not None),
                                cfg.num_warps, cfg.num_stages, divisible=divisible,
                                spill_free=table_for(target).spill_free("attention_varlen", d))
 
@@ -228,7 +229,8 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
     recipe = ATTENTION_RECIPES["bf16"]
     p = POINTER_TYPE[recipe.io_dtype]
     types = {"Q": p, "K": p, "V": p, "O": p, "LSE": "*fp32", "O_PART": "*fp32", "LSE_PART": "*fp32",
-             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "ARRIVALS": "*i32", "qk_scale": "fp32"}
+             "SEQLENS": "*i32", "BLOCK_TABLE": "*i32", "KEY_START": "*i32", "ARRIVALS": "*i32", "qk_scale": "fp32",
+             "SINKS": "*fp32"}
     divisible = ("Q", "K", "V", "O", "LSE", "O_PART", "LSE_PART", "SEQLENS", "BLOCK_TABLE", "KEY_START", "ARRIVALS",
                  "q_sb", "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh",
                  "bt_sb")
@@ -246,10 +248,10 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
             cfg = dataclasses.replace(shipped, fused_combine=True) if fused else shipped
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
-                                softcap=SOFTCAP if window else 0.0, interpret=False)
+                                softcap=SOFTCAP if window else 0.0, sinks=window, interpret=False)
             yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
                                f"{' split' if split else ''}{' leftpad' if left else ''}"
-                               f"{' window' + softcap_name(SOFTCAP) if window else ''} {cfg}",
+                               f"{' window' + softcap_name(SOFTCAP) + ' sinks' if window else ''} {cfg}",
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix,
                                spill_free=table_for(target).spill_free("decode", d))

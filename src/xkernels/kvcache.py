@@ -84,7 +84,7 @@ def append(k_cache, v_cache, k, v, cache_seqlens, block_table, cache_leftpad=Non
 
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, is_causal: bool,
                            scale: float | None, precision: str, return_lse: bool, num_splits: int, sync_checks: bool,
-                           window: tuple[int, int] = (-1, -1), backend: str, softcap: float = 0.0):
+                           window: tuple[int, int] = (-1, -1), backend: str, softcap: float = 0.0, sinks=None):
     """(O (B, Sq, Hq, D), LSE (B, Hq, Sq) fp32, or an empty tensor unless `return_lse`). The append and attention
     kernels always check the values they use: nothing is read or written through a bad one, every output that
     depends on it is NaN (all of a sequence's for a bad length or left pad, those of each block of query rows whose
@@ -114,8 +114,9 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
     q, keys, values = unit_last_stride(q), unit_last_stride(k_cache), unit_last_stride(v_cache)
     plan = decode.kvcache_plan(q, keys, values, out, block_table, is_causal=is_causal, recipe=recipe,
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
-                               key_starts=cache_leftpad is not None, window=window, softcap=softcap)
+                               key_starts=cache_leftpad is not None, window=window, softcap=softcap,
+                               sinks=sinks is not None)
     plan.run(q, keys, values, out, lse if return_lse else None, cache_seqlens, block_table, scale, cache_leftpad,
-             new=new)
+             new=new, sinks=None if sinks is None else sinks.contiguous())
     plans._record(plan.name + (" paged" if block_table is not None else ""))
     return out, lse

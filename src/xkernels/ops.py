@@ -22,7 +22,9 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
 Every dense and varlen attention op (forward and backward) ends with `window_left=-1, window_right=-1,
-softcap=0.0` (flash_attn's window_size and softcap; defaults, so calls without them keep their positional form).
+softcap=0.0` (flash_attn's window_size and softcap), and every forward one with `sinks=None` ((Hq,) attention
+sinks; their gradient is computed here from O, dO and the LSE): defaults, so calls without them keep their
+positional form.
 LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
 fixed type; the LSE-less op allocates nothing for an LSE.
 
@@ -49,29 +51,37 @@ from xkernels.select import (
     resolve_attention_varlen_backward,
     resolve_matmul,
 )
-from xkernels.validation import NO_WINDOW, check_out_memory, check_out_storage, check_softcap, check_window
+from xkernels.validation import (
+    NO_WINDOW,
+    check_out_memory,
+    check_out_storage,
+    check_sinks,
+    check_softcap,
+    check_window,
+)
 
 _lib = torch.library.Library("xkernels", "DEF")
 _ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, str backend"
 # flash_attn's window_size and softcap, last and with defaults, so calls without them keep their positional form
 _WINDOW = "int window_left=-1, int window_right=-1, float softcap=0.0"
+_SINKS = "Tensor? sinks=None"  # the forward ops' attention sinks (gpt-oss): (Hq,) logits; the backward needs none
 _MM_ARGS = "str b_layout, str walk, ScalarType? out_dtype, str backend"
-_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}) -> Tensor")
-_lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}) -> (Tensor, Tensor)")
-_lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse, {_WINDOW}) "
-            "-> Tensor")
+_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}, {_SINKS}) -> Tensor")
+_lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}, {_SINKS}) -> (Tensor, Tensor)")
+_lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse, {_WINDOW}, "
+            f"{_SINKS}) -> Tensor")
 _lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             f"Tensor? grad_lse, {_ATTN_ARGS}, {_WINDOW}) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float? scale, str precision, bool return_lse, "
-            f"bool sync_checks, str backend, {_WINDOW}) -> (Tensor, Tensor)")
+            f"bool sync_checks, str backend, {_WINDOW}, {_SINKS}) -> (Tensor, Tensor)")
 _lib.define("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             "Tensor? grad_lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
             f"bool is_causal, float? scale, str precision, str backend, {_WINDOW}) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
             "str precision, bool return_lse, int num_splits, bool sync_checks, int window_left, int window_right, "
-            "str backend, float softcap=0.0) -> (Tensor, Tensor)")
+            f"str backend, float softcap=0.0, {_SINKS}) -> (Tensor, Tensor)")
 _lib.define(f"matmul(Tensor a, Tensor b, {_MM_ARGS}) -> Tensor")
 _lib.define(f"matmul_out(Tensor a, Tensor b, Tensor(a!) out, {_MM_ARGS}) -> ()")
 _DEVICES = ("CPU", "CUDA", "XPU")
@@ -95,25 +105,28 @@ def _softcap(softcap: float) -> float:
 
 
 def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
-               softcap=0.0):
+               softcap=0.0, sinks=None):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=False, backend=backend,
-                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))[0]
+                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
+                           sinks=sinks)[0]
 
 
 def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
-                   softcap=0.0):
+                   softcap=0.0, sinks=None):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=True, backend=backend,
-                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
+                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
+                           sinks=sinks)
 
 
 def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1,
-                   window_right=-1, softcap=0.0):
+                   window_right=-1, softcap=0.0, sinks=None):
     check_out_memory(out, {"q": q, "k": k, "v": v})
     lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                           precision=precision, return_lse=return_lse, backend=backend,
-                          window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))[1]
+                          window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
+                          sinks=sinks)[1]
     return q.new_empty(0, dtype=torch.float32) if lse is None else lse
 
 
@@ -126,11 +139,12 @@ def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale,
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision,
-                      return_lse, sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0):
+                      return_lse, sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     return varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    is_causal=is_causal, scale=scale, precision=precision, return_lse=return_lse,
                                    sync_checks=sync_checks, backend=backend,
-                                   window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
+                                   window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
+                                   sinks=sinks)
 
 
 def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -145,12 +159,13 @@ def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens
 
 def _attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale,
                             precision, return_lse, num_splits, sync_checks, window_left, window_right, backend,
-                            softcap=0.0):
+                            softcap=0.0, sinks=None):
+    check_sinks(sinks, q.shape[2], q.device)
     return kvcache.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
                                           is_causal=is_causal, scale=scale, precision=precision,
                                           return_lse=return_lse, num_splits=num_splits, sync_checks=sync_checks,
                                           window=(window_left, window_right), backend=backend,
-                                          softcap=_softcap(softcap))
+                                          softcap=_softcap(softcap), sinks=sinks)
 
 
 def _matmul(a, b, b_layout, walk, out_dtype, backend):
@@ -178,27 +193,29 @@ def _fake_lse(q):
 
 
 @torch.library.register_fake("xkernels::attention")
-def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0):
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
+      sinks=None):
     resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
                       is_causal=is_causal, window=_window(is_causal, window_left, window_right),
-                      softcap=_softcap(softcap))
+                      softcap=_softcap(softcap), sinks=sinks)
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("xkernels::attention_lse")
-def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0):
+def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
+      sinks=None):
     resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
                       is_causal=is_causal, window=_window(is_causal, window_left, window_right),
-                      softcap=_softcap(softcap))
+                      softcap=_softcap(softcap), sinks=sinks)
     return q.new_empty(q.shape), _fake_lse(q)
 
 
 @torch.library.register_fake("xkernels::attention_out")
 def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1, window_right=-1,
-      softcap=0.0):
+      softcap=0.0, sinks=None):
     resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
                       is_causal=is_causal, window=_window(is_causal, window_left, window_right),
-                      softcap=_softcap(softcap))
+                      softcap=_softcap(softcap), sinks=sinks)
     check_out_storage(out, {"q": q, "k": k, "v": v})
     return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
 
@@ -214,10 +231,11 @@ def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, preci
 
 @torch.library.register_fake("xkernels::attention_varlen")
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
-      sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0):
+      sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
     resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              precision=precision, backend=backend, is_causal=is_causal,
-                             window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
+                             window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
+                             sinks=sinks)
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -234,10 +252,11 @@ def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seq
 
 @torch.library.register_fake("xkernels::attention_with_kvcache")
 def _(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale, precision, return_lse,
-      num_splits, sync_checks, window_left, window_right, backend, softcap=0.0):
+      num_splits, sync_checks, window_left, window_right, backend, softcap=0.0, sinks=None):
     resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, precision=precision,
                               backend=backend)
     _softcap(softcap)
+    check_sinks(sinks, q.shape[2], q.device)
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
 
@@ -257,49 +276,83 @@ def _(a, b, out, b_layout, walk, out_dtype, backend):
 
 # ---- autograd -------------------------------------------------------------------------------------------------------
 
+def _sink_grad(sinks, out, lse, grad_out, grad_lse, *, packed: bool):
+    """d loss / d sinks: a sink is a key of value 0, so each row's share of it, P_sink = exp(sink - LSE), takes
+    -P_sink * delta, delta = rowsum(dO * O) - dLSE (the backward's delta), summed over the rows of its head. Dense: O
+    (B, Hq, Sq, D), LSE (B, Hq, Sq); packed: O (total, Hq, D), LSE (Hq, total). One fp32 pass over O and dO."""
+    delta = (grad_out.float() * out.float()).sum(-1)  # (B, Hq, Sq) dense, (total, Hq) packed
+    if packed:
+        delta, sink, rows = delta.t(), sinks.float()[:, None], (1,)
+    else:
+        sink, rows = sinks.float()[None, :, None], (0, 2)
+    if grad_lse is not None:
+        delta = delta - grad_lse
+    return -(torch.exp(sink - lse) * delta).sum(rows).to(sinks.dtype)
+
+
+def _split_sinks(ctx, flags: list) -> list:
+    """The forward op's trailing flags without its sinks (the backward op needs the LSE only); `ctx.sinks` keeps them
+    for save_for_backward."""
+    *flags, ctx.sinks = flags
+    return flags
+
+
+def _saved_sinks(ctx) -> tuple:
+    sinks = ctx.sinks
+    del ctx.sinks
+    return () if sinks is None else (sinks,)
+
+
 def _save_lse(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
-    ctx.save_for_backward(q, k, v, *output)
-    ctx.flags = flags  # is_causal, scale, enable_gqa, precision, backend, window_left, window_right, softcap
+    ctx.flags = _split_sinks(ctx, flags)  # is_causal, scale, enable_gqa, precision, backend, window, softcap
+    ctx.save_for_backward(q, k, v, *output, *_saved_sinks(ctx))
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensor to build and read
 
 
 def _backward_lse(ctx, grad_out, grad_lse):
-    q, k, v, out, lse = ctx.saved_tensors
+    q, k, v, out, lse, *sinks = ctx.saved_tensors
+    nones = (None,) * len(ctx.flags)
     if grad_out is None and grad_lse is None:
-        return None, None, None, *(None,) * len(ctx.flags)
+        return None, None, None, *nones, None
     if grad_out is None:  # only the LSE reached the loss
         grad_out = torch.zeros_like(out)
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
-    return dq, dk, dv, *(None,) * len(ctx.flags)
+    dsinks = None
+    if sinks and ctx.needs_input_grad[-1]:
+        dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=False)
+    return dq, dk, dv, *nones, dsinks
 
 
 def _save_inputs(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
-    ctx.save_for_backward(q, k, v)
-    ctx.flags = flags
+    ctx.flags = _split_sinks(ctx, flags)
+    ctx.save_for_backward(q, k, v, *_saved_sinks(ctx))
 
 
 def _backward_recompute(ctx, grad_out):
-    q, k, v = ctx.saved_tensors
-    out, lse = attention_lse_op(q, k, v, *ctx.flags)
+    q, k, v, *sinks = ctx.saved_tensors
+    out, lse = attention_lse_op(q, k, v, *ctx.flags, *sinks)
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, None, *ctx.flags)
-    return dq, dk, dv, *(None,) * len(ctx.flags)
+    dsinks = None
+    if sinks and ctx.needs_input_grad[-1]:
+        dsinks = _sink_grad(sinks[0], out, lse, grad_out, None, packed=False)
+    return dq, dk, dv, *(None,) * len(ctx.flags), dsinks
 
 
 def _save_varlen(ctx, inputs, output) -> None:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, _, _, backend, \
-        *window_and_softcap = inputs
-    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output)
-    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend, *window_and_softcap)
+        *extras = inputs
+    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend, *_split_sinks(ctx, extras))
+    ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output, *_saved_sinks(ctx))
     ctx.set_materialize_grads(False)
 
 
 def _backward_varlen(ctx, grad_out, grad_lse):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse = ctx.saved_tensors
+    q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, *sinks = ctx.saved_tensors
     nones = (None,) * (len(ctx.flags) + 4)  # cu_seqlens, lengths and flags (return_lse and sync_checks too)
     if grad_out is None and grad_lse is None:
-        return None, None, None, *nones
+        return None, None, None, *nones, None
     if lse.dim() != 2:  # the (0,) placeholder of a call without return_lse
         raise RuntimeError("xkernels::attention_varlen: the backward needs the LSE; call the op with return_lse=True "
                            "when an input requires grad (xkernels.attention_varlen does)")
@@ -307,7 +360,10 @@ def _backward_varlen(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     dq, dk, dv = attention_varlen_backward_op(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                               *ctx.flags)
-    return dq, dk, dv, *nones
+    dsinks = None
+    if sinks and ctx.needs_input_grad[-1]:
+        dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=True)
+    return dq, dk, dv, *nones, dsinks
 
 
 def _no_double_backward(ctx, *grads):

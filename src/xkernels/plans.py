@@ -88,10 +88,10 @@ class DecodeAttentionPlan:
     plan, with the integer arguments of its key count (`decode.DecodePlan.resize`)."""
 
     def __init__(self, q, recipe, choice, *, is_causal: bool, return_lse: bool, grows: bool = False,
-                 window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+                 window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks: bool = False):
         b, hq, sq, d = q.shape
         self.recipe, self.cfg, self.is_causal, self.window = recipe, choice.config, is_causal, window
-        self.softcap = softcap
+        self.softcap, self.sinks = softcap, sinks
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.empty = q.numel() == 0
@@ -99,7 +99,7 @@ class DecodeAttentionPlan:
         self.resized: dict[int, decode.Launch] = {}  # launches by key count (contiguous K/V: strides follow)
         self.plan: decode.DecodePlan | None = None
 
-    def run(self, q, k, v, out, scale: float | None):
+    def run(self, q, k, v, out, scale: float | None, sinks=None):
         given = out
         if out is None or out.stride(-1) != 1:
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
@@ -111,7 +111,8 @@ class DecodeAttentionPlan:
         q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
         if self.plan is None:
             self.plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
-                                          write_lse=lse is not None, window=self.window, softcap=self.softcap)
+                                          write_lse=lse is not None, window=self.window, softcap=self.softcap,
+                                          sinks=self.sinks)
         plan, at = self.plan, None
         if self.grows and k.shape[2] != plan.g.capacity:  # K and V contiguous: (batch, token, head) strides
             at = self.resized.get(k.shape[2])  # every layer of a model calls with the same key count in a step
@@ -120,7 +121,7 @@ class DecodeAttentionPlan:
                     self.resized.clear()
                 at = self.resized[k.shape[2]] = plan.resize(k.shape[2], (k.stride(0), k.stride(2), k.stride(1)),
                                                             (v.stride(0), v.stride(2), v.stride(1)))
-        plan.run(q, k, v, out, lse, None, None, scale, at=at)
+        plan.run(q, k, v, out, lse, None, None, scale, at=at, sinks=sinks)
         if given is not None and given is not out:
             given.copy_(out)
             copies.append("out")
@@ -131,7 +132,7 @@ class DecodeAttentionPlan:
 
 class AttentionPlan:
     def __init__(self, q, k, v, out, recipe, choice, *, is_causal: bool, return_lse: bool, positive_scale: bool,
-                 window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+                 window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks: bool = False):
         band = Band.of(is_causal, window)  # a non-causal window of right side 0 and no left one is causal
         is_causal = band.causal
         self.recipe = recipe
@@ -153,8 +154,9 @@ class AttentionPlan:
             self.fn = portable_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = portable_attention.launch_spec(
                 b, hq, sq, d, is_causal=is_causal, recipe=recipe, write_lse=return_lse, cfg=choice.config, band=band,
-                softcap=softcap)
-        self.name = f"{choice.layer}.attention[{recipe.name} {choice.config}{band}{softcap_name(softcap)}]"
+                softcap=softcap, sinks=sinks)
+        self.name = (f"{choice.layer}.attention[{recipe.name} {choice.config}{band}{softcap_name(softcap)}"
+                     f"{' sinks' * sinks}]")
         self.tail = launch.constexpr_tail(self.fn, self.constexprs)
         # the fast path: every layout descriptor-ready as it is; its integer arguments follow from the key
         tensors = (q, k, v) if out is None else (q, k, v, out)
@@ -169,8 +171,9 @@ class AttentionPlan:
                                                        is_causal=is_causal,
                                                        return_lse=return_lse, positive_scale=positive_scale)
 
-    def run(self, q, k, v, out, scale: float | None):
-        """(O, LSE or None): LSE is allocated only when the plan writes it."""
+    def run(self, q, k, v, out, scale: float | None, sinks=None):
+        """(O, LSE or None): LSE is allocated only when the plan writes it. `sinks`: the portable kernel's sink
+        logits (Hq,), contiguous, for a plan made with them."""
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
@@ -179,24 +182,28 @@ class AttentionPlan:
             return out, lse
         qk_scale = (self.default_scale if scale is None else scale) * LOG2E
         lse_arg = out if lse is None else lse  # never written when LSE is off
-        if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()) % 16:
+        # the portable kernel's last runtime argument: the sink logits, or a pointer it never reads
+        sinks_arg = () if self.layer == "hopper" else (out if sinks is None else sinks,)
+        if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()
+                                | (0 if sinks is None else sinks.data_ptr())) % 16:
             if self.persistent is not None:
                 self.persistent.run(q, k, v, out, lse_arg, qk_scale)
                 _record(self.persistent.name)
                 return out, lse
             if self.kernel is None:  # first call of this key: compile against these very tensors
                 self.kernel = launch.compile_kernel(
-                    self.fn, self.grid, attention_args(q, k, self._v(v), out, lse_arg, *self.ints[12:], qk_scale),
-                    self.constexprs, self.options, q.device)
+                    self.fn, self.grid, attention_args(q, k, self._v(v), out, lse_arg, *self.ints[12:], qk_scale)
+                    + sinks_arg, self.constexprs, self.options, q.device)
             self.kernel.launch(self.grid, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                                           lse_arg.data_ptr(), *self.ints, qk_scale, *self.tail))
+                                           lse_arg.data_ptr(), *self.ints, qk_scale,
+                                           *(t.data_ptr() for t in sinks_arg), *self.tail))
             _record(self.name)
             return out, lse
         copies: list[str] = []
         qq, kk, vv, oo = _ready(q, "q", copies), _ready(k, "k", copies), _ready(v, "v", copies), \
             _ready(out, "out", copies)
         args = attention_args(qq, kk, self._v(vv), oo, oo if lse is None else lse, self.out_shape[1], self.group,
-                              self.out_shape[2], self.skv, qk_scale)
+                              self.out_shape[2], self.skv, qk_scale) + sinks_arg
         launch.generic_launch(self.fn, self.grid, args, self.constexprs, self.options)
         if oo is not out:
             out.copy_(oo[..., :self.out_shape[3]])
@@ -259,9 +266,14 @@ _NOT_DECODE = object()  # a growing-cache key whose call does not take the split
 
 
 def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa: bool, precision: str,
-              return_lse: bool, backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+              return_lse: bool, backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+              sinks=None):
     """(O, LSE or None); `out` (checked for memory overlap by the caller) receives O when given; `window` a checked
-    window_size (`validation.check_window`), `softcap` a checked soft cap (0: none)."""
+    window_size (`validation.check_window`), `softcap` a checked soft cap (0: none), `sinks` checked (Hq,) sink
+    logits or None."""
+    has_sinks = sinks is not None
+    if has_sinks and not sinks.is_contiguous():
+        sinks = sinks.contiguous()
     positive = scale is None or scale > 0
     if (q.dim() == k.dim() == v.dim() == 4 and q.shape[2] <= DECODE_MAX_SQ and k.shape[2] and k.is_contiguous()
             and v.is_contiguous()):
@@ -269,33 +281,36 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
         grows = ("decode", q.shape, q.stride(), k.shape[:2], k.shape[3], v.shape[:2], v.shape[3:],
                  k.shape[2] == v.shape[2], q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                  None if out is None else (out.shape, out.stride(), out.dtype, out.device), is_causal, enable_gqa,
-                 precision, return_lse, backend, window, softcap)
+                 precision, return_lse, backend, window, softcap,
+                 has_sinks and (sinks.shape, sinks.dtype, sinks.device))
         plan = _PLANS.get(grows)
         if plan is None:
             recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
                                                       backend=backend, is_causal=is_causal, window=window,
-                                                      softcap=softcap)
+                                                      softcap=softcap, sinks=sinks)
             plan = _remember(grows, DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal,
                                                         return_lse=return_lse, grows=True, window=window,
-                                                        softcap=softcap)
+                                                        softcap=softcap, sinks=has_sinks)
                              if choice.kernel == "decode" else _NOT_DECODE)
         if plan is not _NOT_DECODE:
-            return plan.run(q, k, v, out, scale)
+            return plan.run(q, k, v, out, scale, sinks)
     key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype, q.device,
            k.device, v.device, None if out is None else (out.shape, out.stride(), out.dtype, out.device),
-           is_causal, enable_gqa, precision, return_lse, positive, backend, window, softcap)
+           is_causal, enable_gqa, precision, return_lse, positive, backend, window, softcap,
+           has_sinks and (sinks.shape, sinks.dtype, sinks.device))
     plan = _PLANS.get(key)
     if plan is None:
         recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
-                                                  backend=backend, is_causal=is_causal, window=window, softcap=softcap)
+                                                  backend=backend, is_causal=is_causal, window=window, softcap=softcap,
+                                                  sinks=sinks)
         if choice.kernel == "decode":
             plan = DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal, return_lse=return_lse, window=window,
-                                       softcap=softcap)
+                                       softcap=softcap, sinks=has_sinks)
         else:
             plan = AttentionPlan(q, k, v, out, recipe, choice, is_causal=is_causal, return_lse=return_lse,
-                                 positive_scale=positive, window=window, softcap=softcap)
+                                 positive_scale=positive, window=window, softcap=softcap, sinks=has_sinks)
         plan = _remember(key, plan)
-    return plan.run(q, k, v, out, scale)
+    return plan.run(q, k, v, out, scale, sinks)
 
 
 # ---- matmul --------------------------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from xkernels.validation import (
     check_attention_varlen,
     check_attention_varlen_backward,
     check_matmul,
+    check_sinks,
 )
 
 LAYERS = ("portable", "hopper")
@@ -157,15 +158,16 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 
-def _portable_only(override: Override, window: tuple[int, int], is_causal: bool, softcap: float, op: str) -> bool:
-    """Whether the call has a sliding window or a soft cap, which only the portable kernels apply; a forced "hopper"
-    raises."""
+def _portable_only(override: Override, window: tuple[int, int], is_causal: bool, softcap: float, op: str,
+                   sinks: bool = False) -> bool:
+    """Whether the call has a sliding window, a soft cap or attention sinks, which only the portable kernels apply; a
+    forced "hopper" raises."""
     windowed = Band.of(is_causal, window).windowed
-    if (windowed or softcap) and override.layer == "hopper":
-        what = f"window_size={window}" if windowed else f"softcap={softcap}"
+    if (windowed or softcap or sinks) and override.layer == "hopper":
+        what = f"window_size={window}" if windowed else f"softcap={softcap}" if softcap else "sinks"
         raise ValueError(f"backend: 'hopper' was forced, but {op} with {what} runs the portable kernels only (the "
-                         "Hopper kernels have no sliding window or soft cap yet)")
-    return windowed or bool(softcap)
+                         "Hopper kernels have no sliding window, soft cap or sinks yet)")
+    return windowed or bool(softcap) or sinks
 
 
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override,
@@ -181,15 +183,16 @@ def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecip
 
 
 def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend: str, is_causal: bool = False,
-                      window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+                      window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks=None):
     """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
     alike, so a traced call raises what the eager call raises. Calls with few query rows take the split-KV kernel
-    unless "hopper" is forced; sliding windows (`window`, checked) and soft caps the portable kernels. Returns
-    (recipe, Choice)."""
+    unless "hopper" is forced; sliding windows (`window`, checked), soft caps and sinks (checked here) the portable
+    kernels. Returns (recipe, Choice)."""
     recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
+    check_sinks(sinks, q.shape[1], q.device)
     check_device(q.device, "q")
     override = parse_backend(backend)
-    portable_only = _portable_only(override, window, is_causal, softcap, "attention")
+    portable_only = _portable_only(override, window, is_causal, softcap, "attention", sinks is not None)
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
@@ -236,13 +239,13 @@ HOPPER_VARLEN_HEAD_DIMS = (64, 128, 256)
 
 
 def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, window: tuple[int, int],
-                   softcap: float) -> Choice:
+                   softcap: float, sinks: bool = False) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
     overrides) on sm_90 with a tested triton at the head dims it ran at, but for sliding windows; else the portable
     one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
-    portable_only = _portable_only(override, window, is_causal, softcap, "attention_varlen")
+    portable_only = _portable_only(override, window, is_causal, softcap, "attention_varlen", sinks)
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])
@@ -257,11 +260,12 @@ def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, wi
 
 def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, precision: str,
                              backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW,
-                             softcap: float = 0.0):
+                             softcap: float = 0.0, sinks=None):
     """The varlen forward's metadata checks and kernel choice. Returns (recipe, Choice)."""
     recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     precision=precision)
-    return recipe, _varlen_choice(q, recipe, backend, is_causal, window, softcap)
+    check_sinks(sinks, q.shape[1], q.device)
+    return recipe, _varlen_choice(q, recipe, backend, is_causal, window, softcap, sinks is not None)
 
 
 def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,

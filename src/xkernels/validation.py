@@ -197,6 +197,21 @@ def check_max_seqlen(m: object, name: str) -> None:
 NO_WINDOW = (-1, -1)  # window_size's default: no sliding window
 
 
+def check_sinks(sinks: object, heads: int, device: torch.device) -> None:
+    """Attention sinks (gpt-oss): None, or one natural-log logit per query head, a (Hq,) float tensor on q's device
+    (metadata only: fake-safe)."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor):
+        raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise TypeError(f"sinks: expected float32, float16 or bfloat16, got {sinks.dtype}")
+    if tuple(sinks.shape) != (heads,):
+        raise ValueError(f"sinks: expected one logit per query head, shape ({heads},), got {tuple(sinks.shape)}")
+    if sinks.device != device:
+        raise ValueError(f"sinks: on {sinks.device}, expected q's device {device}")
+
+
 def check_softcap(softcap: object) -> float:
     """flash_attn's `softcap`: a finite float or int >= 0 (0: off), as a float."""
     if isinstance(softcap, bool) or not isinstance(softcap, float | int):

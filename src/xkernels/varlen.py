@@ -39,17 +39,18 @@ def bad_cu_seqlens(cu: torch.Tensor, total: int, max_seqlen: int) -> torch.Tenso
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      is_causal: bool, scale: float | None, precision: str, return_lse: bool, sync_checks: bool,
-                     backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+                     backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks=None):
     """(O (total_q, Hq, D), LSE (Hq, total_q) fp32, or an empty tensor unless `return_lse`). The cu_seqlens values
     are read to the host and checked with `sync_checks`; without, they are checked on the device, and a bad call
     runs on empty sequences (nothing read or written outside the packed tensors) and returns NaN everywhere. During
     CUDA-graph capture nothing is checked. `window`: a checked window_size, aligned bottom-right as is_causal;
-    `softcap`: a checked soft cap (0: none)."""
+    `softcap`: a checked soft cap (0: none); `sinks`: checked (Hq,) sink logits or None."""
     # the kernel reads cu_seqlens as contiguous int32 (the checks below read the same values)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     recipe, choice = select.resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                      max_seqlen_k, precision=precision, backend=backend,
-                                                     is_causal=is_causal, window=window, softcap=softcap)
+                                                     is_causal=is_causal, window=window, softcap=softcap,
+                                                     sinks=sinks)
     total_q, hq, d = q.shape
     bad = None
     if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
@@ -69,7 +70,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     else:
         plans._record(run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, is_causal=is_causal, scale=scale, recipe=recipe, choice=choice,
-                          band=Band.of(is_causal, window), softcap=softcap))
+                          band=Band.of(is_causal, window), softcap=softcap, sinks=sinks))
     if bad is not None:  # after the early outs too: a bad call with no work to launch still answers NaN
         out.masked_fill_(bad, float("nan"))
         lse.masked_fill_(bad, float("nan"))
@@ -77,10 +78,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
 
 
 def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool,
-        scale: float | None, recipe, choice, band: Band | None = None, softcap: float = 0.0) -> str:
+        scale: float | None, recipe, choice, band: Band | None = None, softcap: float = 0.0, sinks=None) -> str:
     """Launch the varlen kernel `choice` names (on Hopper the persistent one where it serves the call); returns the
-    kernel's name for `last_backend()`. `lse` (Hq, total_q) or None; `band` a sliding window and `softcap` a soft
-    cap (portable kernel)."""
+    kernel's name for `last_backend()`. `lse` (Hq, total_q) or None; `band` a sliding window, `softcap` a soft cap
+    and `sinks` (Hq,) sink logits (portable kernel)."""
     band = band or Band(is_causal)
     is_causal = band.causal
     total_q, hq, d = q.shape
@@ -104,11 +105,14 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
         fn = kernel.attention_varlen_kernel
         grid, constexprs, options = kernel.launch_spec(batch, hq, max_seqlen_q, d, is_causal=is_causal,
                                                        recipe=recipe, write_lse=lse is not None, cfg=choice.config,
-                                                       band=band, softcap=softcap)
+                                                       band=band, softcap=softcap, sinks=sinks is not None)
     args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
             *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
+    if choice.layer != "hopper":  # the portable kernel's sink logits, or a pointer it never reads
+        args += (out if sinks is None else sinks.contiguous(),)
     launch.run(fn, grid, args, constexprs, options)
-    return f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}{band}{softcap_name(softcap)}]"
+    return (f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}{band}{softcap_name(softcap)}"
+            f"{' sinks' * (sinks is not None)}]")
 
 
 def _persistent(q, k, v, max_seqlen_k: int, is_causal: bool, recipe, cfg) -> bool:

@@ -214,3 +214,59 @@ def test_soft_capped_model_matches_eager(device):
         assert _rel(a, b) < 2e-2, (step, _rel(a, b))
         if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
             break
+
+
+def tiny_gpt_oss(attn_implementation: str, device: str, sinks=(2.0, 3.5)):
+    """gpt-oss's attention: a learned sink logit per query head, sliding-window layers (8 keys) alternating with
+    full ones, GQA; sinks near the rows' LSEs so they take a real share."""
+    config = transformers.GptOssConfig(vocab_size=256, hidden_size=128, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+                                       max_position_embeddings=128, sliding_window=8,
+                                       layer_types=["sliding_attention", "full_attention"], num_local_experts=2,
+                                       num_experts_per_tok=1)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation,
+                                                          dtype=torch.bfloat16)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.copy_(torch.tensor(sinks))
+    return model.to(device).eval()
+
+
+def test_attention_sinks_model_matches_eager(device):
+    """A gpt-oss (sdpa has no sinks: eager attention is the reference): prefill with and without left padding,
+    greedy decoding and a training step (the sinks' gradients included) match eager's; the sinks really count (a
+    model whose sinks are -30 gives other logits)."""
+    ours, eager = tiny_gpt_oss("xkernels", device), tiny_gpt_oss("eager", device)
+    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(6)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    keep = mask.bool()
+    with torch.no_grad():
+        logits = ours(ids, attention_mask=mask).logits
+        assert "sinks" in xkernels.last_backend(), xkernels.last_backend()
+        ref = eager(ids, attention_mask=mask).logits
+        sinkless = tiny_gpt_oss("eager", device, (-30.0, -30.0))(ids, attention_mask=mask).logits
+        assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
+        assert _rel(sinkless[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
+        assert _rel(ours(ids).logits, eager(ids).logits) < 2e-2
+        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                  pad_token_id=0)
+        out = ours.generate(ids, attention_mask=mask, **kw)
+        want = eager.generate(ids, attention_mask=mask, **kw)
+    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
+        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
+        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
+            break
+
+    def grads(model):
+        model.train()
+        labels = ids.masked_fill(mask == 0, -100)
+        model(ids, attention_mask=mask, labels=labels).loss.backward()
+        return {n: p.grad for n, p in model.named_parameters() if "self_attn" in n}
+
+    got, want_grads = grads(ours), grads(tiny_gpt_oss("eager", device).float())
+    assert any("sinks" in n for n in got)
+    for name, g in got.items():
+        assert g is not None and torch.isfinite(g).all(), name
+        assert _rel(g, want_grads[name]) < 5e-2, (name, _rel(g, want_grads[name]))

@@ -13,10 +13,10 @@ cache (`attention_with_kvcache(cache_leftpad=...)`); rows that see no key return
 Sliding-window layers (Mistral, Gemma, ...; the `sliding_window` argument, its mask) pass the window to the same
 kernels (`window_size`): unpadded prefill and training through `attention`, padded or chunked prefill through
 `attention_varlen`, decoding steps through the KV-cache kernel. Another mask (right padding with causal attention,
-arbitrary patterns) raises a ValueError saying so; so do dropout and attention sinks. Soft-capped scores (Gemma 2's
-`softcap`) reach every kernel as `softcap`. Inputs must be fp16 or bf16 (the model's dtype) with head dims 64, 128
-or 256. Training works too, windowed or not: padded batches
-through the varlen backward (decoding steps are inference only).
+arbitrary patterns) raises a ValueError saying so; so does dropout. Soft-capped scores (Gemma 2's `softcap`) and
+attention sinks (gpt-oss's `s_aux`) reach every kernel as `softcap` and `sinks`. Inputs must be fp16 or bf16 (the
+model's dtype) with head dims 64, 128 or 256. Training works too, windowed or not: padded batches through the varlen
+backward (decoding steps are inference only).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
                                scaling: float | None = None, is_causal: bool | None = None,
                                **kwargs) -> tuple[torch.Tensor, None]:
     """transformers' attention function signature: (B, H, S, D) query, key, value -> ((B, S, H, D) output, None)."""
-    for unsupported in ("s_aux", "sinks", "position_bias"):
+    for unsupported in ("position_bias",):
         if kwargs.get(unsupported) is not None:
             raise ValueError(f"{unsupported}: not supported by attn_implementation='xkernels'")
     if dropout:
@@ -44,27 +44,28 @@ def xkernels_attention_forward(module: torch.nn.Module, query: torch.Tensor, key
                          "inference, or attn_implementation='sdpa')")
     q_length, kv_length = query.shape[2], key.shape[2]
     softcap = float(kwargs.get("softcap") or 0.0)
+    sinks = kwargs.get("s_aux", kwargs.get("sinks"))  # gpt-oss: one logit per query head
     window = kwargs.get("sliding_window")  # transformers' rule: key j is seen from query i when j > i - window
     if window is not None and kv_length <= window:
         window = None  # every key is inside every query's window
     if attention_mask is not None:
-        return _left_padded(query, key, value, attention_mask, scaling, window, softcap), None
+        return _left_padded(query, key, value, attention_mask, scaling, window, softcap, sinks), None
     if window is not None and q_length == kv_length:  # unpadded prefill or training: the dense kernels' window
         out = xkernels.attention(query, key, value, is_causal=True, scale=scaling,
                                  enable_gqa=query.shape[1] != key.shape[1], window_size=(window - 1, 0),
-                                 softcap=softcap)
+                                 softcap=softcap, sinks=sinks)
         return out.transpose(1, 2).contiguous(), None
     if window is not None:  # no mask, but the window cuts keys and the queries end the keys: causal, no padding
         mask = torch.ones((query.shape[0], 1, q_length, kv_length), dtype=torch.bool, device=query.device)
         return _left_padded(query, key, value, mask.tril(kv_length - q_length) & _window_mask(q_length, kv_length,
                                                                                               window, query.device),
-                            scaling, window, softcap), None
+                            scaling, window, softcap, sinks), None
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     is_causal = bool(q_length > 1 and is_causal)  # one query token attends to the whole cache
     if is_causal and kv_length > q_length:  # SDPA's top-left causal: keys past the queries are never attended
         key, value = key[:, :, :q_length], value[:, :, :q_length]
     out = xkernels.attention(query, key, value, is_causal=is_causal, scale=scaling,
-                             enable_gqa=query.shape[1] != key.shape[1], softcap=softcap)
+                             enable_gqa=query.shape[1] != key.shape[1], softcap=softcap, sinks=sinks)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -75,7 +76,8 @@ def _window_mask(sq: int, skv: int, window: int, device) -> torch.Tensor:
 
 
 def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
-                 scaling: float | None, window: int | None = None, softcap: float = 0.0) -> torch.Tensor:
+                 scaling: float | None, window: int | None = None, softcap: float = 0.0,
+                 sinks: torch.Tensor | None = None) -> torch.Tensor:
     """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, Skv), causally (key j for query i
     when j <= i + Skv - Sq) or all of them, and with a sliding `window` only keys j > i + Skv - Sq - window. Decoding
     steps (a few causal rows) read K and V in place as a left-padded cache (`attention_with_kvcache(cache_leftpad=
@@ -109,7 +111,7 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
         # lengths and first keys come from the mask checked above: no second read of the cache checks
         return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,
                                                cache_leftpad=start.to(torch.int32), scale=scaling, sync_checks=False,
-                                               window_size=window_size, softcap=softcap)
+                                               window_size=window_size, softcap=softcap, sinks=sinks)
     rows = mask.any(2)  # (B, Sq): queries that see a key
     q_counts, k_counts = rows.sum(1), key_ok.sum(1)
     zero = torch.zeros(1, dtype=torch.int32, device=mask.device)
@@ -119,7 +121,7 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     # cu_seqlens and their bounds come from the mask checked above: no second read to check them
     packed = xkernels.attention_varlen(q_t[rows], k_t[key_ok], v_t[key_ok], cu_q, cu_k, max_q, max_k,
                                        is_causal=is_causal, scale=scaling, sync_checks=False, window_size=window_size,
-                                       softcap=softcap)
+                                       softcap=softcap, sinks=sinks)
     out = q_t.new_zeros(q_t.shape)
     out[rows] = packed
     return out

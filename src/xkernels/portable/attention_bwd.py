@@ -144,10 +144,10 @@ def dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, CU_Q, CU_K, q_sb, q_sh, q_ss, k
                 s_t = s_t * qk_scale
             p_t = tl.where(keep, tl.math.exp2(s_t - lse[None, :] * 1.4426950408889634), 0.0)
             dv = mma(p_t.to(do.dtype), do, dv, INTERPRET)
-            if SOFTCAP > 0:  # dS through the cap: its derivative 1 - tanh^2, folded into P before dP (fewer live tiles)
-                p_t = p_t * (1.0 - t_t * t_t)
             dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32), INTERPRET)
             ds_t = p_t * (dp_t - delta[None, :])
+            if SOFTCAP > 0:  # dS through the cap: its derivative 1 - tanh^2
+                ds_t = ds_t * (1.0 - t_t * t_t)
             dk = mma(ds_t.to(q_t.dtype), tl.trans(q_t), dk, INTERPRET)
     cols = tl.arange(0, HEAD_DIM)
     keep_n = keys[:, None] < skv
@@ -202,10 +202,10 @@ def dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, CU_Q, CU_K, q_sb, q_sh, q_ss, k_sb, k
             else:
                 s = s * qk_scale
             p = tl.where(keep, tl.math.exp2(s - lse[:, None] * 1.4426950408889634), 0.0)
-            if SOFTCAP > 0:  # dS through the cap: its derivative 1 - tanh^2, folded into P before dP
-                p = p * (1.0 - t * t)
             dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), INTERPRET)
             ds = p * (dp - delta[:, None])
+            if SOFTCAP > 0:  # dS through the cap: its derivative 1 - tanh^2
+                ds = ds * (1.0 - t * t)
             dq = mma(ds.to(k.dtype), k, dq, INTERPRET)
         cols = tl.arange(0, HEAD_DIM)
         tl.store(DQ + b * dq_sb + h * dq_sh + (q0 + rows[:, None]) * dq_ss + cols[None, :],

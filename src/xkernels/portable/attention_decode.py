@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from xkernels.portable.dot import mma
-from xkernels.portable.softmax import LN2, finish, online_step, scores
+from xkernels.portable.softmax import LN2, finish, online_step, scores, start_rows
 
 
 @triton.jit
@@ -184,13 +184,13 @@ def _merge_splits(O_PART, LSE_PART, O, LSE, part_rows, b, t, h, cols, in_q, o_sb
 def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, ARRIVALS,
                             q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
                             SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right,
-                            qk_scale,
+                            qk_scale, SINKS,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
                             FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-                            SOFTCAP: tl.constexpr = 0.0):
+                            SOFTCAP: tl.constexpr = 0.0, HAS_SINKS: tl.constexpr = False):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
@@ -251,8 +251,12 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
             hi = max(min(hi, t_last + offset + win_right + 1), lo)
         full_hi = lo
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    sink = 0.0
+    if HAS_SINKS:  # each row's head's sink logit (gpt-oss), in split 0 only: the merge counts a split's sink once
+        sink = tl.where(split == 0, tl.load(SINKS + h, mask=in_q, other=0.0).to(tl.float32), float("-inf"))
+    m_i, l_i = start_rows(sink, BLOCK_M, HAS_SINKS)
+    if HAS_SINKS:
+        l_i = tl.where(split == 0, l_i, 0.0)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     k_base = K + hk.to(tl.int64) * k_sh
     v_base = V + hk.to(tl.int64) * v_sh

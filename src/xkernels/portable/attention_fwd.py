@@ -18,7 +18,7 @@ from xkernels.common.seqlen import Band, kv_band_start, kv_bounds_shifted
 from xkernels.portable import tiles
 from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.dot import mma
-from xkernels.portable.softmax import finish, online_step, scores
+from xkernels.portable.softmax import finish, online_step, scores, start_rows
 from xkernels.portable.tiles import load_tile, store_tile
 from xkernels.recipes import AttentionRecipe
 
@@ -87,11 +87,12 @@ def _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, offset, full_hi, 
 @triton.jit(do_not_specialize=["HQ", "GROUP"])
 def attention_fwd_kernel(Q, K, V, O, LSE,
                          q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
-                         HQ, GROUP, SQ, SKV, qk_scale,
+                         HQ, GROUP, SQ, SKV, qk_scale, SINKS,
                          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                          CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
                          DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                         SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1, SOFTCAP: tl.constexpr = 0.0):
+                         SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1, SOFTCAP: tl.constexpr = 0.0,
+                         HAS_SINKS: tl.constexpr = False):
     # one grid axis (CUDA caps the others at 65535): row blocks of one (batch, head) are neighbours, sharing K/V in L2
     m_blocks = tl.cdiv(SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
@@ -116,8 +117,10 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
         q = load_tile(q_base, start_m, 0, SQ, HEAD_DIM, q_ss, BLOCK_M, HEAD_DIM)
 
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    sink = 0.0
+    if HAS_SINKS:  # this head's sink logit (gpt-oss), for every row
+        sink = tl.full([BLOCK_M], 0.0, tl.float32) + tl.load(SINKS + h).to(tl.float32)
+    m_i, l_i = start_rows(sink, BLOCK_M, HAS_SINKS)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)  # fp16 for the acc16 recipes
 
     # [0, full_hi): whole tiles inside Skv and (causal) wholly at or below the diagonal of this row block
@@ -136,7 +139,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
                                       qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
                                       INTERPRET, False, SOFTCAP=SOFTCAP)
 
-    o, lse = finish(acc, l_i, m_i, BAND >= 0)
+    o, lse = finish(acc, l_i, m_i, BAND >= 0 or HAS_SINKS)
     o = o.to(O.dtype.element_ty)
     if DESCRIPTORS:
         o_desc.store([start_m, 0], o)
@@ -147,11 +150,12 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
-                write_lse: bool, cfg: AttentionConfig, band: Band | None = None,
-                softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
+                write_lse: bool, cfg: AttentionConfig, band: Band | None = None, softcap: float = 0.0,
+                sinks: bool = False) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_fwd_kernel` with the config `select` chose; its runtime
     arguments are `plans.attention_args` (shared with the Hopper kernel). `band`: a sliding window (its `causal`
-    replaces `is_causal`); `softcap`: the scores' soft cap."""
+    replaces `is_causal`); `softcap`: the scores' soft cap; `sinks`: the kernel reads sink logits (SINKS, its last
+    runtime argument, which the plans append)."""
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
     return grid, cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band,
-                                softcap=softcap), cfg.options()
+                                softcap=softcap, sinks=sinks), cfg.options()

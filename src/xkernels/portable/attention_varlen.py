@@ -18,18 +18,19 @@ from xkernels.common.seqlen import Band, kv_bounds_shifted, sequence_bounds
 from xkernels.portable import tiles
 from xkernels.portable.attention_fwd import _attend_tiles, _band
 from xkernels.portable.configs import AttentionConfig
-from xkernels.portable.softmax import finish
+from xkernels.portable.softmax import finish, start_rows
 from xkernels.portable.tiles import load_tile, store_tile
 from xkernels.recipes import AttentionRecipe
 
 
 @triton.jit(do_not_specialize=["HQ", "GROUP", "MAX_SQ"])
 def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
-                            lse_sh, HQ, GROUP, MAX_SQ, qk_scale,
+                            lse_sh, HQ, GROUP, MAX_SQ, qk_scale, SINKS,
                             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                             CAUSAL: tl.constexpr, PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr,
                             DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr, ACC_DTYPE: tl.constexpr,
-                            SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1, SOFTCAP: tl.constexpr = 0.0):
+                            SHIFT: tl.constexpr = 0, BAND: tl.constexpr = -1, SOFTCAP: tl.constexpr = 0.0,
+                            HAS_SINKS: tl.constexpr = False):
     m_blocks = tl.cdiv(MAX_SQ, BLOCK_M)
     start_m = (tl.program_id(0) % m_blocks) * BLOCK_M
     bh = tl.program_id(0) // m_blocks
@@ -56,8 +57,10 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
 
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offset = SKV - SQ + SHIFT  # bottom-right: row i's last key is i + offset (a window's right side: + SHIFT)
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
+        sink = 0.0
+        if HAS_SINKS:  # this head's sink logit (gpt-oss), for every row
+            sink = tl.full([BLOCK_M], 0.0, tl.float32) + tl.load(SINKS + h).to(tl.float32)
+        m_i, l_i = start_rows(sink, BLOCK_M, HAS_SINKS)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)  # fp16 for the acc16 recipes
         full_hi, hi = kv_bounds_shifted(start_m, offset, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         if BAND >= 0:  # a window: the dense kernel's band walk
@@ -83,9 +86,10 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
                 recipe: AttentionRecipe, write_lse: bool, cfg: AttentionConfig, band: Band | None = None,
-                softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
+                softcap: float = 0.0, sinks: bool = False) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_varlen_kernel`; `band`: a sliding window; `softcap`: the
-    scores' soft cap."""
+    scores' soft cap; `sinks`: sink logits read (SINKS, the last runtime argument)."""
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
-    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band, softcap=softcap)
+    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, write_lse=write_lse, band=band, softcap=softcap,
+                                sinks=sinks)
     return grid, constexprs, cfg.options()

@@ -28,13 +28,15 @@ class AttentionConfig:
     num_stages: int
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, write_lse: bool,
-                   interpret: bool = INTERPRET, band: Band | None = None, softcap: float = 0.0) -> dict[str, object]:
+                   interpret: bool = INTERPRET, band: Band | None = None, softcap: float = 0.0,
+                   sinks: bool = False) -> dict[str, object]:
         """`attention_fwd_kernel`'s (and the varlen kernel's) compile-time arguments: one mapping for the launch and
-        for `inspect`. A windowed `band` sets SHIFT and BAND (and CAUSAL from its upper side); `softcap` SOFTCAP."""
+        for `inspect`. A windowed `band` sets SHIFT and BAND (and CAUSAL from its upper side); `softcap` SOFTCAP;
+        `sinks` HAS_SINKS."""
         out = dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, DESCRIPTORS=TENSOR_DESCRIPTORS,
                    INTERPRET=interpret, ACC_DTYPE=TL_DTYPE[recipe.pv_acc_dtype])
-        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
+        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -94,13 +96,13 @@ class DecodeConfig:
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
                    causal: bool, bottom_right: bool, write_lse: bool, split: bool, key_starts: bool = False,
-                   windowed: bool = False, wide_rows: bool = False, softcap: float = 0.0,
+                   windowed: bool = False, wide_rows: bool = False, softcap: float = 0.0, sinks: bool = False,
                    interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
                     FUSED_COMBINE=split and self.fused_combine, WIDE_ROWS=wide_rows, INTERPRET=interpret,
-                    SOFTCAP=softcap_constexpr(softcap))
+                    SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -241,8 +243,8 @@ ADA = ConfigTable(
 # sm_120 (99 KB): as sm_89, but triton 3.6 spills hundreds of bytes at D256 with 64-row blocks (and 32-row blocks
 # with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants (and in the
 # varlen kernel's causal variant), 32 bytes of stack in bf16io-acc16's. The D64 backward spills with 64-key dK/dV
-# tiles there; the packed D256 dK/dV tile reloads 2 values, the soft-capped one (the cap's derivative, a tile more)
-# 8 bytes. The split-KV kernel's paged D64 variant, with its checks of the cache values, reloads one value under
+# tiles there; the packed D256 dK/dV tile reloads 2 values, the soft-capped one (the cap's tanh, a tile more, live
+# through both products) 8 bytes. The split-KV kernel's paged D64 variant, with its checks of the cache values, reloads one value under
 # triton 3.6, before and after its key loop.
 BLACKWELL_CONSUMER = dataclasses.replace(
     ADA, attention={**ADA.attention, 256: AttentionConfig(32, 16, 4, 1)},

@@ -49,6 +49,21 @@ def scores(s, qk_scale, SOFTCAP: tl.constexpr):
 
 
 @triton.jit
+def start_rows(sinks, BLOCK_M: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """The running (row max, row sum) before the first key tile: empty, or with attention sinks (gpt-oss; `sinks`
+    the rows' natural-log sink logits, in fp32) a key of its own per row whose value is 0, counted once: max = the
+    sink in base-2 units, sum = 1. A sink is not scaled by the softmax scale (as in gpt-oss) and takes part in the
+    LSE, so a row that sees no key gets O = 0 and LSE = its sink."""
+    if HAS_SINKS:
+        m_i = sinks * 1.4426950408889634
+        l_i = tl.full([BLOCK_M], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
 def online_step(s, m_i, l_i, acc, EMPTY_ROWS: tl.constexpr):
     """Fold one tile of scaled scores `s` [M, N] (masked keys at -inf) into the running row max `m_i`, row sum `l_i`
     and accumulator `acc`. Returns (p, m_new, l_i, acc): p = exp2(s - m_new) for the P.V product the caller adds to

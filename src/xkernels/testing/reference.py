@@ -43,74 +43,103 @@ def _scores(q, k, is_causal: bool, scale: float | None, window: tuple[int, int] 
     return s
 
 
-def _softmax(s: torch.Tensor) -> torch.Tensor:
-    """Row softmax; a row that sees no key (all -inf) is 0, as the kernels return it."""
+def _softmax(s: torch.Tensor, sink=None) -> torch.Tensor:
+    """Row softmax; a row that sees no key (all -inf) is 0, as the kernels return it. `sink`: a logit that joins
+    every row as a key of value 0 (gpt-oss's attention sinks): the probabilities of the real keys."""
+    if sink is not None:
+        return torch.softmax(torch.cat([s, sink.expand(*s.shape[:-1], 1)], -1), -1)[..., :-1]
     return torch.softmax(s, -1).nan_to_num(0.0)
 
 
+def _logsumexp(s: torch.Tensor, sink=None) -> torch.Tensor:
+    if sink is not None:
+        return torch.logsumexp(torch.cat([s, sink.expand(*s.shape[:-1], 1)], -1), -1)
+    return torch.logsumexp(s, -1)
+
+
+def _sink(sinks, h: int):
+    return None if sinks is None else sinks[h].double().reshape(1)
+
+
 def _per_head(q, k, v, fn):
+    """fn(q, k, v, head) in float64 for every (batch, query head), stacked."""
     b, hq = q.shape[:2]
     group = hq // k.shape[1]
     outs = []
     for bi in range(b):
-        outs.append(torch.stack([fn(q[bi, h].double(), k[bi, h // group].double(), v[bi, h // group].double())
+        outs.append(torch.stack([fn(q[bi, h].double(), k[bi, h // group].double(), v[bi, h // group].double(), h)
                                  for h in range(hq)]))
     return torch.stack(outs)
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                         scale: float | None = None, window: tuple[int, int] = NO_WINDOW,
-                        softcap: float = 0.0) -> torch.Tensor:
+                        softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale) v in float64; GQA by head-index mapping (head h uses kv head h // (Hq / Hkv)); causal
-    and `window` top-left (`visible`), a row that sees no key 0; `softcap` as flash_attn's."""
-    return _per_head(q, k, v, lambda qh, kh, vh: _softmax(_scores(qh, kh, is_causal, scale, window,
-                                                                  softcap=softcap)) @ vh)
+    and `window` top-left (`visible`), a row that sees no key 0; `softcap` as flash_attn's; `sinks` (Hq,) as
+    gpt-oss's."""
+    return _per_head(q, k, v, lambda qh, kh, vh, h: _softmax(_scores(qh, kh, is_causal, scale, window,
+                                                                     softcap=softcap), _sink(sinks, h)) @ vh)
 
 
 def reference_lse(q: torch.Tensor, k: torch.Tensor, *, is_causal: bool = False,
                   scale: float | None = None, window: tuple[int, int] = NO_WINDOW,
-                  softcap: float = 0.0) -> torch.Tensor:
-    """Natural-log log-sum-exp of the scaled scores, (B, Hq, Sq), float64 (-inf where a row sees no key)."""
-    return _per_head(q, k, k, lambda qh, kh, _: torch.logsumexp(_scores(qh, kh, is_causal, scale, window,
-                                                                        softcap=softcap), -1))
+                  softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Natural-log log-sum-exp of the scaled scores (and the sink), (B, Hq, Sq), float64 (-inf where a row sees no
+    key and there is no sink)."""
+    return _per_head(q, k, k, lambda qh, kh, _, h: _logsumexp(_scores(qh, kh, is_causal, scale, window,
+                                                                      softcap=softcap), _sink(sinks, h)))
 
 
 def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, *,
                               is_causal: bool = False, scale: float | None = None,
                               grad_lse: torch.Tensor | None = None, window: tuple[int, int] = NO_WINDOW,
-                              softcap: float = 0.0) -> tuple[torch.Tensor, ...]:
+                              softcap: float = 0.0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) in float64 by autograd through the float64 attention (and the LSE when `grad_lse` is given), on
     the same quantized q, k, v and dO, one (batch, query head) at a time; GQA gradients sum over each group. Rows
-    that see no key (a window past the keys) are constants (O = 0, LSE = -inf): no gradient flows through them."""
+    that see no key (a window past the keys) are constants (O = 0, LSE = -inf): no gradient flows through them.
+    With `sinks` (Hq,), (dQ, dK, dV, dSinks)."""
     b, hq = q.shape[:2]
     group = hq // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
     dk = torch.zeros(k.shape, dtype=torch.float64, device=q.device)
     dv = torch.zeros(v.shape, dtype=torch.float64, device=q.device)
+    dsinks = None if sinks is None else torch.zeros(hq, dtype=torch.float64, device=q.device)
     for bi in range(b):
         for h in range(hq):
             qh, kh, vh = (t.detach().double().requires_grad_() for t in (q[bi, h], k[bi, h // group],
                                                                          v[bi, h // group]))
+            leaves = (qh, kh, vh)
             s = _scores(qh, kh, is_causal, scale, window, softcap=softcap)
-            seen = (s > float("-inf")).any(-1)
-            s = s[seen]
-            loss = ((torch.softmax(s, -1) @ vh) * grad_out[bi, h].double()[seen]).sum()
+            sink = None
+            if sinks is None:  # rows that see a key; the others contribute nothing
+                rows = (s > float("-inf")).any(-1)
+                s = s[rows]
+            else:  # every row sees its sink
+                rows = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
+                sink = sinks[h].detach().double().reshape(1).requires_grad_()
+                leaves += (sink,)
+            loss = ((_softmax(s, sink) @ vh) * grad_out[bi, h].double()[rows]).sum()
             if grad_lse is not None:
-                loss = loss + (torch.logsumexp(s, -1) * grad_lse[bi, h].double()[seen]).sum()
-            gq, gk, gv = torch.autograd.grad(loss, (qh, kh, vh), allow_unused=True)
-            for full, at, g in ((dq, (bi, h), gq), (dk, (bi, h // group), gk), (dv, (bi, h // group), gv)):
+                loss = loss + (_logsumexp(s, sink) * grad_lse[bi, h].double()[rows]).sum()
+            grads = torch.autograd.grad(loss, leaves, allow_unused=True)
+            for full, at, g in ((dq, (bi, h), grads[0]), (dk, (bi, h // group), grads[1]),
+                                (dv, (bi, h // group), grads[2])):
                 if g is not None:  # None: no row saw a key
                     full[at] += g
-    return dq, dk, dv
+            if sink is not None:
+                dsinks[h] += grads[3][0]
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                                cu_seqlens_k: torch.Tensor, *, is_causal: bool = False, scale: float | None = None,
-                               window: tuple[int, int] = (-1, -1),
-                               softcap: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
+                               window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                               sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O (total_q, Hq, D), LSE (Hq, total_q)) in float64 for packed sequences, causal aligned bottom-right (query
     i sees keys j <= i + Sk - Sq); `window` (left, right), -1 unbounded, keeps keys i + Sk - Sq - left .. + right;
-    rows that see no key give O = 0 and LSE = -inf."""
+    rows that see no key give O = 0 and LSE = -inf (with `sinks`, LSE = the head's sink)."""
+    sink = None if sinks is None else sinks.double()[:, None, None]
     hq = q.shape[1]
     group = hq // k.shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
@@ -121,11 +150,11 @@ def reference_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         ks = k[ck[b]:ck[b + 1]].double().transpose(0, 1).repeat_interleave(group, 0)
         vs = v[ck[b]:ck[b + 1]].double().transpose(0, 1).repeat_interleave(group, 0)
         sq, sk = qs.shape[1], ks.shape[1]
-        if sq == 0 or sk == 0:
+        if sq == 0 or (sk == 0 and sink is None):
             continue
         s = _scores(qs, ks, is_causal, scale, window, sk - sq, softcap)  # bottom-right
-        out[cq[b]:cq[b + 1]] = (_softmax(s) @ vs).transpose(0, 1)
-        lse[:, cq[b]:cq[b + 1]] = torch.logsumexp(s, -1)
+        out[cq[b]:cq[b + 1]] = (_softmax(s, sink) @ vs).transpose(0, 1)
+        lse[:, cq[b]:cq[b + 1]] = _logsumexp(s, sink)
     return out, lse
 
 
@@ -133,10 +162,13 @@ def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.
                                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                                      is_causal: bool = False, scale: float | None = None,
                                      grad_lse: torch.Tensor | None = None, window: tuple[int, int] = NO_WINDOW,
-                                     softcap: float = 0.0) -> tuple[torch.Tensor, ...]:
+                                     softcap: float = 0.0,
+                                     sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) of packed sequences in float64 by autograd, one sequence at a time (causal bottom-right); dO
     (total_q, Hq, D) and dLSE (Hq, total_q). Rows that see no key have O = 0 and LSE = -inf as constants: no gradient
-    flows through them (their dLSE is ignored), as in the kernel."""
+    flows through them (their dLSE is ignored), as in the kernel. With `sinks` (Hq,) every row sees its sink, and
+    the result is (dQ, dK, dV, dSinks)."""
+    dsinks = None if sinks is None else torch.zeros(sinks.shape, dtype=torch.float64, device=q.device)
     hq = q.shape[1]
     group = hq // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
@@ -147,21 +179,31 @@ def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.
         rows_q, rows_k = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
         qs, ks, vs = (t.detach().double().requires_grad_() for t in (q[rows_q], k[rows_k], v[rows_k]))
         sq, sk = qs.shape[0], ks.shape[0]
-        if sq == 0 or sk == 0:
+        if sq == 0 or (sk == 0 and sinks is None):
             continue
         s = _scores(qs.transpose(0, 1), ks.transpose(0, 1).repeat_interleave(group, 0), is_causal, scale, window,
                     sk - sq, softcap)  # (Hq, sq, sk), bottom-right
-        seen = visible(sq, sk, is_causal=is_causal, window=window, offset=sk - sq, device=q.device).any(-1)
-        s = s[:, seen]  # rows that see a key; the others contribute nothing
-        o = torch.softmax(s, -1) @ vs.transpose(0, 1).repeat_interleave(group, 0)
+        leaves, sink = (qs, ks, vs), None
+        if sinks is None:  # rows that see a key; the others contribute nothing
+            seen = visible(sq, sk, is_causal=is_causal, window=window, offset=sk - sq, device=q.device).any(-1)
+        else:  # every row sees its sink
+            seen = torch.ones(sq, dtype=torch.bool, device=q.device)
+            sink = sinks.detach().double().requires_grad_()
+            leaves += (sink,)
+        s = s[:, seen]
+        o = _softmax(s, None if sink is None else sink[:, None, None]) @ \
+            vs.transpose(0, 1).repeat_interleave(group, 0)
         loss = (o * grad_out[rows_q].double().transpose(0, 1)[:, seen]).sum()
         if grad_lse is not None:
-            loss = loss + (torch.logsumexp(s, -1) * grad_lse[:, rows_q].double()[:, seen]).sum()
-        grads = torch.autograd.grad(loss, (qs, ks, vs), allow_unused=True)  # None: no row saw a key
+            loss = loss + (_logsumexp(s, None if sink is None else sink[:, None, None])
+                           * grad_lse[:, rows_q].double()[:, seen]).sum()
+        grads = torch.autograd.grad(loss, leaves, allow_unused=True)  # None: no row saw a key
         for full, rows, g in ((dq, rows_q, grads[0]), (dk, rows_k, grads[1]), (dv, rows_k, grads[2])):
             if g is not None:
                 full[rows] = g
-    return dq, dk, dv
+        if sink is not None:
+            dsinks += grads[3]
+    return (dq, dk, dv) if sinks is None else (dq, dk, dv, dsinks)
 
 
 def reference_matmul(a: torch.Tensor, b: torch.Tensor, b_layout: str = "kn") -> torch.Tensor:
