@@ -244,8 +244,8 @@ ADA = ConfigTable(
 # with 32-key tiles); 32 x 16 tiles in one stage leave one local reload in the causal fp16/bf16 variants (and in the
 # varlen kernel's causal variant), 32 bytes of stack in bf16io-acc16's. The D64 backward spills with 64-key dK/dV
 # tiles there; the packed D256 dK/dV tile reloads 2 values, the soft-capped one (the cap's tanh, a tile more, live
-# through both products) 8 bytes. The split-KV kernel's paged D64 variant, with its checks of the cache values, reloads one value under
-# triton 3.6, before and after its key loop.
+# through both products) 8 bytes. The split-KV kernel's paged D64 variant, with its checks of the cache values,
+# reloads one value under triton 3.6, before and after its key loop.
 BLACKWELL_CONSUMER = dataclasses.replace(
     ADA, attention={**ADA.attention, 256: AttentionConfig(32, 16, 4, 1)},
     attention_bwd={**ADA.attention_bwd, 64: AttentionBwdConfig(32, 32, 32, 32, 4, 2)},
