@@ -116,9 +116,11 @@ for part in "${@:-smoke host}"; do
         stage timeout 60 python3 scripts/bwd_host_profile.py --calls 100
         stage timeout 60 python3 scripts/host_floor.py --json "$OUT/host_floor.json"
         stage timeout 240 bash -c "cd scripts && python3 generate_host.py --rounds 3 --json '$OUT/generate_host.json'" ;;
-      window)  # sliding windows and soft caps (portable kernels on every GPU): their tests compiled, the window suite
+      window)  # windows, soft caps, sinks (portable kernels): their tests compiled; the opt-in Gluon band; the suite
+        stage timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hopper_window.py
         stage timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_window.py tests/test_softcap.py \
-          tests/test_fuzz.py tests/integrations -k "window or softcap or soft_capped"
+          tests/test_sinks.py \
+          tests/test_fuzz.py tests/integrations -k "window or softcap or soft_capped or sinks"
         stage timeout 280 xkernels bench --suite window --iters 20 --out "$OUT/bench-window" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"

@@ -37,19 +37,27 @@ def test_attention_fuzz(device, recipe, d, b, hkv, group, sq, skv, causal, seed)
        skv=st.integers(1, 90), causal=st.booleans(), left=st.sampled_from([-1, 0, 1, 7, 16, 31, 63]),
        right=st.sampled_from([-1, 0, 1, 5, 16, 40]), seed=st.integers(0, 2**16))
 def test_windowed_attention_fuzz(device, d, hkv, group, sq, skv, causal, left, right, seed):
-    """Sliding windows (top-left) of every size against the tiles: O and dQ, dK, dV against float64 (the few-row
-    split-KV path included: Sq <= 16)."""
+    """Sliding windows (top-left) of every size against the tiles: O (into a NaN-poisoned `out`), the LSE (-inf
+    exactly where a row sees no key) and dQ, dK, dV against float64 (the few-row split-KV path included: Sq <= 16)."""
     from tests.helpers import assert_passes
-    from xkernels.testing import compare_grad, reference_attention_grads
+    from xkernels.testing import compare_grad, compare_lse, reference_attention_grads, reference_lse
 
     window = (left, 0 if causal else right)
     rec = ATTENTION_RECIPES["fp16"]
     q, k, v = attention_inputs(1, hkv * group, sq, skv, d, torch.float16, device, hkv=hkv, seed=seed)
     do = attention_inputs(1, hkv * group, sq, 1, d, torch.float16, device, seed=seed + 1)[0]
+    out = poisoned_like(q)
+    lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, window_size=window, out=out,
+                             return_lse=True)[1]
+    ref_lse = reference_lse(q, k, is_causal=causal, window=window)
+    seen = ~torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), ~seen)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     o = xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, window_size=window)
     grads = torch.autograd.grad(o, leaves, do)
-    checks = {"o": compare_attention(o, reference_attention(q, k, v, is_causal=causal, window=window), rec)}
+    ref_o = reference_attention(q, k, v, is_causal=causal, window=window)
+    checks = {"o": compare_attention(o, ref_o, rec), "out": compare_attention(out, ref_o, rec),
+              "lse": compare_lse(lse[seen], ref_lse[seen])}
     refs = reference_attention_grads(q, k, v, do, is_causal=causal, window=window)
     checks |= {n: compare_grad(g, r, rec) for n, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)}
     assert_passes(checks)

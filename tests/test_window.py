@@ -60,8 +60,10 @@ def _dense(q, k, v, do, *, causal, window, backend=None):
 
 
 # (Sq, Skv, causal, window): sides alone and together; Sq < Skv and Sq > Skv (rows past the keys' window see none)
+# wide bands (left + right past the interpreter's 32 x 16 tiles) walk `_band`'s unmasked middle and its jump over it
 DENSE = [(70, 70, True, (5, 0)), (70, 70, True, (33, -1)), (70, 90, False, (10, 7)), (70, 40, False, (3, -1)),
-         (90, 40, True, (2, 0)), (70, 70, False, (-1, 3)), (50, 130, False, (20, 20)), (33, 33, False, (0, 0))]
+         (90, 40, True, (2, 0)), (70, 70, False, (-1, 3)), (50, 130, False, (20, 20)), (33, 33, False, (0, 0)),
+         (100, 100, True, (50, 0)), (96, 120, False, (60, 20))]
 
 
 @pytest.mark.parametrize("sq,skv,causal,window", DENSE)
@@ -73,9 +75,13 @@ def test_dense_window_matches_float64(device, sq, skv, causal, window):
     assert_passes(_dense_checks(o, lse, grads, q, k, v, do, causal=causal, window=window))
 
 
-@pytest.mark.parametrize("causal,window", [(True, (3, 0)), (False, (2, 5)), (False, (-1, 1))])
-def test_few_rows_take_the_split_kv_kernel_with_the_window(device, causal, window):
-    q, k, v = attention_inputs(2, 4, 8, 40, 64, torch.float16, device, hkv=1, seed=11)
+@pytest.mark.parametrize("sq,skv,causal,window", [(8, 40, True, (3, 0)), (8, 40, False, (2, 5)),
+                                                  (8, 40, False, (-1, 1)), (12, 6, True, (2, 0)),
+                                                  (12, 6, False, (3, 1))])
+def test_few_rows_take_the_split_kv_kernel_with_the_window(device, sq, skv, causal, window):
+    """Sq <= 16 rows run the split-KV kernel, top-left as the dense API; with Sq > Skv the last rows' windows lie
+    past every key (O = 0, LSE -inf)."""
+    q, k, v = attention_inputs(2, 4, sq, skv, 64, torch.float16, device, hkv=1, seed=11)
     out = poisoned_like(q)
     lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, window_size=window, out=out,
                              return_lse=True)[1]
@@ -119,9 +125,10 @@ def _packed(lens_q, lens_k, hq, hkv, d, device, seed=0):
     return q, k, v, do, cu(lens_q), cu(lens_k)
 
 
-@pytest.mark.parametrize("causal,window", [(True, (6, 0)), (False, (4, 9)), (False, (-1, 2)), (True, (0, 0))])
+@pytest.mark.parametrize("causal,window", [(True, (6, 0)), (False, (4, 9)), (False, (-1, 2)), (True, (0, 0)),
+                                           (True, (50, 0)), (False, (40, 30))])
 def test_varlen_window_matches_float64_bottom_right(device, causal, window):
-    lens_q, lens_k = [5, 40, 0, 33, 20], [9, 40, 7, 20, 64]
+    lens_q, lens_k = [5, 40, 0, 33, 20, 100], [9, 40, 7, 20, 64, 100]
     q, k, v, do, cq, ck = _packed(lens_q, lens_k, 4, 2, 64, device, seed=len(window))
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     o, lse = xkernels.attention_varlen(*leaves, cq, ck, max(lens_q), max(lens_k), is_causal=causal,
@@ -175,9 +182,14 @@ def test_bad_windows_raise_naming_the_argument(device, window, error):
             ops.attention_op(q, k, v, True, None, False, "auto", "auto", *window)
 
 
-def test_forcing_hopper_with_a_window_raises(device):
+def test_forcing_hopper_with_a_window_raises_where_it_has_no_band(device):
+    """Only the dense forward has a Hopper band (opt-in); the varlen kernels and the backward raise."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=1)
+    cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="backend: 'hopper'.*window_size"):
+        xkernels.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 64, 64,
+                                  is_causal=True, window_size=(8, 0), backend="hopper")
+    with pytest.raises(ValueError, match="backend: 'hopper'"):  # no band on this machine's kernels either
         xkernels.attention(q, k, v, is_causal=True, window_size=(8, 0), backend="hopper")
 
 
@@ -209,3 +221,20 @@ def test_opcheck_with_a_window(device):
     qq, kk, vv = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
     torch.library.opcheck(ops.attention_varlen_op, (qq, kk, vv, cu, ck, 11, 13, True, None, "auto", True, True,
                                                     "auto", 3, 0))
+
+
+@pytest.mark.parametrize("causal,window", [(False, (-1, 2**31 - 1)), (True, (2**31 - 1, 0)), (False, (3, 2**31 - 5)),
+                                           (True, (2**40, 0))])
+def test_windows_longer_than_the_keys_cut_nothing(device, causal, window):
+    """A side at least Sq + Skv long is unbounded (as flash_attn makes it): no int32 position wraps, the result and
+    the gradients are those of the window's other side alone."""
+    q, k, v = attention_inputs(1, 2, 40, 40, 64, torch.float16, device, seed=12)
+    do = _grad_out(q.shape, device)
+    o, lse, grads = _dense(q, k, v, do, causal=causal, window=window)
+    plain = tuple(-1 if side >= 80 else side for side in window)
+    assert_passes(_dense_checks(o, lse, grads, q, k, v, do, causal=causal, window=plain))
+    cu = torch.tensor([0, 40], dtype=torch.int32, device=device)
+    packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v)]
+    o_var = xkernels.attention_varlen(*packed, cu, cu, 40, 40, is_causal=causal, window_size=window)
+    assert compare_attention(o_var.transpose(0, 1)[None], reference_attention(q, k, v, is_causal=causal,
+                                                                              window=plain), FP16).passed

@@ -288,8 +288,9 @@ def _attention_bwd_configs(target: Target) -> Iterator[KernelConfig]:
              "CU_Q": "*i32", "CU_K": "*i32", "scale": "fp32"}
     for d in HEAD_DIMS:
         cfg = attention_bwd_config(d, target, interpret=False)
-        # and the dense layout with a causal sliding window and a soft cap (the band's bounds and mask, the tanh)
-        for causal, varlen, band in (*product((False, True), (False, True), (None,)), (True, False, WINDOW)):
+        # and both layouts with a causal sliding window and a soft cap (the band's bounds and mask, the tanh)
+        for causal, varlen, band in (*product((False, True), (False, True), (None,)), (True, False, WINDOW),
+                                     (True, True, WINDOW)):
             cap = SOFTCAP if band else 0.0
             for name, fn, constexprs in (
                     ("dkdv", bwd.dkdv_kernel, cfg.dkdv_constexprs(d, causal=causal, varlen=varlen, interpret=False,
@@ -323,16 +324,18 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
-            for causal in (False, True):
+            # bf16 also with a causal sliding window (opt-in: compiled, never run; at D64 its three consumer
+            # warpgroups of 128 registers keep the band's bounds on 56 bytes of stack)
+            for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (recipe.name == "bf16"):
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 16 bytes in
                 # bf16io-acc16's causal D256 variant
                 untested_spill = recipe.converts_v and recipe.pv_acc_dtype == torch.float16 and d == 256 and causal
                 yield KernelConfig(
-                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''} {ac}",
+                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''} {ac}",
                     attn.attention_fwd_kernel,
                     _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
-                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True), 4, gluon=True,
-                    spill_free=TRITON_TESTED or not untested_spill)
+                    attn.constexprs(ac, d, recipe, causal=causal, positive_scale=True, write_lse=True, band=band), 4,
+                    gluon=True, spill_free=(TRITON_TESTED or not untested_spill) and not (band and d == 64))
 
     from xkernels.hopper import attention_persistent as persistent
 

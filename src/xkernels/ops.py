@@ -92,11 +92,16 @@ def _register(name: str, fn) -> None:
         _lib.impl(name, fn, key)
 
 
-def _window(is_causal: bool, window_left: int, window_right: int) -> tuple[int, int]:
-    """The ops' window arguments checked (they may come from a direct op call) and normalized as the API does."""
+def _window(is_causal: bool, window_left: int, window_right: int, reach: int | None = None) -> tuple[int, int]:
+    """The ops' window arguments checked (they may come from a direct op call) and normalized as the API does; with
+    `reach` (Sq + Skv, or the longest sequences' sum), a side at least that long cuts no key from any row, whatever
+    the alignment: unbounded (-1), so the kernels' int32 positions never wrap, as flash_attn does."""
     if window_left == window_right == -1:
         return NO_WINDOW
-    return check_window((window_left, window_right), is_causal)
+    left, right = check_window((window_left, window_right), is_causal)
+    if reach is not None:
+        left, right = (-1 if side >= reach else side for side in (left, right))
+    return left, right
 
 
 def _softcap(softcap: float) -> float:
@@ -108,16 +113,16 @@ def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window
                softcap=0.0, sinks=None):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=False, backend=backend,
-                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
-                           sinks=sinks)[0]
+                           window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
+                           softcap=_softcap(softcap), sinks=sinks)[0]
 
 
 def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
                    softcap=0.0, sinks=None):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=True, backend=backend,
-                           window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
-                           sinks=sinks)
+                           window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
+                           softcap=_softcap(softcap), sinks=sinks)
 
 
 def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1,
@@ -125,8 +130,8 @@ def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backen
     check_out_memory(out, {"q": q, "k": k, "v": v})
     lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                           precision=precision, return_lse=return_lse, backend=backend,
-                          window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
-                          sinks=sinks)[1]
+                          window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
+                          softcap=_softcap(softcap), sinks=sinks)[1]
     return q.new_empty(0, dtype=torch.float32) if lse is None else lse
 
 
@@ -134,7 +139,7 @@ def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale,
                         window_left=-1, window_right=-1, softcap=0.0):
     return backward.attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal, scale=scale,
                                        enable_gqa=enable_gqa, precision=precision, backend=backend,
-                                       window=_window(is_causal, window_left, window_right),
+                                       window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
                                        softcap=_softcap(softcap))
 
 
@@ -143,8 +148,8 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     return varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    is_causal=is_causal, scale=scale, precision=precision, return_lse=return_lse,
                                    sync_checks=sync_checks, backend=backend,
-                                   window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
-                                   sinks=sinks)
+                                   window=_window(is_causal, window_left, window_right, max_seqlen_q + max_seqlen_k),
+                                   softcap=_softcap(softcap), sinks=sinks)
 
 
 def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -153,7 +158,8 @@ def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens
     return backward.attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                               max_seqlen_q, max_seqlen_k, is_causal=is_causal, scale=scale,
                                               precision=precision, backend=backend,
-                                              window=_window(is_causal, window_left, window_right),
+                                              window=_window(is_causal, window_left, window_right,
+                                                             max_seqlen_q + max_seqlen_k),
                                               softcap=_softcap(softcap))
 
 

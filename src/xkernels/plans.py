@@ -149,7 +149,7 @@ class AttentionPlan:
             self.fn = hopper_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = hopper_attention.launch_spec(
                 b, hq, sq, d, is_causal=is_causal, recipe=recipe, positive_scale=positive_scale,
-                write_lse=return_lse, cfg=choice.config.dense)
+                write_lse=return_lse, cfg=choice.config.dense, band=band)
         else:
             self.fn = portable_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = portable_attention.launch_spec(
@@ -166,7 +166,8 @@ class AttentionPlan:
             o_strides = out.stride()[:3] if out is not None else (hq * sq * d, sq * d, d)
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
         self.persistent = None
-        if self.direct and choice.layer == "hopper" and not self.empty and choice.config.persistent is not None:
+        if (self.direct and choice.layer == "hopper" and not self.empty and choice.config.persistent is not None
+                and not band.windowed):  # the persistent kernel has no band
             self.persistent = PersistentAttention.make(q, k, v, out, recipe, choice.config.persistent,
                                                        is_causal=is_causal,
                                                        return_lse=return_lse, positive_scale=positive_scale)

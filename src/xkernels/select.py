@@ -159,14 +159,17 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
 
 
 def _portable_only(override: Override, window: tuple[int, int], is_causal: bool, softcap: float, op: str,
-                   sinks: bool = False) -> bool:
-    """Whether the call has a sliding window, a soft cap or attention sinks, which only the portable kernels apply; a
-    forced "hopper" raises."""
+                   sinks: bool = False, hopper_band: bool = False) -> bool:
+    """Whether the call has a sliding window, a soft cap or attention sinks, which the portable kernels apply; a
+    forced "hopper" raises, but for a window where the op's Hopper kernel has its opt-in band (`hopper_band`: the
+    dense forward, compiled and CPU-checked, not yet run on a GPU), which it then runs."""
     windowed = Band.of(is_causal, window).windowed
     if (windowed or softcap or sinks) and override.layer == "hopper":
+        if hopper_band and windowed and not (softcap or sinks):
+            return False
         what = f"window_size={window}" if windowed else f"softcap={softcap}" if softcap else "sinks"
         raise ValueError(f"backend: 'hopper' was forced, but {op} with {what} runs the portable kernels only (the "
-                         "Hopper kernels have no sliding window, soft cap or sinks yet)")
+                         "Hopper kernels have no soft cap or sinks, and only the dense forward a sliding window)")
     return windowed or bool(softcap) or sinks
 
 
@@ -192,7 +195,8 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     check_sinks(sinks, q.shape[1], q.device)
     check_device(q.device, "q")
     override = parse_backend(backend)
-    portable_only = _portable_only(override, window, is_causal, softcap, "attention", sinks is not None)
+    portable_only = _portable_only(override, window, is_causal, softcap, "attention", sinks is not None,
+                                   hopper_band=True)
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does

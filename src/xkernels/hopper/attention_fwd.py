@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from xkernels.common.seqlen import kv_bounds
+from xkernels.common.seqlen import Band, kv_band_start, kv_bounds, kv_bounds_shifted
 from xkernels.hopper import configs, tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
@@ -82,17 +82,18 @@ def _convert_v(v, v_landed, it, STEPS: gl.constexpr):
 
 @gluon.jit
 def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, v_landed, q_at, kv_at, hi, it,
-                BLOCK_N: gl.constexpr, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
+                BLOCK_N: gl.constexpr, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr,
+                lo=0):
     """One row block's TMA loads: every consumer's Q rows (into Q buffers q_first, q_first + 1, ...) from
     q_at = (row, col) of the Q descriptor, then the key
-    tiles [0, hi) from kv_at = (row, col) of K's and V's, on ring counters from `it`; returns the counter after them.
-    For bf16io the producer is a warpgroup that also converts V tile j-1 after issuing K tile j."""
+    tiles [lo, hi) from kv_at = (row, col) of K's and V's, on ring counters from `it`; returns the counter after
+    them. For bf16io the producer is a warpgroup that also converts V tile j-1 after issuing K tile j."""
     mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
         tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(q_first + w))
     it = gl.to_tensor(it)  # a loop-carried counter, also when the caller passes a literal
     first = it
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         s = k.acquire(it)
         mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
         tma.async_load(k_desc, [kv_at[0] + start_n, kv_at[1]], k.ready.index(s), k.bufs.index(s))
@@ -111,31 +112,37 @@ def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, v_landed
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N: gl.constexpr,
+def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, lo, hi, BLOCK_N: gl.constexpr,
               CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
-    """TMA loads of one program (per-head descriptors: rows from 0)."""
+    """TMA loads of one program (per-head descriptors: rows from 0): key tiles [lo, hi)."""
     _load_tiles(q_desc, k_desc, v_desc, q_bufs, 0, q_ready, k, v, v_landed, (start_m, 0), (0, 0), hi, 0, BLOCK_N,
-                CONVERT_V, NUM_WG, CONVERT_STEPS)
+                CONVERT_V, NUM_WG, CONVERT_STEPS, lo)
 
 
 @gluon.jit
 def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
-            cols_layout: gl.constexpr):
+            cols_layout: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1):
+    """The tile's scores, masked where it is a tail or diagonal tile (from `full_hi` on) or, with a window's lower
+    side (BAND >= 0), a tile below `full_lo` that the side cuts for some row."""
     if not POSITIVE_SCALE:
         qk = qk * qk_scale  # the softmax's max-then-scale identity needs a scale > 0: scale first, then mask
-    if start_n >= full_hi:  # tail or diagonal tile
-        qk = mask_scores(qk, start_n, offs_m, SKV, CAUSAL, cols_layout)
+    masked = start_n >= full_hi
+    if BAND >= 0:
+        masked = masked | (start_n < full_lo)
+    if masked:  # tail, diagonal or band-edge tile
+        qk = mask_scores(qk, start_n, offs_m, SKV, CAUSAL, cols_layout, BAND)
     return qk
 
 
 @gluon.jit
 def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, qk_scale, zero_s,
                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr,
-               EMPTY_ROWS: gl.constexpr):
+               EMPTY_ROWS: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1):
     """The pipelined loop over key tiles [lo, hi) of one warpgroup (module docstring), entered with P of the tile
     before `lo` in `p_op` (its P.V not issued yet) and the ring counter `it` at tile `lo`; returns (acc, m_i, l_i,
     p_op, it) in the same state after tile hi - 1. `offs_m`: the rows' causal limits (key j kept for row i when
-    j <= offs_m[i]); `zero_s`: a zero score tile in the wgmma accumulator layout."""
+    j <= offs_m[i]; with BAND >= 0 also j >= offs_m[i] - BAND, masked below `full_lo`); `zero_s`: a zero score tile in
+    the wgmma accumulator layout."""
     rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, zero_s.type.layout)
     pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer
@@ -149,7 +156,7 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
         # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
         qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
         k.release(it)
-        qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+        qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s, full_lo, BAND)
         p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
         v.release(it - 1)
@@ -164,10 +171,12 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
 @gluon.jit
 def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, diag, qk_scale,
             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
-            OVERLAP: gl.constexpr, ACC16: gl.constexpr, EMPTY_ROWS: gl.constexpr, FREE_Q: gl.constexpr):
-    """One warpgroup's 64 query rows (from start_m) against key tiles [0, hi), on ring counters from `it`: the
+            OVERLAP: gl.constexpr, ACC16: gl.constexpr, EMPTY_ROWS: gl.constexpr, FREE_Q: gl.constexpr,
+            lo=0, full_lo=0, BAND: gl.constexpr = -1):
+    """One warpgroup's 64 query rows (from start_m) against key tiles [lo, hi), on ring counters from `it`: the
     pipelined loop of the module docstring. Causal keeps key j for row i when j <= i + diag (diag = 0: top-left;
-    Skv - Sq: bottom-right). EMPTY_ROWS: rows may see no key. FREE_Q: arrive on q_free once the last QK^T retired
+    Skv - Sq: bottom-right); a window's lower side (BAND >= 0) keeps j >= i + diag - BAND, masking the tiles below
+    `full_lo`. EMPTY_ROWS: rows may see no key. FREE_Q: arrive on q_free once the last QK^T retired
     (the persistent producer then loads the next tile's Q under this tile's last P.V and epilogue).
     Returns (O accumulator, row max, row sum, the ring counter after these tiles)."""
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
@@ -190,12 +199,13 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
     s = k.wait(it)
     qk = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
     k.release(it)
-    qk = _scores(qk, 0, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+    qk = _scores(qk, lo, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s, full_lo, BAND)
     p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
     p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
     it += 1
-    acc, m_i, l_i, p_op, it = _key_steps(q, k, v, acc, m_i, l_i, p_op, it, BLOCK_N, full_hi, hi, offs_m + diag, SKV,
-                                         qk_scale, zero_s, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, EMPTY_ROWS)
+    acc, m_i, l_i, p_op, it = _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo + BLOCK_N, full_hi, hi, offs_m + diag,
+                                         SKV, qk_scale, zero_s, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, EMPTY_ROWS,
+                                         full_lo, BAND)
     if FREE_Q:  # every QK^T reading this warpgroup's Q rows has retired
         mbarrier.arrive(q_free)
     v_tile = v.bufs.index(v.wait(it - 1))
@@ -219,15 +229,16 @@ def _normalize(acc, m_i, l_i, EMPTY_ROWS: gl.constexpr):
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
-              qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
+              SKV, diag, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              EMPTY_ROWS: gl.constexpr):
+              EMPTY_ROWS: gl.constexpr, BAND: gl.constexpr):
     """One warpgroup of one program: `_attend`, then O through its (now free) Q buffer and a TMA store."""
     q = q_bufs.index(WG)
     row0 = start_m + WG * WG_ROWS
     acc, m_i, l_i, it = _attend(q, q_ready, 0, q_ready, k, v, 0, row0, full_hi, hi, SKV, diag, qk_scale, HEAD_DIM,
-                                BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, EMPTY_ROWS, False)
+                                BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, EMPTY_ROWS, False, lo, full_lo,
+                                BAND)
     out, lse = _normalize(acc, m_i, l_i, EMPTY_ROWS)
     q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
@@ -243,7 +254,8 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
                          HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                          POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
-                         ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr):
+                         ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
+                         SHIFT: gl.constexpr = 0, BAND: gl.constexpr = -1):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
     m_block = gl.program_id(0) % m_blocks
@@ -266,20 +278,33 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     o_desc = tma.make_tensor_descriptor(O + b * o_sb + h * o_sh, [SQ, HEAD_DIM], [o_ss, 1], [WG_ROWS, HEAD_DIM],
                                         q_layout)
 
-    full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-    _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, 0, qk_scale, HEAD_DIM,
-             BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS, WRITE_LSE,
-             False)
+    if BAND >= 0:  # a window (`common.seqlen.Band`): tiles [lo, hi), the lower side masked below full_lo
+        full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        lo, full_lo = kv_band_start(start_m, SHIFT, BLOCK_M, BLOCK_N, BAND)
+        # a block whose window lies past every key still walks one (fully masked) tile: its rows get O = 0
+        lo = min(lo, ((max(hi, 1) - 1) // BLOCK_N) * BLOCK_N)
+        _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, SHIFT, qk_scale,
+                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS,
+                 WRITE_LSE, True, lo, full_lo, BAND)
+    else:
+        if SHIFT > 0:  # a window's right side alone: the causal mask shifted
+            full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        else:
+            full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, SHIFT, qk_scale,
+                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS,
+                 WRITE_LSE, False)
 
 
 @gluon.jit
 def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag, qk_scale,
              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
              CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
-             ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, EMPTY_ROWS: gl.constexpr):
+             ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, EMPTY_ROWS: gl.constexpr,
+             lo=0, full_lo=0, BAND: gl.constexpr = -1):
     """One program's rings, barriers and partitions, given its descriptors (per (batch, head) in the dense kernel,
-    per (sequence, head) in the varlen one) and the key tiles it visits: [0, full_hi) unmasked, [full_hi, hi)
-    masked (hi > 0: the consumers wait for tile 0)."""
+    per (sequence, head) in the varlen one) and the key tiles it visits: [lo, hi), unmasked in [full_lo, full_hi),
+    masked elsewhere (BAND >= 0: a window's lower side; hi > lo: the consumers wait for tile lo)."""
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -289,32 +314,46 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
     producer_regs: gl.constexpr = producer_registers(NUM_WG, CONVERT_V, CONVERT_STEPS)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
-                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
-            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
-                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
-            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N, CONVERT_V,
-                         NUM_WG, CONVERT_STEPS))], [4, producer_warps], [regs, producer_regs])
+            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
+                         SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
+                         EMPTY_ROWS, BAND)),
+            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
+                         SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
+                         EMPTY_ROWS, BAND)),
+            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, lo, hi, BLOCK_N,
+                         CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, producer_warps], [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
-            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
-                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
-            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
-                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
-            (_consumer, (2, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, full_hi, hi, SQ, SKV, diag,
-                         qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, EMPTY_ROWS)),
-            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, hi, BLOCK_N, CONVERT_V,
-                         NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps], [regs, regs, producer_regs])
+            (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
+                         SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
+                         EMPTY_ROWS, BAND)),
+            (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
+                         SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
+                         EMPTY_ROWS, BAND)),
+            (_consumer, (2, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
+                         SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
+                         EMPTY_ROWS, BAND)),
+            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, lo, hi, BLOCK_N,
+                         CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps], [regs, regs, producer_regs])
+
+
+def constexprs(cfg: HopperAttentionConfig, head_dim: int, recipe: AttentionRecipe, *, causal: bool,
+               positive_scale: bool, write_lse: bool, band: Band | None = None) -> dict[str, object]:
+    """`attention_fwd_kernel`'s compile-time arguments: the config's, and a sliding window's SHIFT and BAND (`band`,
+    its `causal` replacing `causal`; none: 0 and -1)."""
+    band = band if band is not None and band.windowed else Band(causal)
+    return cfg.constexprs(head_dim, recipe, causal=band.causal, positive_scale=positive_scale,
+                          write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band)
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
-                positive_scale: bool, write_lse: bool,
-                cfg: HopperAttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
+                positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
+                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options): the runtime arguments are `plans.attention_args`, as for the portable
-    kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared memory)."""
+    kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared memory). `band`: a
+    sliding window (opt-in: the plans select it only where "hopper" is forced)."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
-    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
-                                write_lse=write_lse)
-    return grid, constexprs, dict(num_warps=4)
+    return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
+                            write_lse=write_lse, band=band), dict(num_warps=4)

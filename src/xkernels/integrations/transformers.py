@@ -106,6 +106,11 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
     window_size = (-1, -1) if window is None else (window - 1, 0)  # transformers' window counts the query's key
+    if window is not None and is_causal and sq == skv and not bool(start.any()):
+        # no padding (transformers builds a mask for every windowed call): the dense kernels' window, no packing
+        return xkernels.attention(query, key, value, is_causal=True, scale=scaling, window_size=window_size,
+                                  enable_gqa=query.shape[1] != key.shape[1], softcap=softcap,
+                                  sinks=sinks).transpose(1, 2).contiguous()
     if is_causal and sq <= DECODE_MAX_SQ and not training:  # decoding: the split-KV kernel reads the cache in place
         lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
         # lengths and first keys come from the mask checked above: no second read of the cache checks

@@ -1,0 +1,38 @@
+"""The Hopper dense forward's sliding-window band (opt-in: `backend="hopper"` with a window) against float64: every
+head dim, causal and not, left and right sides, Sq != Skv with row blocks whose window holds no key (O = 0, LSE
+-inf), on a NaN-poisoned `out`; and the default choice, which stays on the portable kernels."""
+
+import pytest
+import torch
+
+import xkernels
+from tests.helpers import NEEDS_HOPPER, poisoned_like
+from xkernels.recipes import ATTENTION_RECIPES
+from xkernels.testing import attention_inputs, compare_attention, compare_lse, reference_attention, reference_lse
+
+pytestmark = NEEDS_HOPPER
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("sq,skv,causal,window", [(1000, 1000, True, (255, 0)), (700, 1300, False, (100, 60)),
+                                                  (1500, 300, True, (31, 0)), (512, 512, False, (-1, 130))])
+def test_hopper_band_matches_float64(d, sq, skv, causal, window):
+    q, k, v = attention_inputs(1, 4, sq, skv, d, torch.bfloat16, "cuda", hkv=2, seed=sq + d)
+    out = poisoned_like(q)
+    _, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, window_size=window, out=out,
+                                return_lse=True, backend="hopper")
+    assert xkernels.last_backend().startswith("hopper.attention"), xkernels.last_backend()
+    ref_lse = reference_lse(q, k, is_causal=causal, window=window)
+    empty = torch.isinf(ref_lse)
+    c = compare_attention(out, reference_attention(q, k, v, is_causal=causal, window=window),
+                          ATTENTION_RECIPES["bf16"])
+    assert c.passed, c.reason
+    assert torch.equal(torch.isinf(lse), empty)
+    c_lse = compare_lse(lse[~empty], ref_lse[~empty])
+    assert c_lse.passed, c_lse.reason
+
+
+def test_windows_default_to_the_portable_kernels():
+    q, k, v = attention_inputs(1, 4, 512, 512, 128, torch.bfloat16, "cuda", seed=1)
+    xkernels.attention(q, k, v, is_causal=True, window_size=(127, 0))
+    assert xkernels.last_backend().startswith("portable.attention"), xkernels.last_backend()
