@@ -20,6 +20,16 @@ def poison_gradient_buffers(monkeypatch) -> None:
     monkeypatch.setattr(backward, "grad_like", lambda t: real(t).fill_(float("nan")))
 
 
+def poison_attention_outputs(monkeypatch) -> None:
+    """The gradient buffers (`poison_gradient_buffers`) and every varlen and KV-cache output (`varlen.output_like`)
+    start as NaN."""
+    from xkernels import varlen
+
+    poison_gradient_buffers(monkeypatch)
+    real = varlen.output_like
+    monkeypatch.setattr(varlen, "output_like", lambda q: real(q).fill_(float("nan")))
+
+
 def poisoned_like(t: torch.Tensor, shape=None, dtype=None) -> torch.Tensor:
     """NaN-filled output: any element the kernel fails to write fails the non-finite check."""
     return torch.full(t.shape if shape is None else shape, float("nan"), dtype=dtype or t.dtype, device=t.device)

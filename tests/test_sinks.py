@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import xkernels
-from tests.helpers import assert_compiled_grads_match, assert_passes, poison_gradient_buffers, poisoned_like
-from xkernels import ops, varlen
+from tests.helpers import assert_compiled_grads_match, assert_passes, poison_attention_outputs, poisoned_like
+from xkernels import ops
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
     attention_inputs,
@@ -30,9 +30,7 @@ FP16 = ATTENTION_RECIPES["fp16"]
 
 @pytest.fixture(autouse=True)
 def poisoned(monkeypatch):
-    poison_gradient_buffers(monkeypatch)
-    real = varlen.output_like
-    monkeypatch.setattr(varlen, "output_like", lambda q: real(q).fill_(float("nan")))
+    poison_attention_outputs(monkeypatch)
 
 
 def _sinks(hq, device, seed=0):

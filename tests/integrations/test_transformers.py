@@ -26,6 +26,22 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _generate_matches(ours, ref, ids, mask) -> str:
+    """Greedy generate() of 3 tokens from a left-padded batch: each step's logits match the reference model's within
+    bf16 noise, up to the first step where a near-tie flips a token (later steps continue different texts). Returns
+    the kernel our last step ran."""
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        out = ours.generate(ids, attention_mask=mask, **kw)
+        ran = xkernels.last_backend()
+        want = ref.generate(ids, attention_mask=mask, **kw)
+    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
+        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
+        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
+            break
+    return ran
+
+
 def test_forward_and_generate_match_sdpa(device):
     ours, sdpa = tiny_llama("xkernels", device), tiny_llama("sdpa", device)
     ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(1)).to(device)
@@ -61,17 +77,8 @@ def test_left_padded_batches_match_sdpa(device):
     assert "attention_varlen" in ran, ran
     keep = mask.bool()
     assert torch.isfinite(logits).all() and _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
-    with torch.no_grad():
-        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
-                  pad_token_id=0)
-        out = ours.generate(ids, attention_mask=mask, **kw)
-        ran = xkernels.last_backend()
-        want = sdpa.generate(ids, attention_mask=mask, **kw)
+    ran = _generate_matches(ours, sdpa, ids, mask)
     assert ran.startswith("portable.decode"), ran
-    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
-        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
-        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
-            break  # a near-tie flipped by bf16 noise: later steps continue different texts
 
 
 def test_masks_it_cannot_serve_are_refused(device):
@@ -136,15 +143,7 @@ def test_sliding_window_model_matches_sdpa(device):
     assert _rel(unwindowed[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
     with torch.no_grad():  # no padding: the window alone
         assert _rel(ours(ids).logits, sdpa(ids).logits) < 2e-2
-    with torch.no_grad():
-        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
-                  pad_token_id=0)
-        out = ours.generate(ids, attention_mask=mask, **kw)
-        want = sdpa.generate(ids, attention_mask=mask, **kw)
-    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
-        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
-        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
-            break
+    _generate_matches(ours, sdpa, ids, mask)
 
 
 @pytest.mark.parametrize("padded", [False, True])
@@ -207,14 +206,7 @@ def test_soft_capped_model_matches_eager(device):
         assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
         assert _rel(uncapped[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
         assert _rel(ours(ids).logits, eager(ids).logits) < 2e-2
-        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
-                  pad_token_id=0)
-        out = ours.generate(ids, attention_mask=mask, **kw)
-        want = eager.generate(ids, attention_mask=mask, **kw)
-    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
-        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
-        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
-            break
+    _generate_matches(ours, eager, ids, mask)
 
 
 def tiny_gpt_oss(attn_implementation: str, device: str, sinks=(2.0, 3.5)):
@@ -251,14 +243,7 @@ def test_attention_sinks_model_matches_eager(device):
         assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
         assert _rel(sinkless[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
         assert _rel(ours(ids).logits, eager(ids).logits) < 2e-2
-        kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True,
-                  pad_token_id=0)
-        out = ours.generate(ids, attention_mask=mask, **kw)
-        want = eager.generate(ids, attention_mask=mask, **kw)
-    for step, (a, b) in enumerate(zip(out.logits, want.logits, strict=True)):
-        assert _rel(a, b) < 2e-2, (step, _rel(a, b))
-        if not torch.equal(out.sequences[:, ids.shape[1] + step], want.sequences[:, ids.shape[1] + step]):
-            break
+    _generate_matches(ours, eager, ids, mask)
 
     def grads(model):
         model.train()

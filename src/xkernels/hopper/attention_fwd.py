@@ -278,22 +278,20 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
     o_desc = tma.make_tensor_descriptor(O + b * o_sb + h * o_sh, [SQ, HEAD_DIM], [o_ss, 1], [WG_ROWS, HEAD_DIM],
                                         q_layout)
 
+    lo = 0
+    full_lo = 0
     if BAND >= 0:  # a window (`common.seqlen.Band`): tiles [lo, hi), the lower side masked below full_lo
         full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         lo, full_lo = kv_band_start(start_m, SHIFT, BLOCK_M, BLOCK_N, BAND)
         # a block whose window lies past every key still walks one (fully masked) tile: its rows get O = 0
         lo = min(lo, ((max(hi, 1) - 1) // BLOCK_N) * BLOCK_N)
-        _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, SHIFT, qk_scale,
-                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS,
-                 WRITE_LSE, True, lo, full_lo, BAND)
+    elif SHIFT > 0:  # a window's right side alone: the causal mask shifted
+        full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     else:
-        if SHIFT > 0:  # a window's right side alone: the causal mask shifted
-            full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-        else:
-            full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-        _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, SHIFT, qk_scale,
-                 HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS,
-                 WRITE_LSE, False)
+        full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, SHIFT, qk_scale, HEAD_DIM,
+             BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS, WRITE_LSE,
+             BAND >= 0, lo, full_lo, BAND)
 
 
 @gluon.jit

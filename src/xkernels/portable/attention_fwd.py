@@ -83,6 +83,28 @@ def _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, offset, full_hi, 
                          top - mid, SOFTCAP)
 
 
+@triton.jit
+def attend_row_block(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, offset, full_hi, hi, offs_m, qk_scale, SKV,
+                     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                     PV_DTYPE: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr,
+                     EMPTY_ROWS: tl.constexpr, BAND: tl.constexpr, SOFTCAP: tl.constexpr):
+    """Every key tile of the row block from `start_m` (the diagonal at `offset`, a window's SHIFT included; `offs_m`
+    the rows shifted so), for the dense and the varlen kernel: [0, full_hi) unmasked and [full_hi, hi) masked, or
+    with a window's lower side (BAND >= 0) `_band`'s walk. EMPTY_ROWS: rows may see no key (the masked tiles')."""
+    if BAND >= 0:
+        acc, l_i, m_i = _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, offset, full_hi, hi, offs_m,
+                              qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE, DESCRIPTORS, INTERPRET,
+                              BAND, SOFTCAP)
+    else:
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, 0, full_hi, offs_m, qk_scale, SKV,
+                                      HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS, INTERPRET, False,
+                                      SOFTCAP=SOFTCAP)
+        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m, qk_scale, SKV,
+                                      HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS, INTERPRET, EMPTY_ROWS,
+                                      SOFTCAP=SOFTCAP)
+    return acc, l_i, m_i
+
+
 # SQ and SKV are specialized (divisible by 16 or not), as M, N, K in the GEMM: vector loads where TMA is absent
 @triton.jit(do_not_specialize=["HQ", "GROUP"])
 def attention_fwd_kernel(Q, K, V, O, LSE,
@@ -127,17 +149,9 @@ def attention_fwd_kernel(Q, K, V, O, LSE,
     # [full_hi, hi): the tail tile and the diagonal tiles, masked; keys >= hi are never visited
     full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     # (a window's right side shifts the diagonal by SHIFT; its left side walks `_band`: rows may see no key)
-    if BAND >= 0:
-        acc, l_i, m_i = _band(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, SHIFT, full_hi, hi,
-                              offs_m + SHIFT, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
-                              DESCRIPTORS, INTERPRET, BAND, SOFTCAP)
-    else:
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, 0, full_hi, offs_m + SHIFT,
-                                      qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,
-                                      INTERPRET, False, SOFTCAP=SOFTCAP)
-        acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, full_hi, hi, offs_m + SHIFT,
-                                      qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
-                                      INTERPRET, False, SOFTCAP=SOFTCAP)
+    acc, l_i, m_i = attend_row_block(acc, l_i, m_i, q, k_src, v_src, k_ss, v_ss, start_m, SHIFT, full_hi, hi,
+                                     offs_m + SHIFT, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
+                                     DESCRIPTORS, INTERPRET, False, BAND, SOFTCAP)
 
     o, lse = finish(acc, l_i, m_i, BAND >= 0 or HAS_SINKS)
     o = o.to(O.dtype.element_ty)

@@ -3,7 +3,7 @@
 q is (total_q, Hq, D) and k, v are (total_k, Hkv, D): sequence b holds rows cu_seqlens_q[b]..cu_seqlens_q[b+1] of q
 and cu_seqlens_k[b]..cu_seqlens_k[b+1] of k and v. One program owns BLOCK_M query rows of one (sequence, head); it
 reads its sequence's bounds, returns at once past the sequence end (the grid covers max_seqlen_q), and runs the dense
-kernel's tile loop (`attention_fwd._attend_tiles`) on that sequence only, so no padding is computed. Causal is
+kernel's tile walk (`attention_fwd.attend_row_block`) on that sequence only, so no padding is computed. Causal is
 aligned bottom-right per sequence, as FlashAttention >= 2.1 and KV caches do: query i sees keys j <= i + Sk - Sq,
 and so is a sliding window (`common.seqlen.Band`): keys i + Sk - Sq - left <= j <= i + Sk - Sq + right. Rows that
 see no key (causal with Sq > Sk, a window past the keys, or Sk = 0) return O = 0 and LSE = -inf.
@@ -16,7 +16,7 @@ import triton.language as tl
 
 from xkernels.common.seqlen import Band, kv_bounds_shifted, sequence_bounds
 from xkernels.portable import tiles
-from xkernels.portable.attention_fwd import _attend_tiles, _band
+from xkernels.portable.attention_fwd import attend_row_block
 from xkernels.portable.configs import AttentionConfig
 from xkernels.portable.softmax import finish, start_rows
 from xkernels.portable.tiles import load_tile, store_tile
@@ -63,17 +63,9 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
         m_i, l_i = start_rows(sink, BLOCK_M, HAS_SINKS)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], ACC_DTYPE)  # fp16 for the acc16 recipes
         full_hi, hi = kv_bounds_shifted(start_m, offset, SKV, BLOCK_M, BLOCK_N, CAUSAL)
-        if BAND >= 0:  # a window: the dense kernel's band walk
-            acc, l_i, m_i = _band(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, start_m, offset, full_hi, hi,
-                                  offs_m + offset, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
-                                  DESCRIPTORS, INTERPRET, BAND, SOFTCAP)
-        else:
-            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, 0, full_hi, offs_m + offset,
-                                          qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, False, PV_DTYPE, DESCRIPTORS,
-                                          INTERPRET, True, SOFTCAP=SOFTCAP)
-            acc, l_i, m_i = _attend_tiles(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, full_hi, hi, offs_m + offset,
-                                          qk_scale, SKV, HEAD_DIM, BLOCK_N, CAUSAL, True, PV_DTYPE, DESCRIPTORS,
-                                          INTERPRET, True, SOFTCAP=SOFTCAP)
+        acc, l_i, m_i = attend_row_block(acc, l_i, m_i, q, k_src, v_src, k_st, v_st, start_m, offset, full_hi, hi,
+                                         offs_m + offset, qk_scale, SKV, HEAD_DIM, BLOCK_M, BLOCK_N, CAUSAL, PV_DTYPE,
+                                         DESCRIPTORS, INTERPRET, True, BAND, SOFTCAP)
         o, lse = finish(acc, l_i, m_i, True)  # rows that saw no key: O = 0, LSE = -inf
         o = o.to(O.dtype.element_ty)
         if DESCRIPTORS:
