@@ -251,3 +251,45 @@ def test_kvcache_unsynced_corruption_fuzz(device, b, sq, append, page, splits, c
     else:
         for new_cache, fix_cache, old in ((kc, kc_fix, caches[0]), (vc, vc_fix, caches[1])):
             assert torch.equal(new_cache[good], fix_cache[good]) and torch.equal(new_cache[bad], old[bad])
+
+
+@settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(causal=st.booleans(), left=st.sampled_from([-1, 0, 3, 17, 50]), right=st.sampled_from([-1, 0, 2, 30]),
+       cap=st.sampled_from([0.0, 1.5]), sinks=st.booleans(), group=st.integers(1, 2), data=st.data())
+def test_varlen_features_fuzz(device, causal, left, right, cap, sinks, group, data):
+    """Packed batches with every combination of window, soft cap and sinks: O, LSE and the gradients (the sinks'
+    too) against float64 per sequence, bottom-right."""
+    from tests.helpers import assert_passes
+    from xkernels.testing import compare, compare_grad, compare_lse, reference_attention_varlen
+    from xkernels.testing import reference_attention_varlen_grads as ref_grads
+    from xkernels.testing.inputs import uniform
+
+    n = data.draw(st.integers(1, 3))
+    lens_q = [data.draw(st.integers(0, 70)) for _ in range(n)]
+    lens_k = [data.draw(st.integers(0, 70)) for _ in range(n)]
+    window = (left, 0 if causal else right)
+    g = torch.Generator(device=device).manual_seed(sum(lens_q) * 7 + sum(lens_k))
+    q = (uniform((sum(lens_q), 2 * group, 64), torch.float16, device, g).float() * 4).half()
+    k, v = (uniform((sum(lens_k), 2, 64), torch.float16, device, g) for _ in range(2))
+    do = uniform(q.shape, torch.float16, device, g)
+    sink = (torch.rand(2 * group, generator=torch.Generator().manual_seed(3)) * 3).to(device) if sinks else None
+    cq, ck = (torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device=device)
+              for x in (lens_q, lens_k))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sink.clone().requires_grad_()] if sinks else [])
+    o, lse = xkernels.attention_varlen(*leaves[:3], cq, ck, max(lens_q), max(lens_k), is_causal=causal,
+                                       window_size=window, softcap=cap, sinks=leaves[3] if sinks else None,
+                                       return_lse=True)
+    ref = dict(is_causal=causal, window=window, softcap=cap, sinks=sink)
+    ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, **ref)
+    seen = ~torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), ~seen)
+    rec = ATTENTION_RECIPES["fp16"]
+    checks = {"o": compare_attention(o, ref_o, rec), "lse": compare_lse(lse[seen], ref_lse[seen])}
+    if q.shape[0] and k.shape[0]:
+        grads = torch.autograd.grad(o, leaves, do)
+        refs = ref_grads(q, k, v, do, cq, ck, **ref)
+        checks |= {name: compare_grad(gr, r, rec)
+                   for name, gr, r in zip(("dq", "dk", "dv"), grads[:3], refs[:3], strict=True)}
+        if sinks:
+            checks["dsinks"] = compare(grads[3], refs[3], rel_rms=1e-2)
+    assert_passes(checks)

@@ -176,3 +176,90 @@ def test_sinks_through_out_the_lse_less_op_compile_and_opcheck(device):
         return xkernels.attention(q, k, v, is_causal=True, enable_gqa=True, sinks=sinks).float().sum()
 
     assert_compiled_grads_match(loss, (q, k, v, sinks))
+
+
+def test_sink_gradient_through_the_lse_too(device):
+    """A loss on O and on the LSE: dSinks takes the LSE's term (each row's sink share times dLSE) as dQ, dK, dV do."""
+    q, k, v = attention_inputs(1, 4, 40, 40, 64, torch.float16, device, hkv=2, seed=21)
+    do = attention_inputs(1, 4, 40, 1, 64, torch.float16, device, seed=22)[0]
+    dlse = torch.rand(1, 4, 40, generator=torch.Generator().manual_seed(5)).to(device) - 0.5
+    sinks = _sinks(4, device, seed=4)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+    o, lse = xkernels.attention(*leaves[:3], is_causal=True, enable_gqa=True, return_lse=True, sinks=leaves[3])
+    grads = torch.autograd.grad((o.float() * do.float()).sum() + (lse * dlse).sum(), leaves)
+    refs = reference_attention_grads(q, k, v, do, is_causal=True, grad_lse=dlse, sinks=sinks)
+    checks = {n: compare_grad(g, r, FP16) for n, g, r in zip(("dq", "dk", "dv"), grads[:3], refs[:3], strict=True)}
+    without_lse_term = reference_attention_grads(q, k, v, do, is_causal=True, sinks=sinks)[3]
+    assert not _sink_check(grads[3], without_lse_term).passed, "the LSE's term must show in dSinks"
+    assert_passes(checks | {"dsinks": _sink_check(grads[3], refs[3])})
+
+
+@pytest.mark.parametrize("dtype,strided", [(torch.bfloat16, False), (torch.float16, True)])
+def test_sinks_in_other_dtypes_and_layouts(device, dtype, strided):
+    """bf16 / fp16 sinks (read as fp32 in the kernels), a strided view: O against float64, dSinks in their dtype."""
+    q, k, v = attention_inputs(1, 4, 33, 33, 64, torch.float16, device, hkv=2, seed=23)
+    do = attention_inputs(1, 4, 33, 1, 64, torch.float16, device, seed=24)[0]
+    base = _sinks(8 if strided else 4, device, seed=6).to(dtype)
+    sinks = base[::2] if strided else base
+    leaf = sinks.detach().clone().requires_grad_() if not strided else sinks.detach().requires_grad_()
+    o = xkernels.attention(q, k, v, is_causal=True, enable_gqa=True, sinks=leaf)
+    (dsinks,) = torch.autograd.grad(o, [leaf], do)
+    assert dsinks.dtype == dtype
+    assert compare_attention(o, reference_attention(q, k, v, is_causal=True, sinks=sinks), FP16).passed
+    want = reference_attention_grads(q, k, v, do, is_causal=True, sinks=sinks)[3]
+    assert compare(dsinks, want, rel_rms=2e-2).passed
+
+
+def test_a_minus_infinite_sink_is_no_sink(device):
+    """A sink of -inf takes no share: rows that see no key keep O = 0 and LSE -inf, and dSinks stays finite."""
+    q, k, v = attention_inputs(1, 4, 90, 40, 64, torch.float16, device, hkv=2, seed=25)
+    sinks = torch.tensor([float("-inf"), 0.0, 1.0, 2.0], device=device)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, sinks)]
+    o, lse = xkernels.attention(*leaves[:3], enable_gqa=True, window_size=(3, 2), sinks=leaves[3], return_lse=True)
+    assert torch.isinf(lse[0, 0]).any() and torch.isfinite(lse[0, 1:]).all()
+    grads = torch.autograd.grad(o, leaves, torch.ones_like(o))
+    assert torch.isfinite(grads[3]).all() and grads[3][0] == 0
+
+
+def test_kvcache_sinks_of_other_dtypes_reuse_the_plan(device):
+    """fp32 then bf16 sinks on the same cache call (one plan): both match float64."""
+    g = torch.Generator(device=device).manual_seed(17)
+    kc, vc = (uniform((2, 48, 2, 64), torch.float16, device, g) for _ in range(2))
+    q = uniform((2, 1, 4, 64), torch.float16, device, g)
+    lengths = torch.tensor([30, 48], dtype=torch.int32, device=device)
+    for dtype in (torch.float32, torch.bfloat16):
+        sinks = _sinks(4, device, seed=7).to(dtype)
+        out = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, sinks=sinks)
+        for i in range(2):
+            n = int(lengths[i])
+            ref = reference_attention(q[i:i + 1].transpose(1, 2), kc[i:i + 1, :n].transpose(1, 2),
+                                      vc[i:i + 1, :n].transpose(1, 2), sinks=sinks)
+            assert compare_attention(out[i:i + 1].transpose(1, 2), ref, FP16).passed, (dtype, i)
+
+
+def test_fused_merge_counts_the_sink_once(device, monkeypatch):
+    """The split-KV kernel's opt-in fused merge (the last split merges the partials) with sinks."""
+    import dataclasses
+
+    from xkernels import decode, kvcache, plans
+    from xkernels.portable import configs as portable_configs
+
+    real = portable_configs.decode_config
+    monkeypatch.setattr(portable_configs, "decode_config",
+                        lambda *a, **kw: dataclasses.replace(real(*a, **kw), fused_combine=True))
+    for cache in (plans._PLANS, decode._PLANS, kvcache._RESOLVED):
+        cache.clear()
+    g = torch.Generator(device=device).manual_seed(19)
+    kc, vc = (uniform((2, 64, 2, 64), torch.float16, device, g) for _ in range(2))
+    q = uniform((2, 1, 4, 64), torch.float16, device, g)
+    lengths = torch.tensor([50, 64], dtype=torch.int32, device=device)
+    sinks = _sinks(4, device, seed=8)
+    out = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, sinks=sinks, num_splits=2)
+    assert "-fc" in xkernels.last_backend() and "splits=2" in xkernels.last_backend(), xkernels.last_backend()
+    for i in range(2):
+        n = int(lengths[i])
+        ref = reference_attention(q[i:i + 1].transpose(1, 2), kc[i:i + 1, :n].transpose(1, 2),
+                                  vc[i:i + 1, :n].transpose(1, 2), sinks=sinks)
+        assert compare_attention(out[i:i + 1].transpose(1, 2), ref, FP16).passed, i
+    for cache in (plans._PLANS, decode._PLANS, kvcache._RESOLVED):
+        cache.clear()

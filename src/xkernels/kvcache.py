@@ -116,7 +116,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
                                cfg=choice.config, write_lse=return_lse, splits=num_splits,
                                key_starts=cache_leftpad is not None, window=window, softcap=softcap,
                                sinks=sinks is not None)
+    # the sinks as fp32 (the plan's key has no dtype for them: its compiled kernel reads fp32 logits)
     plan.run(q, keys, values, out, lse if return_lse else None, cache_seqlens, block_table, scale, cache_leftpad,
-             new=new, sinks=None if sinks is None else sinks.contiguous())
+             new=new, sinks=None if sinks is None else sinks.to(torch.float32).contiguous())
     plans._record(plan.name + (" paged" if block_table is not None else ""))
     return out, lse

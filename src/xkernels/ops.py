@@ -201,8 +201,9 @@ def _fake_lse(q):
 @torch.library.register_fake("xkernels::attention")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
       sinks=None):
+    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
     resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                      is_causal=is_causal, window=window,
                       softcap=_softcap(softcap), sinks=sinks)
     return q.new_empty(q.shape)
 
@@ -210,8 +211,9 @@ def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
 @torch.library.register_fake("xkernels::attention_lse")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
       sinks=None):
+    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
     resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                      is_causal=is_causal, window=window,
                       softcap=_softcap(softcap), sinks=sinks)
     return q.new_empty(q.shape), _fake_lse(q)
 
@@ -219,8 +221,9 @@ def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
 @torch.library.register_fake("xkernels::attention_out")
 def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1, window_right=-1,
       softcap=0.0, sinks=None):
+    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
     resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                      is_causal=is_causal, window=window,
                       softcap=_softcap(softcap), sinks=sinks)
     check_out_storage(out, {"q": q, "k": k, "v": v})
     return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
@@ -229,18 +232,20 @@ def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse
 @torch.library.register_fake("xkernels::attention_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
       window_right=-1, softcap=0.0):
+    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
     resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa, precision=precision,
                                backend=backend, is_causal=is_causal,
-                               window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap))
+                               window=window, softcap=_softcap(softcap))
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 
 @torch.library.register_fake("xkernels::attention_varlen")
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
       sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+    window = _window(is_causal, window_left, window_right, max_seqlen_q + max_seqlen_k)
     resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              precision=precision, backend=backend, is_causal=is_causal,
-                             window=_window(is_causal, window_left, window_right), softcap=_softcap(softcap),
+                             window=window, softcap=_softcap(softcap),
                              sinks=sinks)
     lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
     return torch.empty_like(q, memory_format=torch.contiguous_format), q.new_empty(lse_shape, dtype=torch.float32)
@@ -249,9 +254,10 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
 @torch.library.register_fake("xkernels::attention_varlen_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
       precision, backend, window_left=-1, window_right=-1, softcap=0.0):
+    window = _window(is_causal, window_left, window_right, max_seqlen_q + max_seqlen_k)
     resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                       max_seqlen_q, max_seqlen_k, precision=precision, backend=backend,
-                                      is_causal=is_causal, window=_window(is_causal, window_left, window_right),
+                                      is_causal=is_causal, window=window,
                                       softcap=_softcap(softcap))
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
@@ -293,7 +299,8 @@ def _sink_grad(sinks, out, lse, grad_out, grad_lse, *, packed: bool):
         sink, rows = sinks.float()[None, :, None], (0, 2)
     if grad_lse is not None:
         delta = delta - grad_lse
-    return -(torch.exp(sink - lse) * delta).sum(rows).to(sinks.dtype)
+    share = torch.where(lse == float("-inf"), 0.0, torch.exp(sink - lse))  # a -inf sink on a row without keys
+    return -(share * delta).sum(rows).to(sinks.dtype)
 
 
 def _split_sinks(ctx, flags: list) -> list:

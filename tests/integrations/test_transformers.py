@@ -256,3 +256,19 @@ def test_attention_sinks_model_matches_eager(device):
     for name, g in got.items():
         assert g is not None and torch.isfinite(g).all(), name
         assert _rel(g, want_grads[name]) < 5e-2, (name, _rel(g, want_grads[name]))
+
+
+def test_sinks_alone_requiring_grad_take_the_differentiable_path(device):
+    """A decoding-sized left-padded call whose q, k, v need no gradient but whose sinks do (frozen projections,
+    trained sinks): served by varlen (differentiable), not by the inference-only KV-cache kernel."""
+    from xkernels.integrations.transformers import xkernels_attention_forward
+
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(2, h, 4, 64, generator=g).to(torch.bfloat16).to(device) for h in (2, 1, 1))
+    mask = torch.ones(2, 1, 4, 4, dtype=torch.bool, device=device).tril()
+    mask[1, :, :, :2] = False  # sequence 1 left-padded by two keys
+    mask[1, :, :2, :] = False
+    sinks = torch.nn.Parameter(torch.tensor([1.0, 2.0], device=device))
+    out, _ = xkernels_attention_forward(torch.nn.Module(), q, k, v, mask, scaling=0.125, s_aux=sinks)
+    out.float().sum().backward()
+    assert sinks.grad is not None and torch.isfinite(sinks.grad).all()

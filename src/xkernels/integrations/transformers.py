@@ -104,7 +104,8 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                          "sliding window); this one differs (right padding, another pattern): use "
                          "attn_implementation='sdpa'")
     q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
-    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad)
+    training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
+                                            or (sinks is not None and sinks.requires_grad))
     window_size = (-1, -1) if window is None else (window - 1, 0)  # transformers' window counts the query's key
     if window is not None and is_causal and sq == skv and not bool(start.any()):
         # no padding (transformers builds a mask for every windowed call): the dense kernels' window, no packing
