@@ -36,3 +36,25 @@ def test_windows_default_to_the_portable_kernels():
     q, k, v = attention_inputs(1, 4, 512, 512, 128, torch.bfloat16, "cuda", seed=1)
     xkernels.attention(q, k, v, is_causal=True, window_size=(127, 0))
     assert xkernels.last_backend().startswith("portable.attention"), xkernels.last_backend()
+
+
+@pytest.mark.parametrize("precision,scale", [("fp16", None), ("bf16io", None), ("bf16", -0.05), ("fp16-acc16", None)])
+def test_hopper_band_in_every_recipe(precision, scale):
+    """The band through the other producers and consumers: fp16, bf16io's converting producer, the fp16
+    accumulator, and a negative scale (the consumers scale before masking)."""
+    recipe = ATTENTION_RECIPES[precision]
+    q, k, v = attention_inputs(1, 4, 900, 900, 128, recipe.io_dtype, "cuda", hkv=2, seed=3)
+    out = poisoned_like(q)
+    xkernels.attention(q, k, v, is_causal=True, enable_gqa=True, window_size=(200, 0), out=out, scale=scale,
+                       precision=precision, backend="hopper")
+    assert xkernels.last_backend().startswith("hopper.attention"), xkernels.last_backend()
+    ref = reference_attention(q, k, v, is_causal=True, window=(200, 0), scale=scale)
+    c = compare_attention(out, ref, recipe)
+    assert c.passed, c.reason
+
+
+def test_a_forced_hopper_windowed_training_step_runs_the_portable_backward():
+    q, k, v = (t.requires_grad_() for t in attention_inputs(1, 4, 512, 512, 128, torch.bfloat16, "cuda", seed=4))
+    xkernels.attention(q, k, v, is_causal=True, window_size=(63, 0), backend="hopper").float().sum().backward()
+    assert xkernels.last_backend().startswith("portable.attention_backward"), xkernels.last_backend()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
