@@ -21,7 +21,8 @@ import triton.language as tl
 
 @dataclass(frozen=True)
 class Band:
-    """The keys each query row sees, as the portable attention kernels take it (module docstring)."""
+    """The keys each query row sees, as the attention kernels take it (module docstring): the portable ones and the
+    dense Gluon forward."""
 
     causal: bool
     shift: int = 0
