@@ -109,12 +109,13 @@ def test_varlen_sinks_match_float64(device, causal, window):
 
 @pytest.mark.parametrize("splits", [1, 2])
 def test_kvcache_sinks_count_once_across_splits(device, splits):
-    """A decode step over a paged cache, unsplit and in two key splits (split 0 alone carries the sink)."""
+    """A decode step over a paged cache, unsplit and in two key splits (split 0 alone carries the sink). The
+    sequences span more than two key tiles of every target's config (128 keys on a GPU), so two splits are two."""
     g = torch.Generator(device=device).manual_seed(13)
     b, hq, hkv, d, page = 2, 4, 2, 64, 16
-    kc, vc = (uniform((8, page, hkv, d), torch.float16, device, g) for _ in range(2))
-    table = torch.tensor([[3, 1, 6, 0], [2, 7, 5, 4]], dtype=torch.int32, device=device)
-    lengths = torch.tensor([37, 50], dtype=torch.int32, device=device)
+    kc, vc = (uniform((2 * 20, page, hkv, d), torch.float16, device, g) for _ in range(2))
+    table = torch.randperm(2 * 20, generator=torch.Generator().manual_seed(2)).view(b, 20).to(torch.int32).to(device)
+    lengths = torch.tensor([263, 317], dtype=torch.int32, device=device)
     q = uniform((b, 1, hq, d), torch.float16, device, g)
     sinks = _sinks(hq, device, seed=3)
     out, lse = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table, sinks=sinks,
@@ -250,9 +251,9 @@ def test_fused_merge_counts_the_sink_once(device, monkeypatch):
     for cache in (plans._PLANS, decode._PLANS, kvcache._RESOLVED):
         cache.clear()
     g = torch.Generator(device=device).manual_seed(19)
-    kc, vc = (uniform((2, 64, 2, 64), torch.float16, device, g) for _ in range(2))
+    kc, vc = (uniform((2, 320, 2, 64), torch.float16, device, g) for _ in range(2))  # > 2 key tiles of 128
     q = uniform((2, 1, 4, 64), torch.float16, device, g)
-    lengths = torch.tensor([50, 64], dtype=torch.int32, device=device)
+    lengths = torch.tensor([270, 320], dtype=torch.int32, device=device)
     sinks = _sinks(4, device, seed=8)
     out = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, sinks=sinks, num_splits=2)
     assert "-fc" in xkernels.last_backend() and "splits=2" in xkernels.last_backend(), xkernels.last_backend()

@@ -10,6 +10,7 @@ import torch
 import xkernels
 from tests.helpers import assert_compiled_grads_match, assert_passes, poison_attention_outputs, poisoned_like
 from xkernels import ops
+from xkernels.common.runtime import hopper_available
 from xkernels.common.seqlen import Band
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
@@ -181,14 +182,19 @@ def test_bad_windows_raise_naming_the_argument(device, window, error):
 
 
 def test_forcing_hopper_with_a_window_raises_where_it_has_no_band(device):
-    """Only the dense forward has a Hopper band (opt-in); the varlen kernels and the backward raise."""
+    """Only the dense forward has a Hopper band; the varlen kernels raise, and so does the dense call where no Gluon
+    kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=1)
     cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="backend: 'hopper'.*window_size"):
         xkernels.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 64, 64,
                                   is_causal=True, window_size=(8, 0), backend="hopper")
-    with pytest.raises(ValueError, match="backend: 'hopper'"):  # no band on this machine's kernels either
+    if hopper_available(torch.device(device)):  # the dense Gluon forward's band serves it
         xkernels.attention(q, k, v, is_causal=True, window_size=(8, 0), backend="hopper")
+        assert xkernels.last_backend().startswith("hopper."), xkernels.last_backend()
+    else:
+        with pytest.raises(ValueError, match="backend: 'hopper'"):  # no Gluon kernels on this machine at all
+            xkernels.attention(q, k, v, is_causal=True, window_size=(8, 0), backend="hopper")
 
 
 def test_band_constexprs():

@@ -324,8 +324,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
-            # bf16 also with a causal sliding window (opt-in: compiled, never run; at D64 its three consumer
-            # warpgroups of 128 registers keep the band's bounds on 56 bytes of stack)
+            # bf16 also with a causal sliding window (at D64 its three consumer warpgroups of 128 registers keep the
+            # band's bounds on 56 bytes of stack, outside the key loop)
             for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (recipe.name == "bf16"):
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 16 bytes in
                 # bf16io-acc16's causal D256 variant

@@ -1,6 +1,6 @@
-"""The Hopper dense forward's sliding-window band (opt-in: `backend="hopper"` with a window) against float64: every
-head dim, causal and not, left and right sides, Sq != Skv with row blocks whose window holds no key (O = 0, LSE
--inf), on a NaN-poisoned `out`; and the default choice, which stays on the portable kernels."""
+"""The Hopper dense forward's sliding-window band (the default for a window on sm_90) against float64: every head
+dim, causal and not, left and right sides, Sq != Skv with row blocks whose window holds no key (O = 0, LSE -inf), on
+a NaN-poisoned `out`; the default choice, and the portable band where it is forced or a soft cap comes with it."""
 
 import pytest
 import torch
@@ -32,10 +32,17 @@ def test_hopper_band_matches_float64(d, sq, skv, causal, window):
     assert c_lse.passed, c_lse.reason
 
 
-def test_windows_default_to_the_portable_kernels():
+def test_windows_default_to_the_hopper_band():
     q, k, v = attention_inputs(1, 4, 512, 512, 128, torch.bfloat16, "cuda", seed=1)
-    xkernels.attention(q, k, v, is_causal=True, window_size=(127, 0))
-    assert xkernels.last_backend().startswith("portable.attention"), xkernels.last_backend()
+    ref = reference_attention(q, k, v, is_causal=True, window=(127, 0))
+    recipe = ATTENTION_RECIPES["bf16"]
+    for kw, layer in ((dict(), "hopper.attention"), (dict(backend="portable"), "portable.attention"),
+                      (dict(softcap=30.0), "portable.attention")):
+        out = xkernels.attention(q, k, v, is_causal=True, window_size=(127, 0), **kw)
+        assert xkernels.last_backend().startswith(layer), (kw, xkernels.last_backend())
+        if "softcap" not in kw:
+            c = compare_attention(out, ref, recipe)
+            assert c.passed, (kw, c.reason)
 
 
 @pytest.mark.parametrize("precision,scale", [("fp16", None), ("bf16io", None), ("bf16", -0.05), ("fp16-acc16", None)])

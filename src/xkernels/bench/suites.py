@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing.cases import (
     AttentionCase,
@@ -120,19 +122,22 @@ def decode_suite(quick: bool) -> list[Case]:
 
 def window_suite(quick: bool) -> list[Case]:
     """Causal sliding windows (bf16): Mistral-7B's (H32/8 D128, 4K keys) on 16K tokens, forward and a training step,
-    with the same call unwindowed beside it (what the band saves) and, on Hopper, the Gluon forward's opt-in band; in
-    the full suite Gemma-2's D256 layer (H16/8, 4K window, 8K tokens) and a 1K window on 4K tokens. The SDPA peers
-    take the window as a boolean mask (no SDPA backend has a window; flash_attn's window_size where it is
-    installed)."""
+    with the same call unwindowed beside it (what the band saves) and, on Hopper, the portable kernels' band on the
+    same call (what the Gluon band wins); in the full suite Gemma-2's D256 layer (H16/8, 4K window, 8K tokens), a
+    D64 4K window on 16K tokens and a 1K window on 4K tokens. The SDPA peers take the window as a boolean mask (no
+    SDPA backend has a window; flash_attn's window_size where it is installed)."""
     mistral = dict(b=1, hq=32, hkv=8, sq=16384, skv=16384, d=128, causal=True, recipe="bf16")
-    cases: list[Case] = [AttentionCase(**mistral, window=(4095, 0)), AttentionCase(**mistral),
-                         AttentionGradCase(**mistral, window=(4095, 0), step="fwd+bwd")]
-    if hopper_here():  # the Gluon forward's opt-in band on the same call
-        cases.insert(1, AttentionCase(**mistral, window=(4095, 0), backend="hopper"))
+    windowed = [AttentionCase(**mistral, window=(4095, 0))]
     if not quick:
-        cases += [AttentionCase(1, 16, 8, 8192, 8192, 256, True, "bf16", window=(4095, 0)),
-                  AttentionCase(4, 32, 8, 4096, 4096, 128, True, "bf16", window=(1023, 0)),
-                  AttentionGradCase(**mistral, step="fwd+bwd")]
+        windowed += [AttentionCase(1, 16, 8, 8192, 8192, 256, True, "bf16", window=(4095, 0)),
+                     AttentionCase(1, 32, 8, 16384, 16384, 64, True, "bf16", window=(4095, 0)),
+                     AttentionCase(4, 32, 8, 4096, 4096, 128, True, "bf16", window=(1023, 0))]
+    cases: list[Case] = []
+    for case in windowed:  # on Hopper each windowed forward beside the portable band's on the same call
+        cases += [case] + [dataclasses.replace(case, backend="portable")] * hopper_here()
+    cases += [AttentionCase(**mistral), AttentionGradCase(**mistral, window=(4095, 0), step="fwd+bwd")]
+    if not quick:
+        cases += [AttentionGradCase(**mistral, step="fwd+bwd")]
     return cases
 
 

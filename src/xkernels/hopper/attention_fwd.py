@@ -350,7 +350,7 @@ def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bo
                 band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options): the runtime arguments are `plans.attention_args`, as for the portable
     kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared memory). `band`: a
-    sliding window (opt-in: the plans select it only where "hopper" is forced)."""
+    sliding window (the plans' choice for a window without a soft cap or sinks on sm_90)."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
     return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
