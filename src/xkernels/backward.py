@@ -113,13 +113,13 @@ class BackwardPlan:
                               dict(num_warps=pre_cfg.num_warps))
         pre_ints = (*out.stride()[:3], *grad_out.stride()[:3], 0, hq, sq)
         dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, kv_cfg),
-                               kv_cfg.constexprs(d, causal=self.is_causal), {},
+                               kv_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
                                {0: flat(q, kv_cfg.block_m), 1: flat(k, kv_cfg.block_n), 2: flat(v, kv_cfg.block_n),
                                 3: flat(grad_out, kv_cfg.block_m), 4: flat(q, kv_cfg.block_m)})
         # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
         dkdv_ints = (*dk.stride()[:3], *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv)
         dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq),
-                              dq_cfg.constexprs(d, causal=self.is_causal), {},
+                              dq_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
                               {0: flat(q, 64), 1: flat(k, dq_cfg.block_n), 2: flat(v, dq_cfg.block_n),
                                3: flat(grad_out, 64)})
         dq_ints = (*dq.stride()[:3], 0, hq, hq // hkv, sq, skv)
@@ -153,14 +153,15 @@ class BackwardPlan:
 def _general(grad_out, q, k, v, out, lse, grad_lse, dq, dk, dv, *, is_causal: bool, scale: float, choice,
              band: Band, softcap: float = 0.0) -> None:
     """Any layout: copies where a kernel cannot read a tensor as it is, then the chosen kernels (`_hopper`, or the
-    portable backward, which applies a sliding window `band` and a soft cap), launched through `launch.run`."""
+    portable backward; both apply a sliding window `band`, the portable one a soft cap too), launched through
+    `launch.run`."""
     grad_lse = None if grad_lse is None else grad_lse.contiguous()
     q, k, v, out, grad_out, lse = (unit_last_stride(q), unit_last_stride(k), unit_last_stride(v),
                                    unit_last_stride(out), unit_last_stride(grad_out), lse.contiguous())
     if choice.layer == "hopper":
         _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
-                cfg=choice.config)
-        plans._record(f"hopper.attention_backward[{choice.config}]")
+                cfg=choice.config, band=band)
+        plans._record(f"hopper.attention_backward[{choice.config}{band}]")
         return
     portable_bwd.launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, is_causal=is_causal, scale=scale,
                         cfg=choice.config, band=band, softcap=softcap)
@@ -237,7 +238,7 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
                 dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, *ints[1:])
         launch.run(hopper_bwd.attention_dkdv_kernel,
                    hopper_bwd.grid(packed.batch, hkv, packed.max_seqlen_k, cfg.dkdv), args,
-                   cfg.dkdv.constexprs(d, causal=is_causal, varlen=True), {})
+                   cfg.dkdv.constexprs(d, causal=is_causal, varlen=True, band=band), {})
 
     def dq_kernel() -> None:
         dq_descs = [hopper_bwd.packed_descriptor(t, rows) for t, rows in ((qp, 64), (kp, cfg.dq.block_n),
@@ -245,7 +246,7 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
         args = (*dq_descs, lse, delta, dq, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dq.stride(1), dq.stride(0),
                 total_q, *ints)
         launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(packed.batch, hq, packed.max_seqlen_q),
-                   args, cfg.dq.constexprs(d, causal=is_causal, varlen=True), {})
+                   args, cfg.dq.constexprs(d, causal=is_causal, varlen=True, band=band), {})
 
     _dkdv_then_dq(q.device, dkdv, dq_kernel, concurrent=cfg.concurrent_dq and q.is_cuda)
 
@@ -276,10 +277,10 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,
-            cfg: select.HopperBackward) -> None:
+            cfg: select.HopperBackward, band: Band | None = None) -> None:
     """The Hopper dK/dV kernel, with the portable preprocess kernel and the Gluon or the portable dQ kernel, or with
-    dQ fused into it (`cfg.dkdv.fused_dq`: reduced into an fp32 buffer, then scaled into dq). With
-    `cfg.concurrent_dq` the Gluon dQ kernel runs beside dK/dV (`_dkdv_then_dq`)."""
+    dQ fused into it (`cfg.dkdv.fused_dq`: reduced into an fp32 buffer, then scaled into dq; no window). With
+    `cfg.concurrent_dq` the Gluon dQ kernel runs beside dK/dV (`_dkdv_then_dq`). `band`: a sliding window."""
     from xkernels.common import launch
     from xkernels.hopper import attention_bwd as hopper_bwd
 
@@ -288,6 +289,8 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
     portable_cfg, dq_cfg, concurrent_dq, cfg = cfg.portable, cfg.dq, cfg.concurrent_dq, cfg.dkdv
     # fused dQ: an fp32 buffer the preprocess pass zeroes, the dK/dV kernel reduces into, and finish_dq scales
     dq_accum = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device) if cfg.fused_dq else None
+    if dq_accum is not None and band is not None and band.windowed:
+        raise ValueError("the fused-dQ Hopper backward has no sliding window")
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
                                     num_warps=portable_cfg.num_warps, dq_accum=dq_accum)
     qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
@@ -297,21 +300,23 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
 
     def dkdv() -> None:
         launch.run(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
-                   cfg.constexprs(d, causal=is_causal), {})
+                   cfg.constexprs(d, causal=is_causal, band=band), {})
 
     if dq_cfg is not None and dq_accum is None:
         _dkdv_then_dq(q.device, dkdv, lambda: _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal,
-                                                        scale=scale, dq_cfg=dq_cfg),
+                                                        scale=scale, dq_cfg=dq_cfg, band=band),
                       concurrent=concurrent_dq and q.is_cuda)
         return
     dkdv()
     if dq_accum is not None:
         portable_bwd.finish_dq(dq_accum, dq, scale=scale, block_m=portable_cfg.q_m, num_warps=portable_cfg.num_warps)
         return
-    portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg)
+    portable_bwd.launch_dq(q, k, v, grad_out, lse, delta, dq, is_causal=is_causal, scale=scale, cfg=portable_cfg,
+                           band=band)
 
 
-def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float, dq_cfg) -> None:
+def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float, dq_cfg,
+              band: Band | None = None) -> None:
     """The Gluon dQ kernel (`hopper/attention_dq.py`) on the current stream."""
     from xkernels.common import launch
     from xkernels.hopper import attention_dq as hopper_dq
@@ -321,4 +326,4 @@ def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float,
     args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, lse, lse, *dq.stride()[:3], 0, hq,
             hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq), args,
-               dq_cfg.constexprs(d, causal=is_causal), {})
+               dq_cfg.constexprs(d, causal=is_causal, band=band), {})

@@ -416,16 +416,18 @@ def hopper_configs() -> Iterator[KernelConfig]:
             variants.append((bc, types, True))  # the packed batches' variant
             for fused, cfg_types, *packed in variants:
                 varlen = bool(packed)
-                for causal in (False, True):
+                # the unfused variants also with a causal sliding window (the band's query bounds and lower mask)
+                for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (not fused.fused_dq):
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
                     # D128 causal. The fused-dQ variant (not selected) spills; so does the packed causal variant at
-                    # D128 (56-64 bytes, mostly around the loops; one value per query block inside).
-                    mode = " causal" * causal + " varlen" * varlen
+                    # D128 (56-64 bytes, mostly around the loops; one value per query block inside), and the D128
+                    # band (24 bytes: four values stored before the query loop, reloaded after it)
+                    mode = " causal" * causal + " varlen" * varlen + str(band or "")
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,
-                                       fused.constexprs(d, causal=causal, varlen=varlen), 4,
+                                       fused.constexprs(d, causal=causal, varlen=varlen, band=band), 4,
                                        gluon=True, spill_free=not fused.fused_dq
-                                       and not (varlen and d == 128 and causal)
+                                       and not (d == 128 and causal and (varlen or band))
                                        and (TRITON_TESTED or not (d == 128 and causal)))
 
     from xkernels.hopper import attention_dq as dq
@@ -438,10 +440,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                         ("do_desc", 64))}
             types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DQ": f"*{dt}", "qk_scale": "fp32", "scale": "fp32",
                              "CU_Q": "*i32", "CU_K": "*i32"}
-            for causal, varlen in product((False, True), (False, True)):
-                yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{' causal' * causal}{' varlen' * varlen} {qc}",
-                                   dq.attention_dq_kernel, types, qc.constexprs(d, causal=causal, varlen=varlen), 4,
-                                   gluon=True)
+            for causal, varlen, band in (*product((False, True), (False, True), (None,)), (True, False, WINDOW),
+                                         (True, True, WINDOW)):
+                mode = f"{' causal' * causal}{' varlen' * varlen}{band or ''}"
+                yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{mode} {qc}", dq.attention_dq_kernel, types,
+                                   qc.constexprs(d, causal=causal, varlen=varlen, band=band), 4, gluon=True)
 
     split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)  # the split-K epilogue (any split count compiles alike)
     every_walk = ("row", "grouped", "zorder")

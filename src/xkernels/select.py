@@ -213,8 +213,8 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     the Hopper dK/dV and dQ kernels (every head dim: D256 splits dK's and dV's columns across the warpgroups), else
     the portable kernels. `backend` "portable" forces those; "hopper" where the Hopper backward has no kernel (other
     GPUs, an untested triton) runs the portable one (`last_backend()` names it), and config overrides
-    ("hopper:stages=3") apply to the forward only; a sliding window or a soft cap runs the portable kernels (also
-    where "hopper" is forced). Returns (recipe, Choice)."""
+    ("hopper:stages=3") apply to the forward only; a soft cap runs the portable kernels (also where "hopper" is
+    forced), a sliding window the Hopper kernels' band. Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
     return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window,
@@ -223,13 +223,14 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
 
 def _backward_choice(q, backend: str, *, hopper_by_default: bool, is_causal: bool = False,
                      window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> Choice:
-    """The backward kernels: the Hopper dK/dV and dQ kernels on sm_90 with a tested triton where "hopper" is forced,
-    or with `hopper_by_default` where no layer is, but for sliding windows; else the portable ones."""
+    """The backward kernels: the Hopper dK/dV and dQ kernels (windows included: their band) on sm_90 with a tested
+    triton where "hopper" is forced, or with `hopper_by_default` where no layer is, but for soft caps; else the
+    portable ones."""
     check_device(q.device, "q")
     override = parse_backend(backend)
-    # windows, caps and sinks: the portable kernels even where "hopper" is forced (a forced layer without a kernel
-    # falls back here, as documented; the forward of a forced windowed call ran the Gluon band)
-    portable_only = Band.of(is_causal, window).windowed or bool(softcap)
+    # soft caps: the portable kernels even where "hopper" is forced (a forced layer without a kernel falls back
+    # here, as documented). Sinks need nothing of the kernels (the LSE holds them; dSinks is the op's own pass).
+    portable_only = bool(softcap)
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])

@@ -9,6 +9,7 @@ import torch
 
 from tests.helpers import NEEDS_HOPPER, poison_gradient_buffers
 from xkernels import backward, plans
+from xkernels.common.seqlen import Band
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
 
@@ -60,7 +61,8 @@ def _general_grads(q, k, v, o, lse, do, grad_lse, causal):
     _, choice = backward.select.resolve_attention_backward(do, q, k, v, o, lse, grad_lse, enable_gqa=True,
                                                            precision="auto", backend="auto")
     grads = tuple(backward.grad_like(t) for t in (q, k, v))
-    GENERAL(do, q, k, v, o, lse, grad_lse, *grads, is_causal=causal, scale=q.shape[-1] ** -0.5, choice=choice)
+    GENERAL(do, q, k, v, o, lse, grad_lse, *grads, is_causal=causal, scale=q.shape[-1] ** -0.5, choice=choice,
+            band=Band(causal))
     return grads
 
 

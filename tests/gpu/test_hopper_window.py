@@ -1,14 +1,25 @@
 """The Hopper dense forward's sliding-window band (the default for a window on sm_90) against float64: every head
 dim, causal and not, left and right sides, Sq != Skv with row blocks whose window holds no key (O = 0, LSE -inf), on
-a NaN-poisoned `out`; the default choice, and the portable band where it is forced or a soft cap comes with it."""
+a NaN-poisoned `out`; the default choice, and the portable band where it is forced or a soft cap comes with it; the
+Gluon backward's band (dense and packed) against float64 on NaN-poisoned gradient buffers, bitwise repeatable."""
 
 import pytest
 import torch
 
 import xkernels
-from tests.helpers import NEEDS_HOPPER, poisoned_like
+from tests.helpers import NEEDS_HOPPER, assert_passes, poison_gradient_buffers, poisoned_like
 from xkernels.recipes import ATTENTION_RECIPES
-from xkernels.testing import attention_inputs, compare_attention, compare_lse, reference_attention, reference_lse
+from xkernels.testing import (
+    attention_inputs,
+    compare_attention,
+    compare_grad,
+    compare_lse,
+    reference_attention,
+    reference_attention_grads,
+    reference_attention_varlen_grads,
+    reference_lse,
+)
+from xkernels.testing.inputs import uniform
 
 pytestmark = NEEDS_HOPPER
 
@@ -60,8 +71,61 @@ def test_hopper_band_in_every_recipe(precision, scale):
     assert c.passed, c.reason
 
 
-def test_a_forced_hopper_windowed_training_step_runs_the_portable_backward():
+def _grad_out(shape, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return (torch.rand(shape, generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("sq,skv,causal,window", [(1000, 1000, True, (255, 0)), (700, 1300, False, (100, 60)),
+                                                  (1500, 300, True, (31, 0)), (512, 512, False, (-1, 130)),
+                                                  (600, 900, False, (77, -1))])
+def test_hopper_band_backward_matches_float64(monkeypatch, d, sq, skv, causal, window):
+    """The Gluon dK/dV and dQ kernels' band: key blocks that no query sees (dK = dV = 0), query rows that see no key
+    (dQ = 0), both sides, a lower side alone, Sq != Skv, GQA; NaN-poisoned gradient buffers."""
+    poison_gradient_buffers(monkeypatch)
+    q, k, v = attention_inputs(1, 4, sq, skv, d, torch.bfloat16, "cuda", hkv=2, seed=sq + d + 1)
+    do = _grad_out(q.shape, seed=d)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, window_size=window)
+    grads = torch.autograd.grad(o, leaves, do)
+    name = xkernels.last_backend()
+    assert name.startswith("hopper.attention_backward") and "window=" in name, name
+    refs = reference_attention_grads(q, k, v, do, is_causal=causal, window=window)
+    checks = {n: compare_grad(g, r, ATTENTION_RECIPES["bf16"]) for n, g, r in zip(("dq", "dk", "dv"), grads, refs,
+                                                                                   strict=True)}
+    assert_passes(checks)
+    again = torch.autograd.grad(xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, window_size=window),
+                                leaves, do)
+    assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True)), "bitwise repeatable"
+
+
+@pytest.mark.parametrize("causal,window", [(True, (127, 0)), (False, (100, 60)), (False, (-1, 33))])
+def test_hopper_band_varlen_backward_matches_float64(monkeypatch, causal, window):
+    """The packed (VARLEN) variants' band, bottom-right per sequence, an empty sequence and a short one among them."""
+    poison_gradient_buffers(monkeypatch)
+    lens_q, lens_k = [300, 1000, 0, 17, 640], [300, 1200, 40, 90, 640]
+    g = torch.Generator(device="cuda").manual_seed(7)
+    q = uniform((sum(lens_q), 4, 128), torch.bfloat16, "cuda", g)
+    k, v = (uniform((sum(lens_k), 2, 128), torch.bfloat16, "cuda", g) for _ in range(2))
+    do = _grad_out(q.shape, seed=3)
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+    cq, ck = cu(lens_q), cu(lens_k)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = xkernels.attention_varlen(*leaves, cq, ck, max(lens_q), max(lens_k), is_causal=causal, window_size=window)
+    grads = torch.autograd.grad(o, leaves, do)
+    name = xkernels.last_backend()
+    assert name.startswith("hopper.attention_varlen_backward") and "window=" in name, name
+    refs = reference_attention_varlen_grads(q, k, v, do, cq, ck, is_causal=causal, window=window)
+    assert_passes({n: compare_grad(g_, r, ATTENTION_RECIPES["bf16"])
+                   for n, g_, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)})
+
+
+def test_a_windowed_soft_capped_training_step_runs_the_portable_backward():
     q, k, v = (t.requires_grad_() for t in attention_inputs(1, 4, 512, 512, 128, torch.bfloat16, "cuda", seed=4))
-    xkernels.attention(q, k, v, is_causal=True, window_size=(63, 0), backend="hopper").float().sum().backward()
+    xkernels.attention(q, k, v, is_causal=True, window_size=(63, 0), softcap=20.0).float().sum().backward()
     assert xkernels.last_backend().startswith("portable.attention_backward"), xkernels.last_backend()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

@@ -121,11 +121,11 @@ def decode_suite(quick: bool) -> list[Case]:
 
 
 def window_suite(quick: bool) -> list[Case]:
-    """Causal sliding windows (bf16): Mistral-7B's (H32/8 D128, 4K keys) on 16K tokens, forward and a training step,
-    with the same call unwindowed beside it (what the band saves) and, on Hopper, the portable kernels' band on the
-    same call (what the Gluon band wins); in the full suite Gemma-2's D256 layer (H16/8, 4K window, 8K tokens), a
-    D64 4K window on 16K tokens and a 1K window on 4K tokens. The SDPA peers take the window as a boolean mask (no
-    SDPA backend has a window; flash_attn's window_size where it is installed)."""
+    """Causal sliding windows (bf16): Mistral-7B's (H32/8 D128, 4K keys) on 16K tokens, forward, backward and a
+    training step, with the same call unwindowed beside it (what the band saves) and, on Hopper, the portable
+    kernels' band on the same call (what the Gluon band wins); in the full suite Gemma-2's D256 layer (H16/8, 4K
+    window, 8K tokens), a D64 4K window on 16K tokens and a 1K window on 4K tokens. The SDPA peers take the window
+    as a boolean mask (no SDPA backend has a window; flash_attn's window_size where it is installed)."""
     mistral = dict(b=1, hq=32, hkv=8, sq=16384, skv=16384, d=128, causal=True, recipe="bf16")
     windowed = [AttentionCase(**mistral, window=(4095, 0))]
     if not quick:
@@ -135,7 +135,11 @@ def window_suite(quick: bool) -> list[Case]:
     cases: list[Case] = []
     for case in windowed:  # on Hopper each windowed forward beside the portable band's on the same call
         cases += [case] + [dataclasses.replace(case, backend="portable")] * hopper_here()
-    cases += [AttentionCase(**mistral), AttentionGradCase(**mistral, window=(4095, 0), step="fwd+bwd")]
+    cases.append(AttentionCase(**mistral))
+    # the backward alone (and on Hopper the portable band's beside it), then the training step, windowed and not
+    bwd = AttentionGradCase(**mistral, window=(4095, 0))
+    cases += [bwd] + [dataclasses.replace(bwd, backend="portable")] * hopper_here()
+    cases.append(AttentionGradCase(**mistral, window=(4095, 0), step="fwd+bwd"))
     if not quick:
         cases += [AttentionGradCase(**mistral, step="fwd+bwd")]
     return cases

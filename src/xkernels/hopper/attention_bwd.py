@@ -104,19 +104,23 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
-def _probabilities(s_t, lse, keys, diag_keys, queries, qk_scale, SKV, CAUSAL: gl.constexpr):
-    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV and (causal) keys after their query:
-    `diag_keys` are the keys shifted onto the queries' diagonal (key j - (Skv - Sq) bottom-right, j top-left)."""
+def _probabilities(s_t, lse, keys, diag_keys, queries, qk_scale, SKV, CAUSAL: gl.constexpr, BAND: gl.constexpr):
+    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV, (causal) keys after their query and (a window's
+    lower side, BAND >= 0) keys more than BAND before it: `diag_keys` are the keys shifted onto the queries' diagonal
+    (key j - offset: j - (Skv - Sq) bottom-right, j top-left, less a window's SHIFT), so query i keeps key j for
+    diag_keys <= i <= diag_keys + BAND."""
     p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
     keep = gl.expand_dims(keys < SKV, 1)
     if CAUSAL:
         keep = keep & (gl.expand_dims(diag_keys, 1) <= gl.expand_dims(queries, 0))
+    if BAND >= 0:
+        keep = keep & (gl.expand_dims(queries, 0) <= gl.expand_dims(diag_keys + BAND, 1))
     return gl.where(keep, p_t, 0.0)
 
 
 @gluon.jit
 def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, diag_keys, queries, dk, dv,
-                   qk_scale, SKV, zero_s, CAUSAL: gl.constexpr):
+                   qk_scale, SKV, zero_s, CAUSAL: gl.constexpr, BAND: gl.constexpr):
     """One query block of SPLIT_D = 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
     SPLIT_D = 1 computes both in both), exchanged through slot it % 2 of `x` (`barriers.ScoreExchange`); then each
     adds its columns' dV += P^T dO and dK += dS^T Q with P^T and dS^T read from shared memory. Returns (dk, dv)."""
@@ -131,7 +135,7 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
     mbarrier.wait(x.free.index(slot), lap ^ 1)  # each slot's first use passes at once
     if W == 0:
         p_t = _probabilities(warpgroup_mma_wait(0, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, SKV,
-                             CAUSAL)
+                             CAUSAL, BAND)
         x.p.index(slot).store(p_t.to(dtype))
         # arrive -> wait window: consumer 1's dP^T lands while P^T was computed and stored
         mbarrier.wait(x.dp_ready.index(slot), lap)
@@ -157,7 +161,7 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
               scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-              SPLIT_D: gl.constexpr):
+              SPLIT_D: gl.constexpr, BAND: gl.constexpr):
     HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
     COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
     s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
@@ -174,7 +178,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
         k_w = k_buf.slice(W * WG_KEYS, WG_KEYS)
         v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)
     keys = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, s_layout))
-    diag_keys = keys - offset  # causal: a key is seen from query diag_keys on
+    diag_keys = keys - offset  # causal: a key is seen from query diag_keys on (with a window's lower side, to BAND on)
     cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # queries
     dk = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
     dv = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
@@ -197,7 +201,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
                 dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, diag_keys, queries,
-                                        dk, dv, qk_scale, skv, zero_s, CAUSAL)
+                                        dk, dv, qk_scale, skv, zero_s, CAUSAL, BAND)
                 qdo.release(it)
             else:
                 s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
@@ -205,7 +209,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
                 p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, skv,
-                                     CAUSAL)
+                                     CAUSAL, BAND)
                 p_op = gl.convert_layout(p_t.to(dtype), op_layout)
                 dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
@@ -256,7 +260,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                           dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
-                          VARLEN: gl.constexpr):
+                          VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
@@ -269,8 +273,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     b = bhk // HKV
     hk = bhk % HKV
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
-    # causal: earlier queries see none of these keys; packed: a program past its sequence's keys walks no query
-    lo, q_end = q_bounds(start_n, offset, sq, skv, BLOCK_M, CAUSAL, VARLEN)
+    offset = offset + SHIFT  # a window's upper side past the alignment's diagonal (`common.seqlen.Band`)
+    # causal: earlier queries see none of these keys; a window's lower side: nor do later ones past its reach;
+    # packed: a program past its sequence's keys walks no query
+    lo, q_end = q_bounds(start_n, offset, sq, skv, BLOCK_M, CAUSAL, VARLEN, BLOCK_N, BAND)
     if VARLEN:
         k0_rows = k0.to(gl.int32)  # (a packed batch has fewer than 2^31 rows) one register through the consumers' loop
     else:
@@ -301,10 +307,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.warp_specialize([
         (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
                      dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
+                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
         (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
                      dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D)),
+                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,
                      hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M, VARLEN)),
     ], [4, 1], [240, PRODUCER_REGS])

@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
 from xkernels.common.dtypes import smem_layout
-from xkernels.common.seqlen import kv_bounds, kv_bounds_shifted, sequence
+from xkernels.common.seqlen import kv_band_start, kv_bounds, kv_bounds_shifted, sequence
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionDqConfig
@@ -40,13 +40,13 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 @gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q_row0, q_col, kv_row0, kv_col,
-              start_m, hi, BLOCK_N: gl.constexpr):
+              start_m, lo, hi, BLOCK_N: gl.constexpr):
     mbarrier.expect(q_ready, 4 * q_desc.block_type.nbytes)  # Q and dO of both warpgroups
     for w in gl.static_range(2):
         tma.async_load(q_desc, [(q_row0 + start_m + w * WG_ROWS).to(gl.int32), q_col], q_ready, q_bufs.index(w))
         tma.async_load(do_desc, [(q_row0 + start_m + w * WG_ROWS).to(gl.int32), q_col], q_ready, do_bufs.index(w))
     it = 0
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         s = k.acquire(it)
         mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
         tma.async_load(k_desc, [(kv_row0 + start_n).to(gl.int32), kv_col], k.ready.index(s), k.bufs.index(s))
@@ -58,8 +58,8 @@ def _producer(q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q
 
 @gluon.jit
 def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m,
-              full_hi, hi, SQ, SKV, offset, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              lo, full_lo, full_hi, hi, SQ, SKV, offset, qk_scale, scale, HEAD_DIM: gl.constexpr,
+              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, BAND: gl.constexpr):
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
     acc_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
     op_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
@@ -77,7 +77,7 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
     mbarrier.wait(q_ready, 0)
     it = 0
-    for start_n in range(0, hi, BLOCK_N):
+    for start_n in range(lo, hi, BLOCK_N):
         ks = k.wait(it)
         k_tile = k.bufs.index(ks)
         s_tok = warpgroup_mma(q, k_tile.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S = Q K^T
@@ -86,11 +86,16 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
         # arrive -> independent work -> wait: dP stays in flight while this warpgroup exponentiates and masks S
         s = warpgroup_mma_wait(1, deps=[s_tok])
         p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
-        if start_n >= full_hi:  # tail or diagonal tile
+        masked = start_n >= full_hi
+        if BAND >= 0:
+            masked = masked | (start_n < full_lo)
+        if masked:  # tail, diagonal or (a window's lower side) band-edge tile
             keys = gl.expand_dims(start_n + gl.arange(0, BLOCK_N, cols_s), 0)
             keep = keys < SKV
             if CAUSAL:
                 keep = keep & (keys <= gl.expand_dims(rows + offset, 1))
+            if BAND >= 0:
+                keep = keep & (keys >= gl.expand_dims(rows + offset - BAND, 1))
             p = gl.where(keep, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
         v.release(it)
@@ -109,7 +114,8 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
 @gluon.jit
 def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, CU_K, dq_sb, dq_sh, dq_ss, lse_sh, HQ,
                         GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr):
+                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr,
+                        BAND: gl.constexpr):
     BLOCK_M: gl.constexpr = 2 * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)
     m_block = gl.program_id(0) % m_blocks
@@ -121,6 +127,7 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, C
     h = bh % HQ
     hk = h // GROUP
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
+    offset = offset + SHIFT  # a window's upper side past the alignment's diagonal (`common.seqlen.Band`)
     if VARLEN:  # packed (total, H * D) views: the sequence's rows, the head's columns; LSE and delta (Hq, total_q)
         q_row0 = q0
         q_col = (h * HEAD_DIM).to(gl.int32)
@@ -136,7 +143,14 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, C
         kv_row0 = (b * (HQ // GROUP) + hk) * SKV
         kv_col = 0
         stats_row0 = q_row0
-        full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        if SHIFT > 0:
+            full_hi, hi = kv_bounds_shifted(start_m, offset, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        else:
+            full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    lo = 0
+    full_lo = 0
+    if BAND >= 0:  # a window's lower side: no key tile before the block's first row's reach; tiles to full_lo masked
+        lo, full_lo = kv_band_start(start_m, offset, BLOCK_M, BLOCK_N, BAND)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     do_bufs = gl.allocate_shared_memory(do_desc.dtype, [2] + do_desc.block_type.shape, do_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
@@ -144,12 +158,12 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, C
     q_ready, k, v, _ = attention_barriers(k_bufs, v_bufs, False, 2)
     dq_base = b * dq_sb + h * dq_sh + q0 * dq_ss
     gl.warp_specialize([
-        (_consumer, (0, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m, full_hi,
-                     hi, sq, skv, offset, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL)),
-        (_consumer, (1, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m, full_hi,
-                     hi, sq, skv, offset, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL)),
+        (_consumer, (0, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m,
+                     lo, full_lo, full_hi, hi, sq, skv, offset, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL, BAND)),
+        (_consumer, (1, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, dq_base, dq_ss, stats_row0, start_m,
+                     lo, full_lo, full_hi, hi, sq, skv, offset, qk_scale, scale, HEAD_DIM, BLOCK_N, CAUSAL, BAND)),
         (_producer, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, q_ready, k, v, q_row0, q_col, kv_row0, kv_col,
-                     start_m, hi, BLOCK_N)),
+                     start_m, lo, hi, BLOCK_N)),
     ], [4, 1], [232, 24])
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xkernels.common.seqlen import Band
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = 64  # query rows per attention consumer warpgroup: S and O accumulators of 64 x N fit its registers
@@ -105,6 +106,14 @@ PERSISTENT_ATTENTION_CONFIGS = {
     256: HopperAttentionConfig(32, 3, convert_steps=4)}
 
 
+def _band(causal: bool, band: Band | None) -> dict[str, object]:
+    """A backward kernel's sliding-window constexprs (`common.seqlen.Band`: CAUSAL, SHIFT, BAND): `band`'s where it
+    cuts keys, else no window (SHIFT 0, BAND -1: the plain causal or full mask)."""
+    if band is None or not band.windowed:
+        return dict(SHIFT=0, BAND=-1)
+    return band.constexprs()
+
+
 @dataclass(frozen=True)
 class HopperAttentionBwdConfig:
     """The dK/dV kernel's tiles: BLOCK_N keys per program (two consumer warpgroups of 64 keys each, or with split_d
@@ -118,9 +127,10 @@ class HopperAttentionBwdConfig:
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
     split_d: int = 0
 
-    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False) -> dict[str, object]:
+    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
+                   band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    CAUSAL=causal, FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen)
+                    CAUSAL=causal, FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen) | _band(causal, band)
 
     def __str__(self) -> str:
         return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + (
@@ -143,8 +153,10 @@ class HopperAttentionDqConfig:
     block_n: int = 64
     stages: int = 2
 
-    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False) -> dict[str, object]:
-        return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal, VARLEN=varlen)
+    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
+                   band: Band | None = None) -> dict[str, object]:
+        return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
+                    VARLEN=varlen) | _band(causal, band)
 
     def __str__(self) -> str:
         return f"BM128-BN{self.block_n}-S{self.stages}"
