@@ -4,7 +4,7 @@
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
 #                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]
-#                              [fusedab] [hosttime] [window] [windowbwd]"
+#                              [fusedab] [hosttime] [window] [windowbwd] [varlenwindow]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -127,6 +127,11 @@ for part in "${@:-smoke host}"; do
         stage timeout 170 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_window.py tests/test_backward.py \
           tests/gpu/test_backward_plan.py tests/integrations -k "not generate or window"
         stage timeout 200 xkernels bench --suite window --iters 20 --out "$OUT/bench-window" ;;
+      varlenwindow)  # the varlen forward's Gluon band: its GPU tests, then against the portable band
+        stage timeout 110 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_window.py -k varlen
+        stage timeout 50 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_window.py -k "varlen or forcing"
+        stage timeout 60 python3 scripts/varlen_window_ab.py --json "$OUT/varlen_window_ab.json" \
+          --md "$OUT/varlen_window_ab.md" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

@@ -181,20 +181,20 @@ def test_bad_windows_raise_naming_the_argument(device, window, error):
             ops.attention_op(q, k, v, True, None, False, "auto", "auto", *window)
 
 
-def test_forcing_hopper_with_a_window_raises_where_it_has_no_band(device):
-    """Only the dense forward has a Hopper band; the varlen kernels raise, and so does the dense call where no Gluon
-    kernel runs."""
+def test_forcing_hopper_with_a_window_runs_the_band_or_raises(device):
+    """The dense and varlen forwards' Gluon band serves a forced "hopper" window on sm_90; elsewhere both raise."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=1)
     cu = torch.tensor([0, 64], dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="backend: 'hopper'.*window_size"):
-        xkernels.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu, cu, 64, 64,
-                                  is_causal=True, window_size=(8, 0), backend="hopper")
-    if hopper_available(torch.device(device)):  # the dense Gluon forward's band serves it
-        xkernels.attention(q, k, v, is_causal=True, window_size=(8, 0), backend="hopper")
-        assert xkernels.last_backend().startswith("hopper."), xkernels.last_backend()
-    else:
-        with pytest.raises(ValueError, match="backend: 'hopper'"):  # no Gluon kernels on this machine at all
-            xkernels.attention(q, k, v, is_causal=True, window_size=(8, 0), backend="hopper")
+    calls = (lambda: xkernels.attention_varlen(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), cu,
+                                               cu, 64, 64, is_causal=True, window_size=(8, 0), backend="hopper"),
+             lambda: xkernels.attention(q, k, v, is_causal=True, window_size=(8, 0), backend="hopper"))
+    for call in calls:
+        if hopper_available(torch.device(device)):
+            call()
+            assert xkernels.last_backend().startswith("hopper."), xkernels.last_backend()
+        else:
+            with pytest.raises(ValueError, match="backend: 'hopper'"):  # no Gluon kernels on this machine at all
+                call()
 
 
 def test_band_constexprs():

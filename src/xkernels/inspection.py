@@ -363,17 +363,18 @@ def hopper_configs() -> Iterator[KernelConfig]:
                  "o_st", "o_sh")
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
-            for causal in (False, True):
+            # bf16 also with a causal sliding window (the dense kernel's band, bottom-right)
+            for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (recipe.name == "bf16"):
                 types = _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None) | {
                     "CU_Q": "*i32", "CU_K": "*i32"}
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 8 bytes in the
                 # bf16io D128 variants
+                _, constexprs, _ = hvarlen.launch_spec(1, 1, 1, d, is_causal=causal, recipe=recipe,
+                                                       positive_scale=True, write_lse=True, cfg=ac, band=band)
                 yield KernelConfig(
-                    f"hopper.attention_varlen {recipe.name} D{d}{' causal' if causal else ''} {ac}",
-                    hvarlen.attention_varlen_kernel, types,
-                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True),
-                    4, gluon=True, divisible=divisible,
-                    spill_free=TRITON_TESTED or not (recipe.converts_v and d == 128))
+                    f"hopper.attention_varlen {recipe.name} D{d}{' causal' if causal else ''}{band or ''} {ac}",
+                    hvarlen.attention_varlen_kernel, types, constexprs, 4, gluon=True, divisible=divisible,
+                    spill_free=(TRITON_TESTED or not (recipe.converts_v and d == 128)) and not (band and d == 64))
 
     from xkernels.hopper import attention_varlen_persistent as hvp
 

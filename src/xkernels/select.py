@@ -159,17 +159,17 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
 
 
 def _portable_only(override: Override, window: tuple[int, int], is_causal: bool, softcap: float, op: str,
-                   sinks: bool = False, hopper_band: bool = False) -> bool:
-    """Whether the call has a sliding window, a soft cap or attention sinks, which the portable kernels apply; a
-    forced "hopper" raises. `hopper_band`: the op's Hopper kernel has a band (the dense forward), so a window alone
-    runs there (1.29x the portable band's TFLOP/s on Mistral's 4K window over 16K tokens, H200)."""
+                   sinks: bool = False) -> bool:
+    """Whether the call has a soft cap or attention sinks, which only the portable kernels apply (a forced "hopper"
+    raises). A sliding window alone runs the Hopper forwards' band: 1.31-1.33x the portable band's TFLOP/s on 4K
+    windows at D64, D128 and D256 (benchmarks/results/h200/2026-12-01/38-window-hopper-band-fused-merge-ab)."""
     windowed = Band.of(is_causal, window).windowed
-    if hopper_band and windowed and not (softcap or sinks):
+    if windowed and not (softcap or sinks):
         return False
     if (windowed or softcap or sinks) and override.layer == "hopper":
         what = f"window_size={window}" if windowed else f"softcap={softcap}" if softcap else "sinks"
         raise ValueError(f"backend: 'hopper' was forced, but {op} with {what} runs the portable kernels only (the "
-                         "Hopper kernels have no soft cap or sinks, and only the dense forward a sliding window)")
+                         "Hopper kernels have no soft cap or sinks)")
     return windowed or bool(softcap) or sinks
 
 
@@ -195,8 +195,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     check_sinks(sinks, q.shape[1], q.device)
     check_device(q.device, "q")
     override = parse_backend(backend)
-    portable_only = _portable_only(override, window, is_causal, softcap, "attention", sinks is not None,
-                                   hopper_band=True)
+    portable_only = _portable_only(override, window, is_causal, softcap, "attention", sinks is not None)
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
@@ -248,8 +247,8 @@ HOPPER_VARLEN_HEAD_DIMS = (64, 128, 256)
 def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, window: tuple[int, int],
                    softcap: float, sinks: bool = False) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
-    overrides) on sm_90 with a tested triton at the head dims it ran at, but for sliding windows; else the portable
-    one; a forced layer that cannot run raises."""
+    overrides, its band for a sliding window) on sm_90 with a tested triton at the head dims it ran at, but for soft
+    caps and sinks; else the portable one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
     portable_only = _portable_only(override, window, is_causal, softcap, "attention_varlen", sinks)

@@ -7,7 +7,13 @@ import pytest
 import torch
 
 import xkernels
-from tests.helpers import NEEDS_HOPPER, assert_passes, poison_gradient_buffers, poisoned_like
+from tests.helpers import (
+    NEEDS_HOPPER,
+    assert_passes,
+    poison_attention_outputs,
+    poison_gradient_buffers,
+    poisoned_like,
+)
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
     attention_inputs,
@@ -16,6 +22,7 @@ from xkernels.testing import (
     compare_lse,
     reference_attention,
     reference_attention_grads,
+    reference_attention_varlen,
     reference_attention_varlen_grads,
     reference_lse,
 )
@@ -100,20 +107,46 @@ def test_hopper_band_backward_matches_float64(monkeypatch, d, sq, skv, causal, w
     assert all(torch.equal(a, b) for a, b in zip(grads, again, strict=True)), "bitwise repeatable"
 
 
+def _packed(lens_q, lens_k, d, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = uniform((sum(lens_q), 4, d), torch.bfloat16, "cuda", g)
+    k, v = (uniform((sum(lens_k), 2, d), torch.bfloat16, "cuda", g) for _ in range(2))
+
+    def cu(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+    return q, k, v, cu(lens_q), cu(lens_k)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal,window", [(True, (127, 0)), (False, (100, 60)), (False, (-1, 33)), (True, (5, 0))])
+def test_hopper_band_varlen_forward_matches_float64(monkeypatch, d, causal, window):
+    """The varlen forward's band (bottom-right per sequence): sequences with more queries than keys (rows and whole
+    blocks that see no key: O = 0, LSE -inf), an empty and a short sequence, on a NaN-poisoned O."""
+    poison_attention_outputs(monkeypatch)
+    lens_q, lens_k = [300, 1000, 0, 17, 640, 500], [300, 1200, 40, 90, 640, 70]
+    q, k, v, cq, ck = _packed(lens_q, lens_k, d, seed=d + window[0])
+    o, lse = xkernels.attention_varlen(q, k, v, cq, ck, max(lens_q), max(lens_k), is_causal=causal,
+                                       window_size=window, return_lse=True)
+    name = xkernels.last_backend()
+    assert name.startswith("hopper.attention_varlen[") and "window=" in name, name
+    ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal, window=window)
+    empty = torch.isinf(ref_lse)
+    assert empty.any(), "the batch has rows that see no key"
+    assert torch.equal(torch.isinf(lse), empty) and (o.transpose(0, 1)[empty] == 0).all()
+    c = compare_attention(o, ref_o, ATTENTION_RECIPES["bf16"])
+    assert c.passed, c.reason
+    c_lse = compare_lse(lse[~empty], ref_lse[~empty])
+    assert c_lse.passed, c_lse.reason
+
+
 @pytest.mark.parametrize("causal,window", [(True, (127, 0)), (False, (100, 60)), (False, (-1, 33))])
 def test_hopper_band_varlen_backward_matches_float64(monkeypatch, causal, window):
     """The packed (VARLEN) variants' band, bottom-right per sequence, an empty sequence and a short one among them."""
     poison_gradient_buffers(monkeypatch)
     lens_q, lens_k = [300, 1000, 0, 17, 640], [300, 1200, 40, 90, 640]
-    g = torch.Generator(device="cuda").manual_seed(7)
-    q = uniform((sum(lens_q), 4, 128), torch.bfloat16, "cuda", g)
-    k, v = (uniform((sum(lens_k), 2, 128), torch.bfloat16, "cuda", g) for _ in range(2))
+    q, k, v, cq, ck = _packed(lens_q, lens_k, 128, seed=7)
     do = _grad_out(q.shape, seed=3)
-
-    def cu(lens):
-        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-
-    cq, ck = cu(lens_q), cu(lens_k)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     o = xkernels.attention_varlen(*leaves, cq, ck, max(lens_q), max(lens_k), is_causal=causal, window_size=window)
     grads = torch.autograd.grad(o, leaves, do)

@@ -5,8 +5,10 @@ A program owns BLOCK_M query rows of one (sequence, head). It reads its sequence
 TMA descriptors over that sequence only (so tiles stop at the sequence end: zero fill on loads, clipped stores, no
 padding computed and no neighbour's rows touched), and returns at once past the sequence end (the grid covers
 max_seqlen_q). Causal is aligned bottom-right per sequence, as the portable varlen kernel: query i sees keys
-j <= i + Sk - Sq. Rows that see no key store O = 0 and LSE = -inf; a block none of whose rows sees a key (Sk = 0,
-or causal with Sq > Sk) stores them directly, without starting the pipeline.
+j <= i + Sk - Sq, and so is a sliding window (SHIFT, BAND: `common.seqlen.Band`; the dense kernel's band, its first
+tile at the block's first row's lower edge). Rows that see no key store O = 0 and LSE = -inf; a block none of
+whose rows sees a key (Sk = 0, causal with Sq > Sk, a window past the keys) stores them directly, without starting
+the pipeline.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
+from xkernels.common.seqlen import Band, kv_band_start, kv_bounds_shifted, sequence_bounds
 from xkernels.hopper import configs, tma
 from xkernels.hopper.attention_fwd import _program
 from xkernels.hopper.configs import HopperAttentionConfig
@@ -46,7 +48,8 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
                             lse_sh, HQ, GROUP, MAX_SQ, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                             POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
-                            ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr):
+                            ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
+                            SHIFT: gl.constexpr, BAND: gl.constexpr):
     """The portable varlen kernel's arguments (`varlen.run`): q (total_q, Hq, D), k and v (total_k, Hkv, D) by their
     (token, head) strides, LSE (Hq, total_q)."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
@@ -61,11 +64,15 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
     hk = h // GROUP
     q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
     if start_m < SQ:
-        diag = SKV - SQ  # bottom-right: row i's last key is i + diag
+        diag = SKV - SQ + SHIFT  # bottom-right (and a window's upper side): row i's last key is i + diag
         full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+        lo = 0
+        full_lo = 0
+        if BAND >= 0:  # a window's lower side: tiles from the block's first row's reach, masked below full_lo
+            lo, full_lo = kv_band_start(start_m, diag, BLOCK_M, BLOCK_N, BAND)
         o_base = q0 * o_st + h * o_sh
         lse_base = h * lse_sh + q0
-        if hi > 0:
+        if hi > lo:
             q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_ROWS, HEAD_DIM], Q.dtype.element_ty)
             kv_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], K.dtype.element_ty)
             q_desc = tma.make_tensor_descriptor(Q + q0 * q_st + h * q_sh, [SQ, HEAD_DIM], [q_st, 1],
@@ -77,18 +84,19 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
             o_desc = tma.make_tensor_descriptor(O + o_base, [SQ, HEAD_DIM], [o_st, 1], [WG_ROWS, HEAD_DIM], q_layout)
             _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_base, start_m, full_hi, hi, SQ, SKV, diag, qk_scale,
                      HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16,
-                     CONVERT_STEPS, WRITE_LSE, CAUSAL)
+                     CONVERT_STEPS, WRITE_LSE, CAUSAL or BAND >= 0, lo, full_lo, BAND)
         else:
             _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM, NUM_WG, WRITE_LSE)
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
-                recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
-                cfg: HopperAttentionConfig) -> tuple[int, dict[str, object], dict[str, int]]:
+                recipe: AttentionRecipe, positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
+                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_varlen_kernel` (V viewed as fp16 for bf16io, as the
-    dense kernel)."""
+    dense kernel); `band` a sliding window (bottom-right)."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
-    constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
-                                write_lse=write_lse)
+    band = band if band is not None and band.windowed else Band(is_causal)
+    constexprs = cfg.constexprs(head_dim, recipe, causal=band.causal, positive_scale=positive_scale,
+                                write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band)
     return grid, constexprs, dict(num_warps=4)
