@@ -36,6 +36,9 @@ own lengths (exact zeros times finite values: a non-finite value in a neighbouri
 as a neighbouring head's does in the dense layout); causal bottom-right (query i sees keys j <= i + Skv - Sq);
 LSE and delta (Hq, total_q); a program past its sequence's keys walks no query and stores nothing
 (`common.seqlen.q_bounds`).
+Sliding windows (SHIFT, BAND: `common.seqlen.Band`): the diagonal moves by SHIFT, and a key block's walk stops at the
+last query its band reaches (`q_bounds`), so a block that no query sees walks nothing and stores dK = dV = 0; every
+step masks the lower side in `_probabilities` as it masks the causal one.
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ dS), and queries there get LSE = +inf (P = 0) and are never stored. Causal is to
 first. Barriers: `barriers.attention_barriers` (the forward's set), listed in `barriers.py`.
 VARLEN: as in the dK/dV kernel (packed descriptors, the sequence's rows and lengths, bottom-right causal); a program
 past its sequence's rows loads no key and stores nothing.
+Sliding windows (SHIFT, BAND: `common.seqlen.Band`): the key walk starts at the tile of the block's first row's lower
+edge (`kv_band_start`) and the tiles up to `full_lo` are masked on that side, as in the forward; a block whose
+window holds no key walks nothing and stores dQ = 0.
 """
 
 from __future__ import annotations
