@@ -10,6 +10,7 @@ import torch
 import xkernels
 from tests.helpers import assert_compiled_grads_match, assert_passes, poison_attention_outputs, poisoned_like
 from xkernels import ops
+from xkernels.common.runtime import hopper_available
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
     attention_inputs,
@@ -149,10 +150,19 @@ def test_bad_sinks_raise_naming_the_argument(device, sinks, error):
                                         cache_seqlens=torch.full((1,), 20, dtype=torch.int32, device=device))
 
 
-def test_forcing_hopper_with_sinks_raises(device):
+def test_forcing_hopper_with_sinks_runs_the_gluon_kernel_or_raises(device):
+    """Sinks take the portable kernels by default; a forced "hopper" runs the Gluon forward's (opt-in) sinks on
+    sm_90 (tests/gpu/test_hopper_sinks.py checks them) and raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=1)
-    with pytest.raises(ValueError, match="backend: 'hopper'.*sinks"):
-        xkernels.attention(q, k, v, sinks=torch.zeros(2, device=device), backend="hopper")
+    sinks = torch.zeros(2, device=device)
+    xkernels.attention(q, k, v, sinks=sinks)
+    assert xkernels.last_backend().startswith("portable."), xkernels.last_backend()
+    if hopper_available(torch.device(device)):
+        xkernels.attention(q, k, v, sinks=sinks, backend="hopper")
+        assert xkernels.last_backend().startswith("hopper.") and "sinks" in xkernels.last_backend()
+    else:
+        with pytest.raises(ValueError, match="backend: 'hopper'"):
+            xkernels.attention(q, k, v, sinks=sinks, backend="hopper")
 
 
 def test_sinks_through_out_the_lse_less_op_compile_and_opcheck(device):

@@ -80,13 +80,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     an -acc16 variant's that of its base.
     `window_size` (left, right) is FlashAttention's sliding window, aligned as `is_causal` (top-left): query i
     attends keys i - left <= j <= i + right, -1 for an unbounded side; with is_causal, right must be -1 or 0. Rows
-    that see no key (a window past the last key) return 0 and LSE -inf. Windows run the portable kernels (on Hopper
-    too), which visit only the key tiles inside the band, forward and backward; each window value compiles its own
-    kernel variant. `softcap` > 0 soft-caps the scaled scores x to softcap * tanh(x / softcap) (flash_attn's
-    softcap, Gemma 2's attn_logit_softcapping), in the forward and the backward; portable kernels too. `sinks`
+    that see no key (a window past the last key) return 0 and LSE -inf. A window visits only the key tiles inside
+    its band, forward and backward (on Hopper the Gluon kernels' band, elsewhere the portable kernels'); each window
+    value compiles its own kernel variant. `softcap` > 0 soft-caps the scaled scores x to
+    softcap * tanh(x / softcap) (flash_attn's softcap, Gemma 2's attn_logit_softcapping), in the forward and the
+    backward; portable kernels. `sinks`
     (Hq,) float: attention sinks (gpt-oss), one natural-log logit per query head that joins each row's softmax as a
     key of value 0 (not scaled by `scale`, not masked): O = sum_j p_j v_j / (sum_j p_j + exp(sink)), and the LSE
-    includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. Portable kernels.
+    includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. Portable kernels in
+    the forward unless `backend="hopper"` (the Gluon forward's sinks, opt-in until they have run on a GPU); the
+    backward needs nothing of them (the LSE holds the sink) and runs where a sinkless call's would.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
@@ -149,8 +152,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     **Causal is aligned bottom-right** per sequence, as FlashAttention >= 2.1 and KV caches (query i sees keys
     j <= i + Sk - Sq), unlike `attention`'s top-left, and so is `window_size` (left, right), flash_attn's sliding
     window: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right (-1: unbounded; causal: right -1 or
-    0; portable kernels, as for `attention`), `softcap` the scores' soft cap and `sinks` (Hq,) attention sinks as in
-    `attention`; rows that see no key return 0 (LSE -inf, or the sink). The cu_seqlens values
+    0; the kernels' band, as for `attention`), `softcap` the scores' soft cap and `sinks` (Hq,) attention sinks as
+    in `attention`; rows that see no key return 0 (LSE -inf, or the sink). The cu_seqlens values
     are checked (0 first, non-decreasing, the packed total last, no sequence over max_seqlen): with `sync_checks`
     (the default) they are read to the host (one synchronization) and a bad value raises a ValueError naming the
     argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and

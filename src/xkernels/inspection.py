@@ -48,6 +48,9 @@ XPU_OPS = {"matrix_mad": r"call[^\n]*matrix_mad_k16", "block_load_2d": r"call[^\
 # the superset of Mistral's window alone); the forward kernels' also read attention sinks (gpt-oss)
 WINDOW = Band.of(True, (4095, 0))
 SOFTCAP = 50.0
+# non-causal windows the Gluon kernels also compile with at D128 bf16: both sides (the diagonal shifted: SHIFT > 0)
+# and a lower side alone (CAUSAL off, BAND on)
+SIDE_WINDOWS = (Band.of(False, (100, 60)), Band.of(False, (77, -1)))
 
 
 def ops_for(target: Target) -> dict[str, str]:
@@ -325,16 +328,19 @@ def hopper_configs() -> Iterator[KernelConfig]:
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             # bf16 also with a causal sliding window (at D64 its three consumer warpgroups of 128 registers keep the
-            # band's bounds on 56 bytes of stack, outside the key loop)
-            for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (recipe.name == "bf16"):
+            # band's bounds on 56 bytes of stack, outside the key loop) and with the window and attention sinks
+            for causal, band, sinks in ((False, None, False), (True, None, False)) + (
+                    ((True, WINDOW, False), (True, WINDOW, True)) if recipe.name == "bf16" else ()) + (
+                    tuple((w.causal, w, False) for w in SIDE_WINDOWS) if recipe.name == "bf16" and d == 128 else ()):
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 16 bytes in
                 # bf16io-acc16's causal D256 variant
                 untested_spill = recipe.converts_v and recipe.pv_acc_dtype == torch.float16 and d == 256 and causal
                 yield KernelConfig(
-                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''} {ac}",
-                    attn.attention_fwd_kernel,
+                    f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
+                    f"{' sinks' * sinks} {ac}", attn.attention_fwd_kernel,
                     _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
-                    attn.constexprs(ac, d, recipe, causal=causal, positive_scale=True, write_lse=True, band=band), 4,
+                    attn.constexprs(ac, d, recipe, causal=causal, positive_scale=True, write_lse=True, band=band,
+                                    sinks=sinks), 4,
                     gluon=True, spill_free=(TRITON_TESTED or not untested_spill) and not (band and d == 64))
 
     from xkernels.hopper import attention_persistent as persistent
@@ -364,15 +370,20 @@ def hopper_configs() -> Iterator[KernelConfig]:
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             # bf16 also with a causal sliding window (the dense kernel's band, bottom-right)
-            for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (recipe.name == "bf16"):
+            for causal, band, sinks in ((False, None, False), (True, None, False)) + (
+                    ((True, WINDOW, False), (True, WINDOW, True)) if recipe.name == "bf16" else ()) + (
+                    ((SIDE_WINDOWS[0].causal, SIDE_WINDOWS[0], False),) if recipe.name == "bf16" and d == 128
+                    else ()):
                 types = _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None) | {
                     "CU_Q": "*i32", "CU_K": "*i32"}
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 8 bytes in the
                 # bf16io D128 variants
                 _, constexprs, _ = hvarlen.launch_spec(1, 1, 1, d, is_causal=causal, recipe=recipe,
-                                                       positive_scale=True, write_lse=True, cfg=ac, band=band)
+                                                       positive_scale=True, write_lse=True, cfg=ac, band=band,
+                                                       sinks=sinks)
                 yield KernelConfig(
-                    f"hopper.attention_varlen {recipe.name} D{d}{' causal' if causal else ''}{band or ''} {ac}",
+                    f"hopper.attention_varlen {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
+                    f"{' sinks' * sinks} {ac}",
                     hvarlen.attention_varlen_kernel, types, constexprs, 4, gluon=True, divisible=divisible,
                     spill_free=(TRITON_TESTED or not (recipe.converts_v and d == 128)) and not (band and d == 64))
 
@@ -418,17 +429,21 @@ def hopper_configs() -> Iterator[KernelConfig]:
             for fused, cfg_types, *packed in variants:
                 varlen = bool(packed)
                 # the unfused variants also with a causal sliding window (the band's query bounds and lower mask)
-                for causal, band in ((False, None), (True, None)) + ((True, WINDOW),) * (not fused.fused_dq):
+                bands = ((True, WINDOW),) * (not fused.fused_dq) + (
+                    tuple((w.causal, w) for w in SIDE_WINDOWS) if d == 128 and dt == "bf16" and not fused.fused_dq
+                    and not varlen else ())
+                for causal, band in ((False, None), (True, None)) + bands:
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
                     # D128 causal. The fused-dQ variant (not selected) spills; so does the packed causal variant at
                     # D128 (56-64 bytes, mostly around the loops; one value per query block inside), and the D128
-                    # band (24 bytes: four values stored before the query loop, reloaded after it)
+                    # band (24-32 bytes: the causal window's four values stored before the query loop, reloaded
+                    # after it)
                     mode = " causal" * causal + " varlen" * varlen + str(band or "")
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,
                                        fused.constexprs(d, causal=causal, varlen=varlen, band=band), 4,
                                        gluon=True, spill_free=not fused.fused_dq
-                                       and not (d == 128 and causal and (varlen or band))
+                                       and not (d == 128 and (causal or band) and (varlen or band))
                                        and (TRITON_TESTED or not (d == 128 and causal)))
 
     from xkernels.hopper import attention_dq as dq
@@ -441,8 +456,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                         ("do_desc", 64))}
             types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DQ": f"*{dt}", "qk_scale": "fp32", "scale": "fp32",
                              "CU_Q": "*i32", "CU_K": "*i32"}
+            sides = tuple((w.causal, False, w) for w in SIDE_WINDOWS) if d == 128 and dt == "bf16" else ()
             for causal, varlen, band in (*product((False, True), (False, True), (None,)), (True, False, WINDOW),
-                                         (True, True, WINDOW)):
+                                         (True, True, WINDOW), *sides):
                 mode = f"{' causal' * causal}{' varlen' * varlen}{band or ''}"
                 yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{mode} {qc}", dq.attention_dq_kernel, types,
                                    qc.constexprs(d, causal=causal, varlen=varlen, band=band), 4, gluon=True)

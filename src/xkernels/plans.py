@@ -149,7 +149,7 @@ class AttentionPlan:
             self.fn = hopper_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = hopper_attention.launch_spec(
                 b, hq, sq, d, is_causal=is_causal, recipe=recipe, positive_scale=positive_scale,
-                write_lse=return_lse, cfg=choice.config.dense, band=band)
+                write_lse=return_lse, cfg=choice.config.dense, band=band, sinks=sinks)
         else:
             self.fn = portable_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = portable_attention.launch_spec(
@@ -167,14 +167,14 @@ class AttentionPlan:
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
         self.persistent = None
         if (self.direct and choice.layer == "hopper" and not self.empty and choice.config.persistent is not None
-                and not band.windowed):  # the persistent kernel has no band
+                and not band.windowed and not sinks):  # the persistent kernel has no band and no sinks
             self.persistent = PersistentAttention.make(q, k, v, out, recipe, choice.config.persistent,
                                                        is_causal=is_causal,
                                                        return_lse=return_lse, positive_scale=positive_scale)
 
     def run(self, q, k, v, out, scale: float | None, sinks=None):
-        """(O, LSE or None): LSE is allocated only when the plan writes it. `sinks`: the portable kernel's sink
-        logits (Hq,), contiguous, for a plan made with them."""
+        """(O, LSE or None): LSE is allocated only when the plan writes it. `sinks`: the sink logits (Hq,),
+        contiguous (fp32 for the Hopper kernel), for a plan made with them."""
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
@@ -183,8 +183,8 @@ class AttentionPlan:
             return out, lse
         qk_scale = (self.default_scale if scale is None else scale) * LOG2E
         lse_arg = out if lse is None else lse  # never written when LSE is off
-        # the portable kernel's last runtime argument: the sink logits, or a pointer it never reads
-        sinks_arg = () if self.layer == "hopper" else (out if sinks is None else sinks,)
+        # both kernels' last runtime argument: the sink logits, or a pointer they never read
+        sinks_arg = (out if sinks is None else sinks,)
         if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()
                                 | (0 if sinks is None else sinks.data_ptr())) % 16:
             if self.persistent is not None:

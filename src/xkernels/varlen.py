@@ -88,7 +88,7 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
     q, k, v = _tiled(q), _tiled(k), _tiled(v)
     batch = cu_seqlens_q.shape[0] - 1
     qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
-    if (choice.layer == "hopper" and not band.windowed  # the persistent kernel has no band
+    if (choice.layer == "hopper" and not band.windowed and sinks is None  # the persistent kernel: no band, no sinks
             and _persistent(q, k, v, max_seqlen_k, is_causal, recipe, choice.config.persistent)):
         _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, qk_scale, is_causal=is_causal,
                         positive_scale=scale is None or scale > 0, recipe=recipe, cfg=choice.config.persistent)
@@ -99,7 +99,7 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
         fn = hopper_kernel.attention_varlen_kernel
         grid, constexprs, options = hopper_kernel.launch_spec(
             batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe, positive_scale=scale is None or scale > 0,
-            write_lse=lse is not None, cfg=choice.config.dense, band=band)
+            write_lse=lse is not None, cfg=choice.config.dense, band=band, sinks=sinks is not None)
         if recipe.converts_v:  # the producer converts V's bf16 bits, read as fp16, in shared memory
             v = v.view(torch.float16)
     else:
@@ -109,8 +109,7 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
                                                        band=band, softcap=softcap, sinks=sinks is not None)
     args = (q, k, v, out, out if lse is None else lse, cu_seqlens_q, cu_seqlens_k, *q.stride()[:2], *k.stride()[:2],
             *v.stride()[:2], *out.stride()[:2], total_q, hq, hq // k.shape[1], max_seqlen_q, qk_scale)
-    if choice.layer != "hopper":  # the portable kernel's sink logits, or a pointer it never reads
-        args += (out if sinks is None else sinks.contiguous(),)
+    args += (out if sinks is None else sinks.contiguous(),)  # the sink logits, or a pointer the kernel never reads
     launch.run(fn, grid, args, constexprs, options)
     return (f"{choice.layer}.attention_varlen[{recipe.name} {choice.config}{band}{softcap_name(softcap)}"
             f"{' sinks' * (sinks is not None)}]")

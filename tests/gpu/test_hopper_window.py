@@ -140,12 +140,13 @@ def test_hopper_band_varlen_forward_matches_float64(monkeypatch, d, causal, wind
     assert c_lse.passed, c_lse.reason
 
 
+@pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal,window", [(True, (127, 0)), (False, (100, 60)), (False, (-1, 33))])
-def test_hopper_band_varlen_backward_matches_float64(monkeypatch, causal, window):
+def test_hopper_band_varlen_backward_matches_float64(monkeypatch, d, causal, window):
     """The packed (VARLEN) variants' band, bottom-right per sequence, an empty sequence and a short one among them."""
     poison_gradient_buffers(monkeypatch)
     lens_q, lens_k = [300, 1000, 0, 17, 640], [300, 1200, 40, 90, 640]
-    q, k, v, cq, ck = _packed(lens_q, lens_k, 128, seed=7)
+    q, k, v, cq, ck = _packed(lens_q, lens_k, d, seed=7)
     do = _grad_out(q.shape, seed=3)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     o = xkernels.attention_varlen(*leaves, cq, ck, max(lens_q), max(lens_k), is_causal=causal, window_size=window)

@@ -21,8 +21,8 @@ import triton.language as tl
 
 @dataclass(frozen=True)
 class Band:
-    """The keys each query row sees, as the attention kernels take it (module docstring): the portable ones and the
-    dense Gluon forward."""
+    """The keys each query row sees, as the attention kernels take it (module docstring): the portable ones, the
+    Gluon dense and varlen forwards and the Gluon dK/dV and dQ kernels."""
 
     causal: bool
     shift: int = 0

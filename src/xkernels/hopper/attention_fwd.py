@@ -41,6 +41,7 @@ from xkernels.hopper.softmax import mask_scores, softmax_step
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = gl.constexpr(configs.WG_ROWS)
+LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @constexpr_function
@@ -172,12 +173,14 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
 def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, diag, qk_scale,
             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
             OVERLAP: gl.constexpr, ACC16: gl.constexpr, EMPTY_ROWS: gl.constexpr, FREE_Q: gl.constexpr,
-            lo=0, full_lo=0, BAND: gl.constexpr = -1):
+            lo=0, full_lo=0, BAND: gl.constexpr = -1, sink=0.0, HAS_SINKS: gl.constexpr = False):
     """One warpgroup's 64 query rows (from start_m) against key tiles [lo, hi), on ring counters from `it`: the
     pipelined loop of the module docstring. Causal keeps key j for row i when j <= i + diag (diag = 0: top-left;
     Skv - Sq: bottom-right); a window's lower side (BAND >= 0) keeps j >= i + diag - BAND, masking the tiles below
     `full_lo`. EMPTY_ROWS: rows may see no key. FREE_Q: arrive on q_free once the last QK^T retired
-    (the persistent producer then loads the next tile's Q under this tile's last P.V and epilogue).
+    (the persistent producer then loads the next tile's Q under this tile's last P.V and epilogue). HAS_SINKS: every
+    row's softmax starts at an attention sink `sink` (the head's logit times log2(e)), a key of value 0: the running
+    max starts there and the row sum at 1, so the LSE includes it and a row that sees no key gets O = 0.
     Returns (O accumulator, row max, row sum, the ring counter after these tiles)."""
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
     o_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
@@ -191,8 +194,12 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
 
     # tile 0: scores and softmax only; its P.V is issued together with tile 1's QK^T
-    m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
-    l_i = gl.zeros([WG_ROWS], gl.float32, rows_s)
+    if HAS_SINKS:
+        m_i = gl.full([WG_ROWS], 0.0, gl.float32, rows_s) + sink
+        l_i = gl.full([WG_ROWS], 1.0, gl.float32, rows_s)
+    else:
+        m_i = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
+        l_i = gl.zeros([WG_ROWS], gl.float32, rows_s)
     acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
     mbarrier.wait(q_ready, q_phase)
     it = gl.to_tensor(it)  # a loop-carried counter, also when the caller passes a literal
@@ -232,13 +239,13 @@ def _normalize(acc, m_i, l_i, EMPTY_ROWS: gl.constexpr):
 def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
               SKV, diag, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              EMPTY_ROWS: gl.constexpr, BAND: gl.constexpr):
+              EMPTY_ROWS: gl.constexpr, BAND: gl.constexpr, sink, HAS_SINKS: gl.constexpr):
     """One warpgroup of one program: `_attend`, then O through its (now free) Q buffer and a TMA store."""
     q = q_bufs.index(WG)
     row0 = start_m + WG * WG_ROWS
     acc, m_i, l_i, it = _attend(q, q_ready, 0, q_ready, k, v, 0, row0, full_hi, hi, SKV, diag, qk_scale, HEAD_DIM,
                                 BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, EMPTY_ROWS, False, lo, full_lo,
-                                BAND)
+                                BAND, sink, HAS_SINKS)
     out, lse = _normalize(acc, m_i, l_i, EMPTY_ROWS)
     q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
@@ -251,11 +258,11 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, st
 
 @gluon.jit
 def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_sb, v_sh, v_ss, o_sb, o_sh, o_ss,
-                         HQ, GROUP, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                         HQ, GROUP, SQ, SKV, qk_scale, SINKS, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                          POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
                          ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
-                         SHIFT: gl.constexpr = 0, BAND: gl.constexpr = -1):
+                         SHIFT: gl.constexpr, BAND: gl.constexpr, HAS_SINKS: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
     m_block = gl.program_id(0) % m_blocks
@@ -289,9 +296,12 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
         full_hi, hi = kv_bounds_shifted(start_m, SHIFT, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     else:
         full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    sink = 0.0
+    if HAS_SINKS:  # (Hq,) sink logits (gpt-oss), fp32; in the kernel's log2 units
+        sink = gl.load(SINKS + h).to(gl.float32) * LOG2E
     _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, SHIFT, qk_scale, HEAD_DIM,
              BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS, WRITE_LSE,
-             BAND >= 0, lo, full_lo, BAND)
+             BAND >= 0, lo, full_lo, BAND, sink, HAS_SINKS)
 
 
 @gluon.jit
@@ -299,10 +309,11 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
              CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
              ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, EMPTY_ROWS: gl.constexpr,
-             lo=0, full_lo=0, BAND: gl.constexpr = -1):
+             lo=0, full_lo=0, BAND: gl.constexpr = -1, sink=0.0, HAS_SINKS: gl.constexpr = False):
     """One program's rings, barriers and partitions, given its descriptors (per (batch, head) in the dense kernel,
     per (sequence, head) in the varlen one) and the key tiles it visits: [lo, hi), unmasked in [full_lo, full_hi),
-    masked elsewhere (BAND >= 0: a window's lower side; hi > lo: the consumers wait for tile lo)."""
+    masked elsewhere (BAND >= 0: a window's lower side; hi > lo: the consumers wait for tile lo); HAS_SINKS: every
+    row's softmax starts at `sink` (`_attend`)."""
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -314,10 +325,10 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
         gl.warp_specialize([
             (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
             (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, lo, hi, BLOCK_N,
                          CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, producer_warps], [regs, producer_regs])
     else:
@@ -325,33 +336,35 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
         gl.warp_specialize([
             (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
             (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
             (_consumer, (2, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, lo, hi, BLOCK_N,
                          CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps], [regs, regs, producer_regs])
 
 
 def constexprs(cfg: HopperAttentionConfig, head_dim: int, recipe: AttentionRecipe, *, causal: bool,
-               positive_scale: bool, write_lse: bool, band: Band | None = None) -> dict[str, object]:
-    """`attention_fwd_kernel`'s compile-time arguments: the config's, and a sliding window's SHIFT and BAND (`band`,
-    its `causal` replacing `causal`; none: 0 and -1)."""
+               positive_scale: bool, write_lse: bool, band: Band | None = None,
+               sinks: bool = False) -> dict[str, object]:
+    """`attention_fwd_kernel`'s (and the varlen kernel's) compile-time arguments: the config's, a sliding window's
+    SHIFT and BAND (`band`, its `causal` replacing `causal`; none: 0 and -1) and HAS_SINKS."""
     band = band if band is not None and band.windowed else Band(causal)
     return cfg.constexprs(head_dim, recipe, causal=band.causal, positive_scale=positive_scale,
-                          write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band)
+                          write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band, HAS_SINKS=sinks)
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
                 positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
-                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
-    """(grid, constexprs, launch options): the runtime arguments are `plans.attention_args`, as for the portable
-    kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared memory). `band`: a
-    sliding window (the plans' choice for a window without a soft cap or sinks on sm_90)."""
+                band: Band | None = None, sinks: bool = False) -> tuple[int, dict[str, object], dict[str, int]]:
+    """(grid, constexprs, launch options): the runtime arguments are `plans.attention_args` and the sink logits, as
+    for the portable kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared
+    memory). `band`: a sliding window (the plans' choice for a window without a soft cap or sinks on sm_90);
+    `sinks`: the kernel reads (Hq,) fp32 sink logits (opt-in until run on a GPU)."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
     return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
-                            write_lse=write_lse, band=band), dict(num_warps=4)
+                            write_lse=write_lse, band=band, sinks=sinks), dict(num_warps=4)

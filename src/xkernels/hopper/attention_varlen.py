@@ -19,7 +19,7 @@ from triton.experimental.gluon import language as gl
 
 from xkernels.common.seqlen import Band, kv_band_start, kv_bounds_shifted, sequence_bounds
 from xkernels.hopper import configs, tma
-from xkernels.hopper.attention_fwd import _program
+from xkernels.hopper.attention_fwd import LOG2E, _program, constexprs
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.recipes import AttentionRecipe
 
@@ -27,9 +27,10 @@ WG_ROWS = gl.constexpr(configs.WG_ROWS)
 
 
 @gluon.jit
-def _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM: gl.constexpr, NUM_WG: gl.constexpr,
-                 WRITE_LSE: gl.constexpr):
-    """O = 0 and LSE = -inf for the block's rows inside the sequence (rows that see no key), 64 rows at a time."""
+def _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, lse_empty, HEAD_DIM: gl.constexpr,
+                 NUM_WG: gl.constexpr, WRITE_LSE: gl.constexpr):
+    """O = 0 and LSE = `lse_empty` (-inf, or the head's sink logit) for the block's rows inside the sequence (rows
+    that see no key), 64 rows at a time."""
     td: gl.constexpr = HEAD_DIM // 8 if HEAD_DIM // 8 <= 32 else 32  # threads along a row, 16 bytes each
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // td, td], [4, 1], [1, 0])
     lse_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -40,18 +41,18 @@ def _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM: gl.const
         gl.store(ptrs, gl.zeros([WG_ROWS, HEAD_DIM], O.dtype.element_ty, layout), mask=gl.expand_dims(rows < SQ, 1))
         if WRITE_LSE:
             r = start_m + w * WG_ROWS + gl.arange(0, WG_ROWS, lse_layout)
-            gl.store(LSE + lse_base + r, gl.full([WG_ROWS], float("-inf"), gl.float32, lse_layout), mask=r < SQ)
+            gl.store(LSE + lse_base + r, gl.full([WG_ROWS], 0.0, gl.float32, lse_layout) + lse_empty, mask=r < SQ)
 
 
 @gluon.jit(do_not_specialize=["HQ", "GROUP", "MAX_SQ"])
 def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh, v_st, v_sh, o_st, o_sh,
-                            lse_sh, HQ, GROUP, MAX_SQ, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+                            lse_sh, HQ, GROUP, MAX_SQ, qk_scale, SINKS, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                             STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                             POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
                             ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
-                            SHIFT: gl.constexpr, BAND: gl.constexpr):
+                            SHIFT: gl.constexpr, BAND: gl.constexpr, HAS_SINKS: gl.constexpr):
     """The portable varlen kernel's arguments (`varlen.run`): q (total_q, Hq, D), k and v (total_k, Hkv, D) by their
-    (token, head) strides, LSE (Hq, total_q)."""
+    (token, head) strides, LSE (Hq, total_q), SINKS (Hq,) fp32 sink logits where HAS_SINKS."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(MAX_SQ, BLOCK_M)
     m_block = gl.program_id(0) % m_blocks
@@ -63,6 +64,11 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
     h = (bh % HQ).to(gl.int64)
     hk = h // GROUP
     q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
+    sink = 0.0  # the head's sink logit (natural log units): where a row's softmax starts, the LSE of a keyless row
+    lse_empty = float("-inf")
+    if HAS_SINKS:
+        sink = gl.load(SINKS + h).to(gl.float32)
+        lse_empty = sink
     if start_m < SQ:
         diag = SKV - SQ + SHIFT  # bottom-right (and a window's upper side): row i's last key is i + diag
         full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)
@@ -84,19 +90,17 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
             o_desc = tma.make_tensor_descriptor(O + o_base, [SQ, HEAD_DIM], [o_st, 1], [WG_ROWS, HEAD_DIM], q_layout)
             _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_base, start_m, full_hi, hi, SQ, SKV, diag, qk_scale,
                      HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16,
-                     CONVERT_STEPS, WRITE_LSE, CAUSAL or BAND >= 0, lo, full_lo, BAND)
+                     CONVERT_STEPS, WRITE_LSE, CAUSAL or BAND >= 0, lo, full_lo, BAND, sink * LOG2E, HAS_SINKS)
         else:
-            _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, HEAD_DIM, NUM_WG, WRITE_LSE)
+            _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, lse_empty, HEAD_DIM, NUM_WG, WRITE_LSE)
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
                 recipe: AttentionRecipe, positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
-                band: Band | None = None) -> tuple[int, dict[str, object], dict[str, int]]:
+                band: Band | None = None, sinks: bool = False) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_varlen_kernel` (V viewed as fp16 for bf16io, as the
-    dense kernel); `band` a sliding window (bottom-right)."""
+    dense kernel); `band` a sliding window (bottom-right), `sinks` the sink logits read (opt-in)."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
-    band = band if band is not None and band.windowed else Band(is_causal)
-    constexprs = cfg.constexprs(head_dim, recipe, causal=band.causal, positive_scale=positive_scale,
-                                write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band)
-    return grid, constexprs, dict(num_warps=4)
+    return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
+                            write_lse=write_lse, band=band, sinks=sinks), dict(num_warps=4)
