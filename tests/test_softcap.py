@@ -9,6 +9,7 @@ import torch
 import xkernels
 from tests.helpers import assert_compiled_grads_match, assert_passes, poison_attention_outputs, poisoned_like
 from xkernels import ops
+from xkernels.common.runtime import hopper_available
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import (
     attention_inputs,
@@ -149,10 +150,18 @@ def test_bad_caps_raise_naming_the_argument(device, cap, error):
             ops.attention_op(q, k, v, False, None, False, "auto", "auto", -1, -1, cap)
 
 
-def test_forcing_hopper_with_a_softcap_raises(device):
+def test_forcing_hopper_with_a_softcap_runs_the_gluon_kernel_or_raises(device):
+    """Soft caps take the portable kernels by default; a forced "hopper" runs the Gluon forward's (opt-in) cap on
+    sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it) and raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=1)
-    with pytest.raises(ValueError, match="backend: 'hopper'.*softcap"):
+    xkernels.attention(q, k, v, softcap=30.0)
+    assert xkernels.last_backend().startswith("portable."), xkernels.last_backend()
+    if hopper_available(torch.device(device)):
         xkernels.attention(q, k, v, softcap=30.0, backend="hopper")
+        assert xkernels.last_backend().startswith("hopper.") and "softcap=30" in xkernels.last_backend()
+    else:
+        with pytest.raises(ValueError, match="backend: 'hopper'"):
+            xkernels.attention(q, k, v, softcap=30.0, backend="hopper")
 
 
 def test_softcap_through_out_compile_and_opcheck(device):

@@ -328,19 +328,21 @@ def hopper_configs() -> Iterator[KernelConfig]:
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             # bf16 also with a causal sliding window (at D64 its three consumer warpgroups of 128 registers keep the
-            # band's bounds on 56 bytes of stack, outside the key loop) and with the window and attention sinks
+            # band's bounds on 56 bytes of stack, outside the key loop) and with the window, attention sinks and a
+            # soft cap (the opt-in sinks and caps)
             for causal, band, sinks in ((False, None, False), (True, None, False)) + (
                     ((True, WINDOW, False), (True, WINDOW, True)) if recipe.name == "bf16" else ()) + (
                     tuple((w.causal, w, False) for w in SIDE_WINDOWS) if recipe.name == "bf16" and d == 128 else ()):
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 16 bytes in
                 # bf16io-acc16's causal D256 variant
                 untested_spill = recipe.converts_v and recipe.pv_acc_dtype == torch.float16 and d == 256 and causal
+                cap = SOFTCAP if sinks else 0.0
                 yield KernelConfig(
                     f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
-                    f"{' sinks' * sinks} {ac}", attn.attention_fwd_kernel,
+                    f"{' sinks' * sinks}{softcap_name(cap)} {ac}", attn.attention_fwd_kernel,
                     _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
                     attn.constexprs(ac, d, recipe, causal=causal, positive_scale=True, write_lse=True, band=band,
-                                    sinks=sinks), 4,
+                                    sinks=sinks, softcap=cap), 4,
                     gluon=True, spill_free=(TRITON_TESTED or not untested_spill) and not (band and d == 64))
 
     from xkernels.hopper import attention_persistent as persistent
@@ -378,12 +380,13 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     "CU_Q": "*i32", "CU_K": "*i32"}
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 8 bytes in the
                 # bf16io D128 variants
+                cap = SOFTCAP if sinks else 0.0
                 _, constexprs, _ = hvarlen.launch_spec(1, 1, 1, d, is_causal=causal, recipe=recipe,
                                                        positive_scale=True, write_lse=True, cfg=ac, band=band,
-                                                       sinks=sinks)
+                                                       sinks=sinks, softcap=cap)
                 yield KernelConfig(
                     f"hopper.attention_varlen {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
-                    f"{' sinks' * sinks} {ac}",
+                    f"{' sinks' * sinks}{softcap_name(cap)} {ac}",
                     hvarlen.attention_varlen_kernel, types, constexprs, 4, gluon=True, divisible=divisible,
                     spill_free=(TRITON_TESTED or not (recipe.converts_v and d == 128)) and not (band and d == 64))
 

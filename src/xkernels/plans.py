@@ -149,7 +149,7 @@ class AttentionPlan:
             self.fn = hopper_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = hopper_attention.launch_spec(
                 b, hq, sq, d, is_causal=is_causal, recipe=recipe, positive_scale=positive_scale,
-                write_lse=return_lse, cfg=choice.config.dense, band=band, sinks=sinks)
+                write_lse=return_lse, cfg=choice.config.dense, band=band, sinks=sinks, softcap=softcap)
         else:
             self.fn = portable_attention.attention_fwd_kernel
             self.grid, self.constexprs, self.options = portable_attention.launch_spec(
@@ -167,7 +167,7 @@ class AttentionPlan:
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
         self.persistent = None
         if (self.direct and choice.layer == "hopper" and not self.empty and choice.config.persistent is not None
-                and not band.windowed and not sinks):  # the persistent kernel has no band and no sinks
+                and not (band.windowed or sinks or softcap)):  # the persistent kernel: no band, sinks or cap
             self.persistent = PersistentAttention.make(q, k, v, out, recipe, choice.config.persistent,
                                                        is_causal=is_causal,
                                                        return_lse=return_lse, positive_scale=positive_scale)

@@ -157,17 +157,12 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 
-def _portable_only(override: Override, softcap: float, op: str, sinks: bool = False) -> bool:
-    """Whether the call runs the portable kernels whatever the GPU: a soft cap (a forced "hopper" raises), or
-    attention sinks unless "hopper" is forced (the Gluon forwards' sinks: opt-in until they have run on a GPU). A
-    sliding window runs the Hopper forwards' band: 1.31-1.33x the portable band's TFLOP/s on 4K windows at D64, D128
-    and D256 (benchmarks/results/h200/2026-12-01/38-window-hopper-band-fused-merge-ab)."""
-    if softcap:
-        if override.layer == "hopper":
-            raise ValueError(f"backend: 'hopper' was forced, but {op} with softcap={softcap} runs the portable "
-                             "kernels only (the Hopper kernels have no soft cap)")
-        return True
-    return sinks and override.layer != "hopper"
+def _portable_only(override: Override, softcap: float, sinks: bool = False) -> bool:
+    """Whether the call runs the portable kernels whatever the GPU: one with a soft cap or attention sinks, unless
+    "hopper" is forced (the Gluon forwards' caps and sinks: opt-in until they have run on a GPU). A sliding window
+    runs the Hopper forwards' band: 1.31-1.33x the portable band's TFLOP/s on 4K windows at D64, D128 and D256
+    (benchmarks/results/h200/2026-12-01/38-window-hopper-band-fused-merge-ab)."""
+    return bool(softcap or sinks) and override.layer != "hopper"
 
 
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override,
@@ -192,7 +187,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     check_sinks(sinks, q.shape[1], q.device)
     check_device(q.device, "q")
     override = parse_backend(backend)
-    portable_only = _portable_only(override, softcap, "attention", sinks is not None)
+    portable_only = _portable_only(override, softcap, sinks is not None)
     if q.device.type == "meta":  # shapes only: no kernel is chosen for a device that runs none
         return recipe, Choice("meta", None)
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
@@ -248,7 +243,7 @@ def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, wi
     caps and sinks; else the portable one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
-    portable_only = _portable_only(override, softcap, "attention_varlen", sinks)
+    portable_only = _portable_only(override, softcap, sinks)
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])

@@ -88,7 +88,8 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
     q, k, v = _tiled(q), _tiled(k), _tiled(v)
     batch = cu_seqlens_q.shape[0] - 1
     qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
-    if (choice.layer == "hopper" and not band.windowed and sinks is None  # the persistent kernel: no band, no sinks
+    # the persistent kernel has no band, sinks or soft cap
+    if (choice.layer == "hopper" and not (band.windowed or sinks is not None or softcap)
             and _persistent(q, k, v, max_seqlen_k, is_causal, recipe, choice.config.persistent)):
         _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, qk_scale, is_causal=is_causal,
                         positive_scale=scale is None or scale > 0, recipe=recipe, cfg=choice.config.persistent)
@@ -99,7 +100,7 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
         fn = hopper_kernel.attention_varlen_kernel
         grid, constexprs, options = hopper_kernel.launch_spec(
             batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe, positive_scale=scale is None or scale > 0,
-            write_lse=lse is not None, cfg=choice.config.dense, band=band, sinks=sinks is not None)
+            write_lse=lse is not None, cfg=choice.config.dense, band=band, sinks=sinks is not None, softcap=softcap)
         if recipe.converts_v:  # the producer converts V's bf16 bits, read as fp16, in shared memory
             v = v.view(torch.float16)
     else:

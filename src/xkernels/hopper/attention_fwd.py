@@ -37,7 +37,8 @@ from xkernels.hopper import configs, tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
-from xkernels.hopper.softmax import mask_scores, softmax_step
+from xkernels.hopper.softmax import cap_scores, mask_scores, softmax_step
+from xkernels.portable.softmax import softcap_constexpr
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = gl.constexpr(configs.WG_ROWS)
@@ -122,10 +123,12 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, 
 
 @gluon.jit
 def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
-            cols_layout: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1):
+            cols_layout: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1, SOFTCAP: gl.constexpr = 0.0):
     """The tile's scores, masked where it is a tail or diagonal tile (from `full_hi` on) or, with a window's lower
-    side (BAND >= 0), a tile below `full_lo` that the side cuts for some row."""
-    if not POSITIVE_SCALE:
+    side (BAND >= 0), a tile below `full_lo` that the side cuts for some row; with SOFTCAP > 0 scaled and capped."""
+    if SOFTCAP > 0:
+        qk = cap_scores(qk, qk_scale, SOFTCAP)  # the softmax then takes a scale of 1 (`_step_scale`)
+    elif not POSITIVE_SCALE:
         qk = qk * qk_scale  # the softmax's max-then-scale identity needs a scale > 0: scale first, then mask
     masked = start_n >= full_hi
     if BAND >= 0:
@@ -136,9 +139,19 @@ def _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL: gl.constexpr, P
 
 
 @gluon.jit
+def _step_scale(qk_scale, POSITIVE_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):
+    """The scale `softmax_step` applies: the kernel's where the scores reach it unscaled, else 1 (`_scores`)."""
+    if POSITIVE_SCALE and SOFTCAP == 0:
+        out = qk_scale
+    else:
+        out = 1.0
+    return out
+
+
+@gluon.jit
 def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, qk_scale, zero_s,
                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr,
-               EMPTY_ROWS: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1):
+               EMPTY_ROWS: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1, SOFTCAP: gl.constexpr = 0.0):
     """The pipelined loop over key tiles [lo, hi) of one warpgroup (module docstring), entered with P of the tile
     before `lo` in `p_op` (its P.V not issued yet) and the ring counter `it` at tile `lo`; returns (acc, m_i, l_i,
     p_op, it) in the same state after tile hi - 1. `offs_m`: the rows' causal limits (key j kept for row i when
@@ -147,7 +160,7 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
     rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, zero_s.type.layout)
     pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer
-    step_scale = qk_scale if POSITIVE_SCALE else 1.0
+    step_scale = _step_scale(qk_scale, POSITIVE_SCALE, SOFTCAP)
     for start_n in range(lo, hi, BLOCK_N):
         s = k.wait(it)
         qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
@@ -157,7 +170,8 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
         # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
         qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
         k.release(it)
-        qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s, full_lo, BAND)
+        qk = _scores(qk, start_n, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s, full_lo, BAND,
+                     SOFTCAP)
         p, m_new, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
         acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
         v.release(it - 1)
@@ -173,14 +187,16 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
 def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, diag, qk_scale,
             HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
             OVERLAP: gl.constexpr, ACC16: gl.constexpr, EMPTY_ROWS: gl.constexpr, FREE_Q: gl.constexpr,
-            lo=0, full_lo=0, BAND: gl.constexpr = -1, sink=0.0, HAS_SINKS: gl.constexpr = False):
+            lo=0, full_lo=0, BAND: gl.constexpr = -1, sink=0.0, HAS_SINKS: gl.constexpr = False,
+            SOFTCAP: gl.constexpr = 0.0):
     """One warpgroup's 64 query rows (from start_m) against key tiles [lo, hi), on ring counters from `it`: the
     pipelined loop of the module docstring. Causal keeps key j for row i when j <= i + diag (diag = 0: top-left;
     Skv - Sq: bottom-right); a window's lower side (BAND >= 0) keeps j >= i + diag - BAND, masking the tiles below
     `full_lo`. EMPTY_ROWS: rows may see no key. FREE_Q: arrive on q_free once the last QK^T retired
     (the persistent producer then loads the next tile's Q under this tile's last P.V and epilogue). HAS_SINKS: every
     row's softmax starts at an attention sink `sink` (the head's logit times log2(e)), a key of value 0: the running
-    max starts there and the row sum at 1, so the LSE includes it and a row that sees no key gets O = 0.
+    max starts there and the row sum at 1, so the LSE includes it and a row that sees no key gets O = 0. SOFTCAP > 0:
+    the scores soft-capped (`hopper.softmax.cap_scores`).
     Returns (O accumulator, row max, row sum, the ring counter after these tiles)."""
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
     o_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
@@ -189,7 +205,7 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
     cols_s: gl.constexpr = gl.SliceLayout(0, s_layout)
     pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer
     acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32  # ACC16: the seeds' fp16 P.V accumulator
-    step_scale = qk_scale if POSITIVE_SCALE else 1.0
+    step_scale = _step_scale(qk_scale, POSITIVE_SCALE, SOFTCAP)
     offs_m = start_m + gl.arange(0, WG_ROWS, rows_s)
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
 
@@ -206,13 +222,14 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
     s = k.wait(it)
     qk = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
     k.release(it)
-    qk = _scores(qk, lo, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s, full_lo, BAND)
+    qk = _scores(qk, lo, full_hi, offs_m + diag, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s, full_lo, BAND,
+                 SOFTCAP)
     p, m_i, l_i, alpha = softmax_step(qk, m_i, l_i, step_scale, EMPTY_ROWS)
     p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
     it += 1
     acc, m_i, l_i, p_op, it = _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo + BLOCK_N, full_hi, hi, offs_m + diag,
                                          SKV, qk_scale, zero_s, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, EMPTY_ROWS,
-                                         full_lo, BAND)
+                                         full_lo, BAND, SOFTCAP)
     if FREE_Q:  # every QK^T reading this warpgroup's Q rows has retired
         mbarrier.arrive(q_free)
     v_tile = v.bufs.index(v.wait(it - 1))
@@ -239,13 +256,13 @@ def _normalize(acc, m_i, l_i, EMPTY_ROWS: gl.constexpr):
 def _consumer(WG: gl.constexpr, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
               SKV, diag, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              EMPTY_ROWS: gl.constexpr, BAND: gl.constexpr, sink, HAS_SINKS: gl.constexpr):
+              EMPTY_ROWS: gl.constexpr, BAND: gl.constexpr, sink, HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr):
     """One warpgroup of one program: `_attend`, then O through its (now free) Q buffer and a TMA store."""
     q = q_bufs.index(WG)
     row0 = start_m + WG * WG_ROWS
     acc, m_i, l_i, it = _attend(q, q_ready, 0, q_ready, k, v, 0, row0, full_hi, hi, SKV, diag, qk_scale, HEAD_DIM,
                                 BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, EMPTY_ROWS, False, lo, full_lo,
-                                BAND, sink, HAS_SINKS)
+                                BAND, sink, HAS_SINKS, SOFTCAP)
     out, lse = _normalize(acc, m_i, l_i, EMPTY_ROWS)
     q.store(out.to(q.dtype))  # this warpgroup's Q buffer is free: every wgmma reading it has retired
     fence_async_shared()
@@ -262,7 +279,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
                          STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                          POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
                          ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
-                         SHIFT: gl.constexpr, BAND: gl.constexpr, HAS_SINKS: gl.constexpr):
+                         SHIFT: gl.constexpr, BAND: gl.constexpr, HAS_SINKS: gl.constexpr, SOFTCAP: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)  # one grid axis, row blocks of a head adjacent (see the portable kernel)
     m_block = gl.program_id(0) % m_blocks
@@ -301,7 +318,7 @@ def attention_fwd_kernel(Q, K, V, O, LSE, q_sb, q_sh, q_ss, k_sb, k_sh, k_ss, v_
         sink = gl.load(SINKS + h).to(gl.float32) * LOG2E
     _program(q_desc, k_desc, v_desc, o_desc, LSE, bh * SQ, start_m, full_hi, hi, SQ, SKV, SHIFT, qk_scale, HEAD_DIM,
              BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16, CONVERT_STEPS, WRITE_LSE,
-             BAND >= 0, lo, full_lo, BAND, sink, HAS_SINKS)
+             BAND >= 0, lo, full_lo, BAND, sink, HAS_SINKS, SOFTCAP)
 
 
 @gluon.jit
@@ -309,11 +326,12 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
              HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
              CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
              ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, EMPTY_ROWS: gl.constexpr,
-             lo=0, full_lo=0, BAND: gl.constexpr = -1, sink=0.0, HAS_SINKS: gl.constexpr = False):
+             lo=0, full_lo=0, BAND: gl.constexpr = -1, sink=0.0, HAS_SINKS: gl.constexpr = False,
+             SOFTCAP: gl.constexpr = 0.0):
     """One program's rings, barriers and partitions, given its descriptors (per (batch, head) in the dense kernel,
     per (sequence, head) in the varlen one) and the key tiles it visits: [lo, hi), unmasked in [full_lo, full_hi),
     masked elsewhere (BAND >= 0: a window's lower side; hi > lo: the consumers wait for tile lo); HAS_SINKS: every
-    row's softmax starts at `sink` (`_attend`)."""
+    row's softmax starts at `sink` (`_attend`); SOFTCAP > 0: soft-capped scores."""
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
@@ -325,10 +343,10 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
         gl.warp_specialize([
             (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS, SOFTCAP)),
             (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS, SOFTCAP)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, lo, hi, BLOCK_N,
                          CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, producer_warps], [regs, producer_regs])
     else:
@@ -336,35 +354,38 @@ def _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_row0, start_m, full_hi, hi
         gl.warp_specialize([
             (_consumer, (0, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS, SOFTCAP)),
             (_consumer, (1, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS, SOFTCAP)),
             (_consumer, (2, o_desc, q_bufs, q_ready, k, v, LSE, lse_row0, start_m, lo, full_lo, full_hi, hi, SQ,
                          SKV, diag, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE,
-                         EMPTY_ROWS, BAND, sink, HAS_SINKS)),
+                         EMPTY_ROWS, BAND, sink, HAS_SINKS, SOFTCAP)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, k, v, v_landed, start_m, lo, hi, BLOCK_N,
                          CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps], [regs, regs, producer_regs])
 
 
 def constexprs(cfg: HopperAttentionConfig, head_dim: int, recipe: AttentionRecipe, *, causal: bool,
-               positive_scale: bool, write_lse: bool, band: Band | None = None,
-               sinks: bool = False) -> dict[str, object]:
+               positive_scale: bool, write_lse: bool, band: Band | None = None, sinks: bool = False,
+               softcap: float = 0.0) -> dict[str, object]:
     """`attention_fwd_kernel`'s (and the varlen kernel's) compile-time arguments: the config's, a sliding window's
-    SHIFT and BAND (`band`, its `causal` replacing `causal`; none: 0 and -1) and HAS_SINKS."""
+    SHIFT and BAND (`band`, its `causal` replacing `causal`; none: 0 and -1), HAS_SINKS and SOFTCAP (the API's
+    `softcap` times log2(e); 0: none)."""
     band = band if band is not None and band.windowed else Band(causal)
     return cfg.constexprs(head_dim, recipe, causal=band.causal, positive_scale=positive_scale,
-                          write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band, HAS_SINKS=sinks)
+                          write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band, HAS_SINKS=sinks,
+                                                      SOFTCAP=softcap_constexpr(softcap))
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,
                 positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
-                band: Band | None = None, sinks: bool = False) -> tuple[int, dict[str, object], dict[str, int]]:
+                band: Band | None = None, sinks: bool = False,
+                softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options): the runtime arguments are `plans.attention_args` and the sink logits, as
     for the portable kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared
-    memory). `band`: a sliding window (the plans' choice for a window without a soft cap or sinks on sm_90);
-    `sinks`: the kernel reads (Hq,) fp32 sink logits (opt-in until run on a GPU)."""
+    memory). `band`: a sliding window; `sinks`: the kernel reads (Hq,) sink logits; `softcap`: the scores' soft
+    cap (sinks and caps: opt-in until run on a GPU)."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
     return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
-                            write_lse=write_lse, band=band, sinks=sinks), dict(num_warps=4)
+                            write_lse=write_lse, band=band, sinks=sinks, softcap=softcap), dict(num_warps=4)

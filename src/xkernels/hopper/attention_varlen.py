@@ -50,7 +50,8 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
                             STAGES: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
                             POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
                             ACC16: gl.constexpr, CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr,
-                            SHIFT: gl.constexpr, BAND: gl.constexpr, HAS_SINKS: gl.constexpr):
+                            SHIFT: gl.constexpr, BAND: gl.constexpr, HAS_SINKS: gl.constexpr,
+                            SOFTCAP: gl.constexpr):
     """The portable varlen kernel's arguments (`varlen.run`): q (total_q, Hq, D), k and v (total_k, Hkv, D) by their
     (token, head) strides, LSE (Hq, total_q), SINKS (Hq,) fp32 sink logits where HAS_SINKS."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
@@ -90,17 +91,20 @@ def attention_varlen_kernel(Q, K, V, O, LSE, CU_Q, CU_K, q_st, q_sh, k_st, k_sh,
             o_desc = tma.make_tensor_descriptor(O + o_base, [SQ, HEAD_DIM], [o_st, 1], [WG_ROWS, HEAD_DIM], q_layout)
             _program(q_desc, k_desc, v_desc, o_desc, LSE, lse_base, start_m, full_hi, hi, SQ, SKV, diag, qk_scale,
                      HEAD_DIM, BLOCK_N, STAGES, CAUSAL, CONVERT_V, POSITIVE_SCALE, OVERLAP, NUM_WG, ACC16,
-                     CONVERT_STEPS, WRITE_LSE, CAUSAL or BAND >= 0, lo, full_lo, BAND, sink * LOG2E, HAS_SINKS)
+                     CONVERT_STEPS, WRITE_LSE, CAUSAL or BAND >= 0, lo, full_lo, BAND, sink * LOG2E, HAS_SINKS,
+                     SOFTCAP)
         else:
             _store_empty(O, LSE, o_base, lse_base, start_m, SQ, o_st, lse_empty, HEAD_DIM, NUM_WG, WRITE_LSE)
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_causal: bool,
                 recipe: AttentionRecipe, positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
-                band: Band | None = None, sinks: bool = False) -> tuple[int, dict[str, object], dict[str, int]]:
+                band: Band | None = None, sinks: bool = False,
+                softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_varlen_kernel` (V viewed as fp16 for bf16io, as the
-    dense kernel); `band` a sliding window (bottom-right), `sinks` the sink logits read (opt-in)."""
+    dense kernel); `band` a sliding window (bottom-right), `sinks` the sink logits read, `softcap` the scores' soft
+    cap (sinks and caps: opt-in)."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
     return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
-                            write_lse=write_lse, band=band, sinks=sinks), dict(num_warps=4)
+                            write_lse=write_lse, band=band, sinks=sinks, softcap=softcap), dict(num_warps=4)

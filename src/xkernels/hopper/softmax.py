@@ -3,7 +3,7 @@
 Scores stay unscaled until the exponent: with a positive scale (folded with log2 e on the host) the row maximum of the
 raw scores times the scale is the maximum of the scaled scores, so `exp2(s * scale - m)` is one FFMA + one MUFU.EX2
 per element. A scale <= 0 (legal in SDPA, never the default) breaks that identity: the consumer then scales the scores
-before masking and calls `softmax_step` with a scale of 1.
+before masking and calls `softmax_step` with a scale of 1; so does a soft cap (`cap_scores`: scaled, then capped).
 """
 
 from triton.experimental import gluon
@@ -22,6 +22,13 @@ def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.
     if BAND >= 0:
         keep = keep & (keys >= gl.expand_dims(offs_m - BAND, 1))
     return gl.where(keep, qk, float("-inf"))
+
+
+@gluon.jit
+def cap_scores(qk, qk_scale, SOFTCAP: gl.constexpr):
+    """Soft-capped scaled scores in base-2 units: SOFTCAP * tanh(qk * qk_scale / SOFTCAP), SOFTCAP the cap times
+    log2(e) (`portable.softmax.softcap_constexpr`); tanh from exp2, as the portable kernels (saturates to +-1)."""
+    return SOFTCAP * (1.0 - 2.0 / (gl.exp2(qk * (qk_scale / SOFTCAP * 2.8853900817779268)) + 1.0))
 
 
 @gluon.jit

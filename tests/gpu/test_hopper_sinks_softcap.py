@@ -1,7 +1,8 @@
-"""The Gluon forwards' attention sinks (opt-in: `backend="hopper"` with `sinks`) against float64: the dense kernel at
-every head dim, causal and not, with a window, GQA, Sq != Skv with rows that see no key (O = 0, LSE = the sink), fp32
-and bf16 sink logits, on NaN-poisoned outputs; the varlen kernel (blocks that see no key store the sink as their
-LSE); a training step (the Hopper backward, dSinks from the op's pass)."""
+"""The Gluon forwards' attention sinks and soft caps (opt-in: `backend="hopper"` with `sinks` or `softcap`) against
+float64: the dense kernel at every head dim, causal and not, with a window, GQA, Sq != Skv with rows that see no key
+(O = 0, LSE = the sink), fp32 and bf16 sink logits, on NaN-poisoned outputs; the varlen kernel (blocks that see no
+key store the sink as their LSE); training steps (sinks: the Hopper backward and the op's dSinks; caps: the
+portable backward)."""
 
 import pytest
 import torch
@@ -98,3 +99,61 @@ def test_hopper_varlen_sinks_match_float64(monkeypatch, causal, window):
     assert c.passed, c.reason
     c_lse = compare_lse(lse, ref_lse)
     assert c_lse.passed, c_lse.reason
+
+
+def _capped_inputs(sq, skv, d, seed):
+    """Inputs whose scaled scores reach well past a cap of a few units (q x4)."""
+    q, k, v = attention_inputs(1, 4, sq, skv, d, torch.bfloat16, "cuda", hkv=2, seed=seed)
+    return (q.float() * 4).to(torch.bfloat16), k, v
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("sq,skv,causal,window,cap", [(1000, 1000, True, (-1, -1), 2.0),
+                                                      (700, 1300, False, (-1, -1), 5.0),
+                                                      (1000, 1000, True, (255, 0), 3.0)])
+def test_hopper_softcap_matches_float64(d, sq, skv, causal, window, cap):
+    q, k, v = _capped_inputs(sq, skv, d, seed=sq + d)
+    out = poisoned_like(q)
+    _, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, window_size=window, softcap=cap,
+                                out=out, return_lse=True, backend="hopper")
+    name = xkernels.last_backend()
+    assert name.startswith("hopper.attention") and f"softcap={cap:g}" in name, name
+    ref = dict(is_causal=causal, window=window, softcap=cap)
+    c = compare_attention(out, reference_attention(q, k, v, **ref), BF16)
+    assert c.passed, c.reason
+    c_lse = compare_lse(lse, reference_lse(q, k, **ref))
+    assert c_lse.passed, c_lse.reason
+    # a cap 50 % off moves O by less than bf16's bounds (checked on the CPU's draws), the LSE well past its own
+    assert not compare_lse(lse, reference_lse(q, k, **(ref | dict(softcap=1.5 * cap)))).passed, "a wrong cap"
+
+
+def test_hopper_softcap_with_sinks_varlen_and_a_training_step(monkeypatch):
+    """gpt-oss's and Gemma 2's pieces together on the varlen kernel, then a capped training step (the forward on
+    the Gluon kernel, the backward on the portable one, which has the cap's derivative)."""
+    poison_attention_outputs(monkeypatch)
+    lens = [300, 1000, 17, 500]
+    g = torch.Generator(device="cuda").manual_seed(12)
+    q = (uniform((sum(lens), 4, 128), torch.bfloat16, "cuda", g).float() * 4).to(torch.bfloat16)
+    k, v = (uniform((sum(lens), 2, 128), torch.bfloat16, "cuda", g) for _ in range(2))
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    sinks = _sinks(4, seed=9)
+    o, lse = xkernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True, window_size=(127, 0),
+                                       softcap=3.0, sinks=sinks, return_lse=True, backend="hopper")
+    name = xkernels.last_backend()
+    assert name.startswith("hopper.attention_varlen[") and "softcap=3" in name and "sinks" in name, name
+    ref_o, ref_lse = reference_attention_varlen(q, k, v, cu, cu, is_causal=True, window=(127, 0), softcap=3.0,
+                                                sinks=sinks)
+    c = compare_attention(o, ref_o, BF16)
+    assert c.passed, c.reason
+    c_lse = compare_lse(lse, ref_lse)
+    assert c_lse.passed, c_lse.reason
+
+    q, k, v = _capped_inputs(512, 512, 128, seed=4)
+    do = (torch.rand(q.shape, generator=g, device="cuda") - 0.5).to(torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o = xkernels.attention(*leaves, is_causal=True, enable_gqa=True, softcap=2.0, backend="hopper")
+    assert xkernels.last_backend().startswith("hopper.attention"), xkernels.last_backend()
+    grads = torch.autograd.grad(o, leaves, do)
+    assert xkernels.last_backend().startswith("portable.attention_backward"), xkernels.last_backend()
+    refs = reference_attention_grads(q, k, v, do, is_causal=True, softcap=2.0)
+    assert_passes({n: compare_grad(g_, r, BF16) for n, g_, r in zip(("dq", "dk", "dv"), grads, refs, strict=True)})
