@@ -1,6 +1,6 @@
 """The benchmark suites' cases: the decode suite times each cache call with and without the host read of its checks,
 and a `sync_checks=False` case runs and passes its float64 check like the synchronized one; the packed training
-step's case checks its gradients and pads dO for its peers."""
+step's case checks its gradients and pads dO for its peers; soft-capped and sink cases check what they name."""
 
 from xkernels.bench.suites import DECODE_ROWS, decode_suite
 from xkernels.testing.cases import DecodeCase
@@ -79,3 +79,26 @@ def test_windowed_attention_cases_count_the_band_and_check(device):
     grad = AttentionGradCase(1, 2, 1, 40, 40, 64, True, "fp16", window=(6, 0), step="fwd+bwd")
     assert grad.check(grad.inputs(device)).passed
     assert "window 6,0" in grad.shape and torch.equal(grad.mask("cpu"), grad.mask("cpu").tril())
+
+
+def test_soft_capped_and_sink_cases_check_and_fail_without_what_they_name(device):
+    """A case with a soft cap or sinks runs and checks them (forward, and the training step's dQ, dK, dV), has no
+    SDPA peer (no backend has either), and its check fails against a call that drops the cap or the sinks."""
+    import dataclasses
+
+    from xkernels.bench.peers import peers_for
+    from xkernels.testing.cases import AttentionCase, AttentionGradCase
+
+    class Dropped(AttentionCase):  # runs the call without its cap and sinks, checks against the case's references
+        def run(self, inputs, out=None, return_lse=False):
+            plain = AttentionCase(**(dataclasses.asdict(self) | dict(softcap=0.0, sinks=False)))
+            return plain.run(inputs[:3], out=out, return_lse=return_lse)
+
+    # the inputs' scaled scores are ~0.1: a cap of 0.1 bends them (a larger one would leave O within its bounds)
+    for extra in (dict(softcap=0.1), dict(sinks=True), dict(softcap=0.1, sinks=True, window=(9, 0))):
+        case = AttentionCase(1, 4, 2, 40, 56, 64, True, "fp16", **extra)
+        inputs = case.inputs(device)
+        assert case.check(inputs).passed and not peers_for(case)
+        assert not Dropped(**dataclasses.asdict(case)).check(inputs).passed, extra
+        grad = AttentionGradCase(1, 4, 2, 40, 40, 64, True, "fp16", step="fwd+bwd", **extra)
+        assert grad.check(grad.inputs(device)).passed

@@ -140,6 +140,8 @@ def peers_for(case: Case) -> list[Peer]:
         if case.b_layout == "nk":
             return [Peer("cuBLAS", contextlib.nullcontext, lambda x: x, lambda ab: ab[0] @ ab[1].t())]
         return [Peer("cuBLAS", contextlib.nullcontext, lambda x: x, lambda ab: ab[0] @ ab[1])]
+    if isinstance(case, AttentionCase) and (case.softcap or case.sinks):
+        return []  # no SDPA backend has a soft cap or sinks
     if isinstance(case, AttentionGradCase):
         return [_sdpa_grad_peer(n, b, case) for n, b in (("SDPA-flash", "FLASH_ATTENTION"),
                                                          ("SDPA-cuDNN", "CUDNN_ATTENTION"),

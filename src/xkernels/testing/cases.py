@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 import torch
@@ -45,13 +46,21 @@ class AttentionCase:
     recipe: str
     backend: str | None = None  # e.g. "portable", "hopper:stages=3" (xkernels.select); None: the default choice
     window: tuple[int, int] = NO_WINDOW  # window_size (left, right), top-left as the causal mask
+    softcap: float = 0.0  # the scores' soft cap (Gemma 2's); 0: none
+    sinks: bool = False  # attention sinks (gpt-oss's): a logit per query head, the inputs' last tensor
 
     @property
     def shape(self) -> str:
         heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
         window = f" window {self.window[0]},{self.window[1]}" if self.window != NO_WINDOW else ""
+        extra = f"{f' softcap {self.softcap:g}' if self.softcap else ''}{' sinks' if self.sinks else ''}"
         return (f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
-                f"{window}{_forced(self.backend)}")
+                f"{window}{extra}{_forced(self.backend)}")
+
+    @property
+    def _extra(self) -> dict:
+        """The reference's soft cap and window arguments."""
+        return dict(is_causal=self.causal, window=self.window, softcap=self.softcap)
 
     @property
     def flops(self) -> int:
@@ -79,22 +88,30 @@ class AttentionCase:
         return 2 * self.d * self.b * (2 * self.hq * self.sq + 2 * self.hkv * self.skv)
 
     def inputs(self, device: str, seed: int = 0):
+        """(q, k, v), and with sinks their (Hq,) fp32 logits, drawn around the rows' own LSEs (log of the keys)."""
         dtype = ATTENTION_RECIPES[self.recipe].io_dtype
-        return attention_inputs(self.b, self.hq, self.sq, self.skv, self.d, dtype, device, hkv=self.hkv, seed=seed)
+        qkv = attention_inputs(self.b, self.hq, self.sq, self.skv, self.d, dtype, device, hkv=self.hkv, seed=seed)
+        if not self.sinks:
+            return qkv
+        g = torch.Generator().manual_seed(seed + 7)
+        return (*qkv, (torch.rand(self.hq, generator=g) * 4 + math.log(self.skv) - 2).to(device))
+
+    def _sinks(self, inputs):
+        return inputs[3] if self.sinks else None
 
     def run(self, inputs, out: torch.Tensor | None = None, return_lse: bool = False):
-        q, k, v = inputs
+        q, k, v = inputs[:3]
         return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
                                   precision=self.recipe, out=out, return_lse=return_lse, backend=self.backend,
-                                  window_size=self.window)
+                                  window_size=self.window, softcap=self.softcap, sinks=self._sinks(inputs))
 
     def check(self, inputs) -> Comparison:
         """Run on a NaN-poisoned output and compare O and the LSE with their float64 references."""
-        q, k, v = inputs
+        q, k, v = inputs[:3]
         out, lse = self.run(inputs, out=torch.full_like(q, float("nan")), return_lse=True)
-        c = compare_attention(out, reference_attention(q, k, v, is_causal=self.causal, window=self.window),
-                              ATTENTION_RECIPES[self.recipe])
-        ref_lse = reference_lse(q, k, is_causal=self.causal, window=self.window)
+        ref = self._extra | dict(sinks=self._sinks(inputs))
+        c = compare_attention(out, reference_attention(q, k, v, **ref), ATTENTION_RECIPES[self.recipe])
+        ref_lse = reference_lse(q, k, **ref)
         seen = ~torch.isinf(ref_lse)
         c_lse = compare_lse(lse[seen], ref_lse[seen])
         if not torch.equal(torch.isinf(lse), ~seen):
@@ -153,7 +170,7 @@ class _GradStep:
 
     def check(self, inputs) -> Comparison:
         grads = _GradStep.run(dataclasses.replace(self, step="fwd+bwd"), inputs)
-        return _worst(grads, self.references(inputs), self.recipe)
+        return _worst(grads[:3], self.references(inputs), self.recipe)  # dQ, dK, dV (a sinks' gradient aside)
 
 
 @dataclass(frozen=True)
@@ -163,16 +180,20 @@ class AttentionGradCase(_GradStep, AttentionCase):
     step: str = "bwd"
 
     def inputs(self, device: str, seed: int = 0):
-        q, k, v = super().inputs(device, seed)
-        return q, k, v, _grad_out(q, seed)
+        """(q, k, v, [sinks,] dO)."""
+        forward = super().inputs(device, seed)
+        return (*forward, _grad_out(forward[0], seed))
 
     def forward(self, inputs):
-        """(O, leaves) with fresh leaves, so each call's graph is its own."""
-        leaves = tuple(t.detach().requires_grad_() for t in inputs[:3])
+        """(O, leaves) with fresh leaves (q, k, v, and the sinks where the case has them), so each call's graph is
+        its own."""
+        leaves = tuple(t.detach().requires_grad_() for t in inputs[:-1])
         return AttentionCase.run(self, leaves), leaves
 
     def references(self, inputs):
-        return reference_attention_grads(*inputs, is_causal=self.causal, window=self.window)
+        """dQ, dK, dV (the sinks' gradient is the op's own pass, not the kernels')."""
+        q, k, v = inputs[:3]
+        return reference_attention_grads(q, k, v, inputs[-1], **self._extra, sinks=self._sinks(inputs))[:3]
 
 
 @dataclass(frozen=True)
