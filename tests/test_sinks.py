@@ -152,7 +152,7 @@ def test_bad_sinks_raise_naming_the_argument(device, sinks, error):
 
 def test_forcing_hopper_with_sinks_runs_the_gluon_kernel_or_raises(device):
     """Sinks take the portable kernels by default; a forced "hopper" runs the Gluon forward's (opt-in) sinks on
-    sm_90 (tests/gpu/test_hopper_sinks.py checks them) and raises where no Gluon kernel runs."""
+    sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks them) and raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=1)
     sinks = torch.zeros(2, device=device)
     xkernels.attention(q, k, v, sinks=sinks)

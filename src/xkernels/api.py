@@ -84,7 +84,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     its band, forward and backward (on Hopper the Gluon kernels' band, elsewhere the portable kernels'); each window
     value compiles its own kernel variant. `softcap` > 0 soft-caps the scaled scores x to
     softcap * tanh(x / softcap) (flash_attn's softcap, Gemma 2's attn_logit_softcapping), in the forward and the
-    backward; portable kernels. `sinks`
+    backward (the portable kernels; the Gluon forward with `backend="hopper"`, opt-in as for `sinks`). `sinks`
     (Hq,) float: attention sinks (gpt-oss), one natural-log logit per query head that joins each row's softmax as a
     key of value 0 (not scaled by `scale`, not masked): O = sum_j p_j v_j / (sum_j p_j + exp(sink)), and the LSE
     includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. Portable kernels in

@@ -330,18 +330,23 @@ def hopper_configs() -> Iterator[KernelConfig]:
             # bf16 also with a causal sliding window (at D64 its three consumer warpgroups of 128 registers keep the
             # band's bounds on 56 bytes of stack, outside the key loop) and with the window, attention sinks and a
             # soft cap (the opt-in sinks and caps)
-            for causal, band, sinks in ((False, None, False), (True, None, False)) + (
-                    ((True, WINDOW, False), (True, WINDOW, True)) if recipe.name == "bf16" else ()) + (
-                    tuple((w.causal, w, False) for w in SIDE_WINDOWS) if recipe.name == "bf16" and d == 128 else ()):
+            # (causal, band, sinks, soft cap, positive scale)
+            variants = [(False, None, False, 0.0, True), (True, None, False, 0.0, True)]
+            if recipe.name == "bf16":
+                variants += [(True, WINDOW, False, 0.0, True), (True, WINDOW, True, SOFTCAP, True)]
+                if d == 128:  # sinks alone, a cap on scores scaled first (a negative scale), non-causal windows
+                    variants += [(True, None, True, 0.0, True), (True, None, False, SOFTCAP, False)]
+                    variants += [(w.causal, w, False, 0.0, True) for w in SIDE_WINDOWS]
+            for causal, band, sinks, cap, positive in variants:
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 16 bytes in
                 # bf16io-acc16's causal D256 variant
                 untested_spill = recipe.converts_v and recipe.pv_acc_dtype == torch.float16 and d == 256 and causal
-                cap = SOFTCAP if sinks else 0.0
                 yield KernelConfig(
                     f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
-                    f"{' sinks' * sinks}{softcap_name(cap)} {ac}", attn.attention_fwd_kernel,
+                    f"{' sinks' * sinks}{softcap_name(cap)}{'' if positive else ' any-scale'} {ac}",
+                    attn.attention_fwd_kernel,
                     _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None),
-                    attn.constexprs(ac, d, recipe, causal=causal, positive_scale=True, write_lse=True, band=band,
+                    attn.constexprs(ac, d, recipe, causal=causal, positive_scale=positive, write_lse=True, band=band,
                                     sinks=sinks, softcap=cap), 4,
                     gluon=True, spill_free=(TRITON_TESTED or not untested_spill) and not (band and d == 64))
 

@@ -174,7 +174,7 @@ class AttentionPlan:
 
     def run(self, q, k, v, out, scale: float | None, sinks=None):
         """(O, LSE or None): LSE is allocated only when the plan writes it. `sinks`: the sink logits (Hq,),
-        contiguous (fp32 for the Hopper kernel), for a plan made with them."""
+        contiguous (either kernel converts them to fp32), for a plan made with them."""
         if out is None:
             out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None

@@ -167,8 +167,8 @@ def _portable_only(override: Override, softcap: float, sinks: bool = False) -> b
 
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override,
                      portable_only: bool = False) -> Choice:
-    """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, window, GQA and length), but for
-    soft caps and sinks (`portable_only`); else portable."""
+    """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, window, GQA and length), but where
+    `portable_only` (soft caps and sinks that "hopper" does not force); else portable."""
     on_hopper = hopper_available(device)
     if override.layer == "hopper" and not on_hopper:
         raise ValueError("backend: 'hopper' was forced, but attention there needs sm_90 and a tested triton")
@@ -181,8 +181,9 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
                       window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks=None):
     """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
     alike, so a traced call raises what the eager call raises. Calls with few query rows take the split-KV kernel
-    unless "hopper" is forced; soft caps and sinks (checked here) the portable kernels, sliding windows (`window`,
-    checked) the Hopper band on sm_90 and the portable kernels elsewhere. Returns (recipe, Choice)."""
+    unless "hopper" is forced; soft caps and sinks (checked here) the portable kernels unless "hopper" is forced
+    (`_portable_only`), sliding windows (`window`, checked) the Hopper band on sm_90 and the portable kernels
+    elsewhere. Returns (recipe, Choice)."""
     recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
     check_sinks(sinks, q.shape[1], q.device)
     check_device(q.device, "q")
@@ -240,7 +241,7 @@ def _varlen_choice(q, recipe: AttentionRecipe, backend: str, is_causal: bool, wi
                    softcap: float, sinks: bool = False) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
     overrides, its band for a sliding window) on sm_90 with a tested triton at the head dims it ran at, but for soft
-    caps and sinks; else the portable one; a forced layer that cannot run raises."""
+    caps and sinks that "hopper" does not force; else the portable one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
     portable_only = _portable_only(override, softcap, sinks)

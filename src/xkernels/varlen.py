@@ -81,7 +81,7 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
         scale: float | None, recipe, choice, band: Band | None = None, softcap: float = 0.0, sinks=None) -> str:
     """Launch the varlen kernel `choice` names (on Hopper the persistent one where it serves the call); returns the
     kernel's name for `last_backend()`. `lse` (Hq, total_q) or None; `band` a sliding window, `softcap` a soft cap
-    and `sinks` (Hq,) sink logits (portable kernel)."""
+    and `sinks` (Hq,) sink logits (the Hopper kernel's where "hopper" was forced)."""
     band = band or Band(is_causal)
     is_causal = band.causal
     total_q, hq, d = q.shape

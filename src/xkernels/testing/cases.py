@@ -88,13 +88,19 @@ class AttentionCase:
         return 2 * self.d * self.b * (2 * self.hq * self.sq + 2 * self.hkv * self.skv)
 
     def inputs(self, device: str, seed: int = 0):
-        """(q, k, v), and with sinks their (Hq,) fp32 logits, drawn around the rows' own LSEs (log of the keys)."""
+        """(q, k, v), and with sinks their (Hq,) fp32 logits. The uniform inputs' scaled scores have a standard
+        deviation of ~1/12 at any head dim: with a soft cap q is scaled to make it a quarter of the cap (the tails
+        reach the cap, so the cap bends them and the check sees a wrong one). Sinks are drawn around the rows' own LSEs (the log of the keys a row sees,
+        its window's at most)."""
         dtype = ATTENTION_RECIPES[self.recipe].io_dtype
-        qkv = attention_inputs(self.b, self.hq, self.sq, self.skv, self.d, dtype, device, hkv=self.hkv, seed=seed)
+        q, k, v = attention_inputs(self.b, self.hq, self.sq, self.skv, self.d, dtype, device, hkv=self.hkv, seed=seed)
+        if self.softcap:
+            q = (q.float() * (3 * self.softcap)).to(dtype)
         if not self.sinks:
-            return qkv
+            return q, k, v
+        keys = self.skv if self.window[0] < 0 else min(self.skv, self.window[0] + 1)
         g = torch.Generator().manual_seed(seed + 7)
-        return (*qkv, (torch.rand(self.hq, generator=g) * 4 + math.log(self.skv) - 2).to(device))
+        return q, k, v, (torch.rand(self.hq, generator=g) * 4 + math.log(keys) - 2).to(device)
 
     def _sinks(self, inputs):
         return inputs[3] if self.sinks else None
