@@ -339,8 +339,10 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     variants += [(w.causal, w, False, 0.0, True) for w in SIDE_WINDOWS]
             for causal, band, sinks, cap, positive in variants:
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 16 bytes in
-                # bf16io-acc16's causal D256 variant
-                untested_spill = recipe.converts_v and recipe.pv_acc_dtype == torch.float16 and d == 256 and causal
+                # bf16io-acc16's causal D256 variant, and 16 (24 in the varlen kernel) in D256's window with sinks
+                # and a cap
+                untested_spill = d == 256 and ((recipe.converts_v and recipe.pv_acc_dtype == torch.float16 and causal)
+                                               or bool(cap))
                 yield KernelConfig(
                     f"hopper.attention {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
                     f"{' sinks' * sinks}{softcap_name(cap)}{'' if positive else ' any-scale'} {ac}",
@@ -384,7 +386,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 types = _attention_types(recipe.io_dtype, torch.float16 if recipe.converts_v else None) | {
                     "CU_Q": "*i32", "CU_K": "*i32"}
                 # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 8 bytes in the
-                # bf16io D128 variants
+                # bf16io D128 variants and 24 in D256's window with sinks and a cap
                 cap = SOFTCAP if sinks else 0.0
                 _, constexprs, _ = hvarlen.launch_spec(1, 1, 1, d, is_causal=causal, recipe=recipe,
                                                        positive_scale=True, write_lse=True, cfg=ac, band=band,
@@ -393,7 +395,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     f"hopper.attention_varlen {recipe.name} D{d}{' causal' if causal else ''}{band or ''}"
                     f"{' sinks' * sinks}{softcap_name(cap)} {ac}",
                     hvarlen.attention_varlen_kernel, types, constexprs, 4, gluon=True, divisible=divisible,
-                    spill_free=(TRITON_TESTED or not (recipe.converts_v and d == 128)) and not (band and d == 64))
+                    spill_free=(TRITON_TESTED or not ((recipe.converts_v and d == 128) or (d == 256 and cap)))
+                    and not (band and d == 64))
 
     from xkernels.hopper import attention_varlen_persistent as hvp
 

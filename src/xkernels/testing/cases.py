@@ -90,8 +90,8 @@ class AttentionCase:
     def inputs(self, device: str, seed: int = 0):
         """(q, k, v), and with sinks their (Hq,) fp32 logits. The uniform inputs' scaled scores have a standard
         deviation of ~1/12 at any head dim: with a soft cap q is scaled to make it a quarter of the cap (the tails
-        reach the cap, so the cap bends them and the check sees a wrong one). Sinks are drawn around the rows' own LSEs (the log of the keys a row sees,
-        its window's at most)."""
+        reach the cap, so the cap bends them and the check sees a wrong one). Sinks are drawn around the rows' own
+        LSEs (the log of the keys a row sees, its window's at most)."""
         dtype = ATTENTION_RECIPES[self.recipe].io_dtype
         q, k, v = attention_inputs(self.b, self.hq, self.sq, self.skv, self.d, dtype, device, hkv=self.hkv, seed=seed)
         if self.softcap:
