@@ -26,8 +26,9 @@ from xkernels.testing.cases import (
 
 def check_cases(device: str) -> list[Case]:
     """GPU: the seeds' 1K x 1K and 512 x 1K plus 8K x 8K (32 heads, D128), GEMM 256^3 first, then 4096^3; then
-    decode (dense API, dense and paged caches), a packed varlen batch, and the gradients of a dense and a packed
-    training step. CPU (interpreter): the same kinds of case at small shapes."""
+    decode (dense API, dense and paged caches), a packed varlen batch, the gradients of a dense and a packed
+    training step, and the sliding windows, soft caps and sinks of Mistral, Gemma 2 and gpt-oss. CPU
+    (interpreter): the same kinds of case at small shapes."""
     if device == "cuda":
         attn = [(32, 1024, 1024, False), (32, 512, 1024, False), (32, 1024, 1024, True), (32, 8192, 8192, False)]
         gemm = [256, 4096]
@@ -43,12 +44,19 @@ def check_cases(device: str) -> list[Case]:
         cases += [AttentionGradCase(1, 16, 16, 2048, 2048, 128, True, "bf16", step="fwd+bwd"),
                   VarlenGradCase(8, 256, 2048, 16, 4, 128, True, step="fwd+bwd"),
                   AttentionGradCase(1, 16, 4, 2048, 2048, 128, True, "bf16", window=(511, 0), step="fwd+bwd")]
+        # Gemma 2's capped windowed layer, gpt-oss's sink layer, and a training step with both
+        cases += [AttentionCase(1, 16, 8, 2048, 2048, 256, True, "bf16", window=(1023, 0), softcap=50.0),
+                  AttentionCase(1, 64, 8, 2048, 2048, 64, True, "bf16", window=(127, 0), sinks=True),
+                  AttentionGradCase(1, 16, 4, 1024, 1024, 128, True, "bf16", softcap=3.0, sinks=True,
+                                    step="fwd+bwd")]
     else:
         cases += [DecodeCase(2, 4, 2, 100, 64, cache=c) for c in ("dense-api", "dense", "paged16")]
         cases += [VarlenCase(3, 5, 60, 4, 2, 64, True)]
         cases += [AttentionGradCase(1, 2, 2, 40, 40, 64, True, "fp16", step="fwd+bwd"),
                   VarlenGradCase(3, 5, 40, 4, 2, 64, True, "fp16", step="fwd+bwd"),
                   AttentionGradCase(1, 2, 1, 40, 40, 64, True, "fp16", window=(9, 0), step="fwd+bwd")]
+        cases += [AttentionCase(1, 4, 2, 40, 56, 64, True, "bf16", window=(9, 0), softcap=50.0, sinks=True),
+                  AttentionGradCase(1, 4, 2, 40, 40, 64, True, "bf16", softcap=3.0, sinks=True, step="fwd+bwd")]
     return cases
 
 
