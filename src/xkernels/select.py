@@ -209,12 +209,10 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     forced), a sliding window the Hopper kernels' band. Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window,
-                                    softcap=softcap)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap)
 
 
-def _backward_choice(q, backend: str, *, hopper_by_default: bool, is_causal: bool = False,
-                     window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> Choice:
+def _backward_choice(q, backend: str, *, hopper_by_default: bool, softcap: float = 0.0) -> Choice:
     """The backward kernels: the Hopper dK/dV and dQ kernels (windows included: their band) on sm_90 with a tested
     triton where "hopper" is forced, or with `hopper_by_default` where no layer is, but for soft caps; else the
     portable ones."""
@@ -277,8 +275,7 @@ def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_
     apply to the forward only; `last_backend()` names the kernels). Returns (recipe, Choice)."""
     recipe = check_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                              max_seqlen_q, max_seqlen_k, precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=True, is_causal=is_causal, window=window,
-                                    softcap=softcap)
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap)
 
 
 def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, *, precision: str,
