@@ -51,6 +51,11 @@ class Band:
         return f" window={self.band - self.shift if self.band >= 0 else -1},{self.shift if self.causal else -1}"
 
 
+def band_constexprs(band: Band | None, causal: bool) -> dict[str, object]:
+    """A kernel's CAUSAL, SHIFT and BAND: `band`'s where it cuts keys, else the plain causal or full mask's."""
+    return (band if band is not None and band.windowed else Band(causal)).constexprs()
+
+
 @triton.jit
 def kv_bounds(start_m, SKV, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(full_hi, hi): key tiles in [0, full_hi) need no mask; [full_hi, hi) holds the tail tile and, when causal, the

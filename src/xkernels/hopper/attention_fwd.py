@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from xkernels.common.seqlen import Band, kv_band_start, kv_bounds, kv_bounds_shifted
+from xkernels.common.seqlen import Band, band_constexprs, kv_band_start, kv_bounds, kv_bounds_shifted
 from xkernels.hopper import configs, tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
@@ -371,10 +371,9 @@ def constexprs(cfg: HopperAttentionConfig, head_dim: int, recipe: AttentionRecip
     """`attention_fwd_kernel`'s (and the varlen kernel's) compile-time arguments: the config's, a sliding window's
     SHIFT and BAND (`band`, its `causal` replacing `causal`; none: 0 and -1), HAS_SINKS and SOFTCAP (the API's
     `softcap` times log2(e); 0: none)."""
-    band = band if band is not None and band.windowed else Band(causal)
-    return cfg.constexprs(head_dim, recipe, causal=band.causal, positive_scale=positive_scale,
-                          write_lse=write_lse) | dict(SHIFT=band.shift, BAND=band.band, HAS_SINKS=sinks,
-                                                      SOFTCAP=softcap_constexpr(softcap))
+    masks = band_constexprs(band, causal)
+    return cfg.constexprs(head_dim, recipe, causal=masks["CAUSAL"], positive_scale=positive_scale,
+                          write_lse=write_lse) | masks | dict(HAS_SINKS=sinks, SOFTCAP=softcap_constexpr(softcap))
 
 
 def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bool, recipe: AttentionRecipe,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from xkernels.common.seqlen import Band
+from xkernels.common.seqlen import Band, band_constexprs
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = 64  # query rows per attention consumer warpgroup: S and O accumulators of 64 x N fit its registers
@@ -106,14 +106,6 @@ PERSISTENT_ATTENTION_CONFIGS = {
     256: HopperAttentionConfig(32, 3, convert_steps=4)}
 
 
-def _band(causal: bool, band: Band | None) -> dict[str, object]:
-    """A backward kernel's sliding-window constexprs (`common.seqlen.Band`: CAUSAL, SHIFT, BAND): `band`'s where it
-    cuts keys, else no window (SHIFT 0, BAND -1: the plain causal or full mask)."""
-    if band is None or not band.windowed:
-        return dict(SHIFT=0, BAND=-1)
-    return band.constexprs()
-
-
 @dataclass(frozen=True)
 class HopperAttentionBwdConfig:
     """The dK/dV kernel's tiles: BLOCK_N keys per program (two consumer warpgroups of 64 keys each, or with split_d
@@ -130,7 +122,7 @@ class HopperAttentionBwdConfig:
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
                    band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    CAUSAL=causal, FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen) | _band(causal, band)
+                    FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
         return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + (
@@ -156,7 +148,7 @@ class HopperAttentionDqConfig:
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
                    band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
-                    VARLEN=varlen) | _band(causal, band)
+                    VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
         return f"BM128-BN{self.block_n}-S{self.stages}"

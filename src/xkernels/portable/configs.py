@@ -9,15 +9,10 @@ import torch
 
 from xkernels.common.dtypes import TL_DTYPE
 from xkernels.common.runtime import INTERPRET, TENSOR_DESCRIPTORS
-from xkernels.common.seqlen import Band
+from xkernels.common.seqlen import Band, band_constexprs
 from xkernels.common.targets import Target
 from xkernels.portable.softmax import softcap_constexpr
 from xkernels.recipes import AttentionRecipe
-
-
-def _band(band: Band | None, causal: bool) -> dict[str, object]:
-    """CAUSAL, SHIFT and BAND of a windowed `band`, or of the plain causal or full mask."""
-    return (band if band is not None and band.windowed else Band(causal)).constexprs()
 
 
 @dataclass(frozen=True)
@@ -36,7 +31,7 @@ class AttentionConfig:
         out = dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, CAUSAL=causal,
                    PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, DESCRIPTORS=TENSOR_DESCRIPTORS,
                    INTERPRET=interpret, ACC_DTYPE=TL_DTYPE[recipe.pv_acc_dtype])
-        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks)
+        return out | band_constexprs(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -61,13 +56,13 @@ class AttentionBwdConfig:
                         band: Band | None = None, softcap: float = 0.0) -> dict[str, object]:
         out = dict(HEAD_DIM=head_dim, BLOCK_M=self.kv_m, BLOCK_N=self.kv_n, CAUSAL=causal, INTERPRET=interpret,
                    VARLEN=varlen)
-        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
+        return out | band_constexprs(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
 
     def dq_constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, interpret: bool = INTERPRET,
                       band: Band | None = None, softcap: float = 0.0) -> dict[str, object]:
         out = dict(HEAD_DIM=head_dim, BLOCK_M=self.q_m, BLOCK_N=self.q_n, CAUSAL=causal, INTERPRET=interpret,
                    VARLEN=varlen)
-        return out | _band(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
+        return out | band_constexprs(band, causal) | dict(SOFTCAP=softcap_constexpr(softcap))
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
