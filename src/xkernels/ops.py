@@ -194,6 +194,14 @@ _register("matmul", _matmul)
 _register("matmul_out", _matmul_out)
 
 
+def _resolve_fake(q, k, v, out, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap,
+                  sinks) -> None:
+    """The dense attention ops' fake kernels run the eager call's checks and choice (`resolve_attention`)."""
+    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
+    resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
+                      is_causal=is_causal, window=window, softcap=_softcap(softcap), sinks=sinks)
+
+
 def _fake_lse(q):
     return q.new_empty(q.shape[:3], dtype=torch.float32)
 
@@ -201,30 +209,21 @@ def _fake_lse(q):
 @torch.library.register_fake("xkernels::attention")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
       sinks=None):
-    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
-    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=window,
-                      softcap=_softcap(softcap), sinks=sinks)
+    _resolve_fake(q, k, v, None, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("xkernels::attention_lse")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
       sinks=None):
-    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
-    resolve_attention(q, k, v, None, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=window,
-                      softcap=_softcap(softcap), sinks=sinks)
+    _resolve_fake(q, k, v, None, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
     return q.new_empty(q.shape), _fake_lse(q)
 
 
 @torch.library.register_fake("xkernels::attention_out")
 def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1, window_right=-1,
       softcap=0.0, sinks=None):
-    window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
-    resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
-                      is_causal=is_causal, window=window,
-                      softcap=_softcap(softcap), sinks=sinks)
+    _resolve_fake(q, k, v, out, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
     check_out_storage(out, {"q": q, "k": k, "v": v})
     return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
 

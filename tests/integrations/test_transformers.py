@@ -26,6 +26,25 @@ def _rel(a, b):
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
+def _prefill_matches_eager(ours, eager, ablated, ran: str, device):
+    """Prefill of a batch with one left-padded row and without padding: ours (whose kernel names `ran`) matches
+    eager's logits within bf16 noise, and `ablated` (the model without the feature under test) is 5x as far from
+    them. Returns (ids, mask)."""
+    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(6)).to(device)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    keep = mask.bool()
+    with torch.no_grad():
+        logits = ours(ids, attention_mask=mask).logits
+        assert ran in xkernels.last_backend(), xkernels.last_backend()
+        ref = eager(ids, attention_mask=mask).logits
+        without = ablated(ids, attention_mask=mask).logits
+        assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
+        assert _rel(without[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
+        assert _rel(ours(ids).logits, eager(ids).logits) < 2e-2
+    return ids, mask
+
+
 def _generate_matches(ours, ref, ids, mask) -> str:
     """Greedy generate() of 3 tokens from a left-padded batch: each step's logits match the reference model's within
     bf16 noise, up to the first step where a near-tie flips a token (later steps continue different texts). Returns
@@ -194,18 +213,7 @@ def test_soft_capped_model_matches_eager(device):
     with left padding and without, and greedy decoding, match eager's logits; the cap really cuts (a model without
     it gives other logits)."""
     ours, eager = tiny_gemma2("xkernels", device, 1.0), tiny_gemma2("eager", device, 1.0)
-    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(6)).to(device)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    keep = mask.bool()
-    with torch.no_grad():
-        logits = ours(ids, attention_mask=mask).logits
-        assert "softcap=1" in xkernels.last_backend(), xkernels.last_backend()
-        ref = eager(ids, attention_mask=mask).logits
-        uncapped = tiny_gemma2("eager", device, None)(ids, attention_mask=mask).logits
-        assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
-        assert _rel(uncapped[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
-        assert _rel(ours(ids).logits, eager(ids).logits) < 2e-2
+    ids, mask = _prefill_matches_eager(ours, eager, tiny_gemma2("eager", device, None), "softcap=1", device)
     _generate_matches(ours, eager, ids, mask)
 
 
@@ -231,18 +239,7 @@ def test_attention_sinks_model_matches_eager(device):
     greedy decoding and a training step (the sinks' gradients included) match eager's; the sinks really count (a
     model whose sinks are -30 gives other logits)."""
     ours, eager = tiny_gpt_oss("xkernels", device), tiny_gpt_oss("eager", device)
-    ids = torch.randint(0, 256, (2, 19), generator=torch.Generator().manual_seed(6)).to(device)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    keep = mask.bool()
-    with torch.no_grad():
-        logits = ours(ids, attention_mask=mask).logits
-        assert "sinks" in xkernels.last_backend(), xkernels.last_backend()
-        ref = eager(ids, attention_mask=mask).logits
-        sinkless = tiny_gpt_oss("eager", device, (-30.0, -30.0))(ids, attention_mask=mask).logits
-        assert _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
-        assert _rel(sinkless[keep], ref[keep]) > 5 * _rel(logits[keep], ref[keep])
-        assert _rel(ours(ids).logits, eager(ids).logits) < 2e-2
+    ids, mask = _prefill_matches_eager(ours, eager, tiny_gpt_oss("eager", device, (-30.0, -30.0)), "sinks", device)
     _generate_matches(ours, eager, ids, mask)
 
     def grads(model):
