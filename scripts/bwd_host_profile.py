@@ -1,7 +1,10 @@
 """Where a backward call's host time goes: host time per `torch.autograd.grad` call through `xkernels.attention` on
 a small problem (device time well under the host's) on the plan's direct path and on its general path
 (`backward._general`, what every call took before the plan), SDPA's backends' in the same process, then cProfile of
-the direct path: the top functions by cumulative and by own time.
+the direct path: the top functions by cumulative and by own time. Then the packed (varlen) backward and forward
+(`sync_checks=False`) on a small batch, with their cu_seqlens device check alone: the one-launch kernel
+(`cu_seqlens.checked_on_device`) against the same checks as torch ops (what both took before), and cProfile of the
+varlen backward.
 
     python3 scripts/bwd_host_profile.py [--calls 200]
 """
@@ -75,6 +78,56 @@ def main() -> None:
     stats = pstats.Stats(prof)
     stats.sort_stats("cumulative").print_stats(25)
     stats.sort_stats("tottime").print_stats(15)
+    varlen(args.calls)
+
+
+def _torch_op_checks(cu_q, cu_k, total_q, total_k, max_q, max_k, fills):
+    """The cu_seqlens checks as torch ops (the varlen host paths' before the one-launch kernel), for the A/B."""
+    def bad(cu, total, max_seqlen):
+        lengths = cu[1:] - cu[:-1]
+        return (cu[0] != 0) | (cu[-1] != total) | (lengths < 0).any() | (lengths > max_seqlen).any()
+
+    flag = bad(cu_q, total_q, max_q) | bad(cu_k, total_k, max_k)
+    cu_q, cu_k = cu_q.masked_fill(flag, 0), cu_k.masked_fill(flag, 0)
+    for t in fills:
+        t.masked_fill_(flag, float("nan"))
+    return cu_q, cu_k
+
+
+def varlen(calls: int) -> None:
+    from xkernels.portable.cu_seqlens import checked_on_device
+
+    lens = [64, 128, 200, 100]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    total = sum(lens)
+    q, k, v = (t.requires_grad_() for t in
+               torch.randn(3, total, 4, 128, device="cuda", dtype=torch.bfloat16).unbind(0))
+    o = xkernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True)
+    do = torch.randn_like(o)
+
+    def step():
+        return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+
+    print(f"varlen backward host time per call: {host_us(step, calls):.1f} us ({xkernels.last_backend()})",
+          flush=True)
+    with torch.no_grad():
+        def fwd():
+            return xkernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True,
+                                             sync_checks=False)
+
+        print(f"varlen forward (sync_checks=False) host time per call: {host_us(fwd, calls):.1f} us "
+              f"({xkernels.last_backend()})", flush=True)
+        grads = [torch.empty_like(t) for t in (q, k, v)]
+        for name, check in (("one launch", checked_on_device), ("torch ops", _torch_op_checks)):
+            us = host_us(lambda check=check: check(cu, cu, total, total, max(lens), max(lens), grads), calls)
+            print(f"cu_seqlens check with three outputs, {name}: {us:.1f} us per call", flush=True)
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        step()
+    prof.disable()
+    torch.cuda.synchronize()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
 #                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]
-#                              [fusedab] [hosttime] [window] [windowbwd] [varlenwindow]"
+#                              [fusedab] [hosttime] [window] [windowbwd] [varlenwindow] [sinkscap] [varlenhost]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -116,7 +116,7 @@ for part in "${@:-smoke host}"; do
         stage timeout 60 python3 scripts/bwd_host_profile.py --calls 100
         stage timeout 60 python3 scripts/host_floor.py --json "$OUT/host_floor.json"
         stage timeout 240 bash -c "cd scripts && python3 generate_host.py --rounds 3 --json '$OUT/generate_host.json'" ;;
-      window)  # windows, soft caps, sinks (portable kernels): their tests compiled; the opt-in Gluon band; the suite
+      window)  # windows, soft caps, sinks: the Gluon band's GPU tests, the portable kernels' tests compiled, the suite
         stage timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_hopper_window.py
         stage timeout 300 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_window.py tests/test_softcap.py \
           tests/test_sinks.py \
@@ -132,6 +132,16 @@ for part in "${@:-smoke host}"; do
         stage timeout 50 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_window.py -k "varlen or forcing"
         stage timeout 60 python3 scripts/varlen_window_ab.py --json "$OUT/varlen_window_ab.json" \
           --md "$OUT/varlen_window_ab.md" ;;
+      sinkscap)  # the Gluon forwards' sinks and soft caps: their GPU tests, the band's, then the window suite
+        stage timeout 200 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_hopper_sinks_softcap.py \
+          tests/gpu/test_hopper_window.py
+        stage timeout 120 python3 -m pytest -q -p no:cacheprovider $XDIST tests/test_softcap.py tests/test_sinks.py
+        stage timeout 240 xkernels bench --suite window --iters 20 --out "$OUT/bench-window" ;;
+      varlenhost)  # the cu_seqlens device check: the varlen tests on the GPU, then host time (dense and varlen)
+        stage timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST tests/portable/test_cu_seqlens.py \
+          tests/test_varlen.py tests/test_varlen_backward.py tests/gpu/test_hopper_varlen_bwd.py \
+          tests/gpu/test_hopper_varlen_persistent.py tests/gpu/test_hopper_window.py -k "varlen or cu_seqlens or bad"
+        stage timeout 120 python3 scripts/bwd_host_profile.py --calls 200 ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

@@ -140,6 +140,33 @@ def test_double_backward_is_refused(device):
         dq.float().square().sum().backward()
 
 
+def test_plain_eager_backward_runs_the_kernel_function_and_watchers_see_the_op(device, monkeypatch):
+    """A backward nothing watches runs the backward op's kernel function without the dispatcher's round trip (the
+    dense and the varlen one); under the profiler it goes through the op; the gradients are equal."""
+    q, k, v = attention_inputs(1, 2, 16, 16, 64, torch.float16, device, seed=5)
+    do = _grad_out(q.shape, torch.float16, device)
+    direct = []
+    for op in (ops.attention_backward_op, ops.attention_varlen_backward_op):
+        real, n = ops._NO_GRAD_KERNELS[op]
+        monkeypatch.setitem(ops._NO_GRAD_KERNELS, op, (lambda *a, op=op, real=real: direct.append(op) or real(*a), n))
+
+    def grads():
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        return torch.autograd.grad(xkernels.attention(*leaves, is_causal=True), leaves, do)
+
+    want = grads()
+    assert direct == [ops.attention_backward_op]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        got = grads()
+    assert any(e.name == "xkernels::attention_backward" for e in prof.events())
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)) and len(direct) == 1
+    cu = torch.tensor([0, 16], dtype=torch.int32, device=device)
+    leaves = [t[0].transpose(0, 1).clone().requires_grad_() for t in (q, k, v)]
+    o = xkernels.attention_varlen(*leaves, cu, cu, 16, 16, is_causal=True)
+    torch.autograd.grad(o, leaves, do[0].transpose(0, 1))
+    assert direct == [ops.attention_backward_op, ops.attention_varlen_backward_op]
+
+
 def test_backward_is_deterministic(device):
     q, k, v = attention_inputs(1, 4, 40, 40, 64, torch.bfloat16, device, hkv=1, seed=6)
     do = _grad_out(q.shape, torch.bfloat16, device)

@@ -150,13 +150,16 @@ def test_bad_caps_raise_naming_the_argument(device, cap, error):
             ops.attention_op(q, k, v, False, None, False, "auto", "auto", -1, -1, cap)
 
 
-def test_forcing_hopper_with_a_softcap_runs_the_gluon_kernel_or_raises(device):
-    """Soft caps take the portable kernels by default; a forced "hopper" runs the Gluon forward's (opt-in) cap on
-    sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it) and raises where no Gluon kernel runs."""
+def test_a_softcap_runs_the_gluon_kernel_on_hopper_and_forcing_it_elsewhere_raises(device):
+    """Soft caps run the Gluon forward on sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it), by default and
+    forced, the portable one where forced or elsewhere; forcing "hopper" raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.float16, device, seed=1)
-    xkernels.attention(q, k, v, softcap=30.0)
+    xkernels.attention(q, k, v, softcap=30.0, backend="portable")
     assert xkernels.last_backend().startswith("portable."), xkernels.last_backend()
-    if hopper_available(torch.device(device)):
+    xkernels.attention(q, k, v, softcap=30.0)
+    on_hopper = hopper_available(torch.device(device))
+    assert xkernels.last_backend().startswith("hopper." if on_hopper else "portable."), xkernels.last_backend()
+    if on_hopper:
         xkernels.attention(q, k, v, softcap=30.0, backend="hopper")
         assert xkernels.last_backend().startswith("hopper.") and "softcap=30" in xkernels.last_backend()
     else:

@@ -84,12 +84,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     its band, forward and backward (on Hopper the Gluon kernels' band, elsewhere the portable kernels'); each window
     value compiles its own kernel variant. `softcap` > 0 soft-caps the scaled scores x to
     softcap * tanh(x / softcap) (flash_attn's softcap, Gemma 2's attn_logit_softcapping), in the forward and the
-    backward (the portable kernels; the Gluon forward with `backend="hopper"`, opt-in as for `sinks`). `sinks`
+    backward (on Hopper the Gluon forward and the portable backward; the portable kernels elsewhere). `sinks`
     (Hq,) float: attention sinks (gpt-oss), one natural-log logit per query head that joins each row's softmax as a
     key of value 0 (not scaled by `scale`, not masked): O = sum_j p_j v_j / (sum_j p_j + exp(sink)), and the LSE
-    includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. Portable kernels in
-    the forward unless `backend="hopper"` (the Gluon forward's sinks, opt-in until they have run on a GPU); the
-    backward needs nothing of them (the LSE holds the sink) and runs where a sinkless call's would.
+    includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. The forward runs
+    where a sinkless call's would (on Hopper the Gluon kernel), and so does the backward, which needs nothing of
+    them (the LSE holds the sink).
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
@@ -156,10 +156,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     in `attention`; rows that see no key return 0 (LSE -inf, or the sink). The cu_seqlens values
     are checked (0 first, non-decreasing, the packed total last, no sequence over max_seqlen): with `sync_checks`
     (the default) they are read to the host (one synchronization) and a bad value raises a ValueError naming the
-    argument; with `sync_checks=False` nothing is read: they are checked on the device, and a bad call reads and
-    writes nothing outside the packed tensors and returns NaN in every output (a few small device ops). During
-    CUDA-graph capture nothing is checked (as flash_attn_varlen_func never does): a max_seqlen below a real length
-    then leaves that sequence's rows past it unwritten, in O and in the gradients. Returns O (total_q, Hq, D), or
+    argument; with `sync_checks=False`, and during CUDA-graph capture, nothing is read: they are checked on the
+    device (one small launch), and a bad call reads and writes nothing outside the packed tensors and returns NaN
+    in every output (flash_attn_varlen_func checks nothing). Returns O (total_q, Hq, D), or
     (O, LSE) with LSE (Hq, total_q) fp32 natural log. Differentiable in q, k and v through O and the LSE: the
     forward saves O and the LSE, and the backward recomputes the attention matrix tile by tile, checking the
     cu_seqlens on the device (bad values give NaN gradients); its kernels are the Gluon backward's packed variants on

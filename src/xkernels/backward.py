@@ -11,10 +11,11 @@ import math
 import torch
 import triton
 
-from xkernels import plans, select, varlen
+from xkernels import plans, select
 from xkernels.common.runtime import side_stream, unit_last_stride
 from xkernels.common.seqlen import Band
 from xkernels.portable import attention_bwd as portable_bwd
+from xkernels.portable.cu_seqlens import checked_on_device
 from xkernels.portable.softmax import softcap_name
 from xkernels.validation import NO_WINDOW
 
@@ -174,36 +175,30 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
     """(dQ, dK, dV) of a packed varlen forward (q (total_q, Hq, D), LSE (Hq, total_q)), causal (and `window`)
     bottom-right, dK and dV summed over each GQA group, by the kernels `select.resolve_attention_varlen_backward`
     picks (`_varlen_launch`).
-    The cu_seqlens are checked on the device, as the forward's
-    `sync_checks=False` does (the forward already raised on bad values with `sync_checks`; the saved tensors cannot
-    change in between without autograd refusing): a bad call writes nothing and returns NaN gradients. During
-    CUDA-graph capture nothing is checked."""
+    The cu_seqlens are checked on the device (`cu_seqlens.checked_on_device`), as the forward's `sync_checks=False`
+    does (the forward already raised on bad values with `sync_checks`; the saved tensors cannot change in between
+    without autograd refusing, but a direct op caller may pass any): a bad call writes nothing and returns NaN
+    gradients."""
     _, choice = select.resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
                                                          cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                                          precision=precision, backend=backend, is_causal=is_causal,
                                                          window=window, softcap=softcap)
     band = Band.of(is_causal, window)
     dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
-    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    bad = None
-    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
-        bad = (varlen.bad_cu_seqlens(cu_seqlens_q, q.shape[0], max_seqlen_q)
-               | varlen.bad_cu_seqlens(cu_seqlens_k, k.shape[0], max_seqlen_k))
-        cu_seqlens_q = cu_seqlens_q.masked_fill(bad, 0)  # every sequence empty: the kernels touch nothing
-        cu_seqlens_k = cu_seqlens_k.masked_fill(bad, 0)
-    if q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.shape[0] < 2 or max_seqlen_q == 0:
-        dq.zero_(), dk.zero_(), dv.zero_()  # no query row (no gradient reaches k, v) or no key (O = 0 everywhere)
+    empty = q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.shape[0] < 2 or max_seqlen_q == 0
+    if empty:  # no query row (no gradient reaches k, v) or no key (O = 0 everywhere)
+        dq.zero_(), dk.zero_(), dv.zero_()
         plans._record("empty")
-    else:
+    # a bad call: every sequence empty (the kernels touch nothing), the gradients NaN (over the zeros too)
+    cu_seqlens_q, cu_seqlens_k = checked_on_device(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), q.shape[0],
+                                                   k.shape[0], max_seqlen_q, max_seqlen_k, (dq, dk, dv))
+    if not empty:
         scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
         grad_lse = None if grad_lse is None else grad_lse.contiguous()
         packed = portable_bwd.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
         _varlen_launch(q, k, v, out, lse.contiguous(), grad_out, dq, dk, dv, grad_lse, packed, is_causal=band.causal,
                        scale=scale, choice=choice, band=band, softcap=softcap)
         plans._record(f"{choice.layer}.attention_varlen_backward[{choice.config}{band}{softcap_name(softcap)}]")
-    if bad is not None:
-        for g in (dq, dk, dv):
-            g.masked_fill_(bad, float("nan"))
     return dq, dk, dv
 
 

@@ -329,7 +329,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
         for recipe in ATTENTION_RECIPES.values():
             # bf16 also with a causal sliding window (at D64 its three consumer warpgroups of 128 registers keep the
             # band's bounds on 56 bytes of stack, outside the key loop) and with the window, attention sinks and a
-            # soft cap (the opt-in sinks and caps)
+            # soft cap
             # (causal, band, sinks, soft cap, positive scale)
             variants = [(False, None, False, 0.0, True), (True, None, False, 0.0, True)]
             if recipe.name == "bf16":

@@ -329,7 +329,7 @@ def _backward_lse(ctx, grad_out, grad_lse):
         return None, None, None, *nones, None
     if grad_out is None:  # only the LSE reached the loss
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
+    dq, dk, dv = _gradient_op(attention_backward_op, grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
     dsinks = None
     if sinks and ctx.needs_input_grad[-1]:
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=False)
@@ -344,8 +344,8 @@ def _save_inputs(ctx, inputs, output) -> None:
 
 def _backward_recompute(ctx, grad_out):
     q, k, v, *sinks = ctx.saved_tensors
-    out, lse = attention_lse_op(q, k, v, *ctx.flags, *sinks)
-    dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, None, *ctx.flags)
+    out, lse = _gradient_op(attention_lse_op, q, k, v, *ctx.flags, *sinks)
+    dq, dk, dv = _gradient_op(attention_backward_op, grad_out, q, k, v, out, lse, None, *ctx.flags)
     dsinks = None
     if sinks and ctx.needs_input_grad[-1]:
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, None, packed=False)
@@ -370,12 +370,21 @@ def _backward_varlen(ctx, grad_out, grad_lse):
                            "when an input requires grad (xkernels.attention_varlen does)")
     if grad_out is None:  # only the LSE reached the loss
         grad_out = torch.zeros_like(out)
-    dq, dk, dv = attention_varlen_backward_op(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
-                                              *ctx.flags)
+    dq, dk, dv = _gradient_op(attention_varlen_backward_op, grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
+                              cu_seqlens_k, *ctx.flags)
     dsinks = None
     if sinks and ctx.needs_input_grad[-1]:
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=True)
     return dq, dk, dv, *nones, dsinks
+
+
+def _gradient_op(op, *args):
+    """A backward op from an autograd backward: its kernel function directly where `call_without_grad` would run it
+    (a plain eager call, grad mode off: no create_graph, whose double backward must reach the op's refusal), else
+    the op."""
+    if torch.is_grad_enabled():
+        return op(*args)
+    return call_without_grad(op, *args)
 
 
 def _no_double_backward(ctx, *grads):
@@ -445,6 +454,8 @@ def _plain_eager(tensors) -> bool:
             or torch.autograd._profiler_enabled() or torch._C._get_tracing_state() is not None):
         return False
     for t in tensors:  # negative- and conjugate-bit views: the dispatcher's fallbacks materialize them
+        if t is None:  # an optional tensor argument not given
+            continue
         if type(t) is not torch.Tensor or t.is_meta or t.is_neg() or t.is_conj():
             return False
     return True
@@ -478,5 +489,7 @@ matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default
 
 # the kernel functions `call_without_grad` may run directly (ops that write no input: no version counter to bump),
-# with the number of tensors that lead their arguments
-_NO_GRAD_KERNELS = {attention_op: (_attention, 3), attention_lse_op: (_attention_lse, 3), matmul_op: (_matmul, 2)}
+# with the number of tensors (or optional tensors) that lead their arguments
+_NO_GRAD_KERNELS = {attention_op: (_attention, 3), attention_lse_op: (_attention_lse, 3), matmul_op: (_matmul, 2),
+                    attention_backward_op: (_attention_backward, 7),
+                    attention_varlen_backward_op: (_attention_varlen_backward, 9)}

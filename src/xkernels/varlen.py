@@ -13,6 +13,7 @@ from xkernels.common import launch
 from xkernels.common.runtime import strides_ok
 from xkernels.common.seqlen import Band
 from xkernels.portable import attention_varlen as kernel
+from xkernels.portable.cu_seqlens import checked_on_device
 from xkernels.portable.softmax import softcap_name
 from xkernels.validation import NO_WINDOW, check_cu_seqlens
 
@@ -30,21 +31,15 @@ def output_like(q: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-def bad_cu_seqlens(cu: torch.Tensor, total: int, max_seqlen: int) -> torch.Tensor:
-    """On the device, without a read to the host: whether `cu` breaks `check_cu_seqlens` (0 first, non-decreasing,
-    `total` last, no sequence longer than `max_seqlen`); a 0-dim bool tensor."""
-    lengths = cu[1:] - cu[:-1]
-    return (cu[0] != 0) | (cu[-1] != total) | (lengths < 0).any() | (lengths > max_seqlen).any()
-
-
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, *,
                      is_causal: bool, scale: float | None, precision: str, return_lse: bool, sync_checks: bool,
                      backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks=None):
     """(O (total_q, Hq, D), LSE (Hq, total_q) fp32, or an empty tensor unless `return_lse`). The cu_seqlens values
-    are read to the host and checked with `sync_checks`; without, they are checked on the device, and a bad call
-    runs on empty sequences (nothing read or written outside the packed tensors) and returns NaN everywhere. During
-    CUDA-graph capture nothing is checked. `window`: a checked window_size, aligned bottom-right as is_causal;
-    `softcap`: a checked soft cap (0: none); `sinks`: checked (Hq,) sink logits or None."""
+    are read to the host and checked with `sync_checks`; without, and during CUDA-graph capture (where a read would
+    break the capture), they are checked on the device (`cu_seqlens.checked_on_device`), and a bad call runs on
+    empty sequences (nothing read or written outside the packed tensors) and returns NaN everywhere. `window`: a
+    checked window_size, aligned bottom-right as is_causal; `softcap`: a checked soft cap (0: none); `sinks`: checked
+    (Hq,) sink logits or None."""
     # the kernel reads cu_seqlens as contiguous int32 (the checks below read the same values)
     cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     recipe, choice = select.resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
@@ -52,18 +47,14 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                                                      is_causal=is_causal, window=window, softcap=softcap,
                                                      sinks=sinks)
     total_q, hq, d = q.shape
-    bad = None
-    if not (q.is_cuda and torch.cuda.is_current_stream_capturing()):  # reading them would break a graph capture
-        if sync_checks:
-            check_cu_seqlens(cu_seqlens_q.tolist(), total_q, max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
-            check_cu_seqlens(cu_seqlens_k.tolist(), k.shape[0], max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
-        else:
-            bad = (bad_cu_seqlens(cu_seqlens_q, total_q, max_seqlen_q)
-                   | bad_cu_seqlens(cu_seqlens_k, k.shape[0], max_seqlen_k))
-            cu_seqlens_q = cu_seqlens_q.masked_fill(bad, 0)  # every sequence empty: the kernel touches nothing
-            cu_seqlens_k = cu_seqlens_k.masked_fill(bad, 0)
     out = output_like(q)
     lse = torch.empty((hq, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    if sync_checks and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
+        check_cu_seqlens(cu_seqlens_q.tolist(), total_q, max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
+        check_cu_seqlens(cu_seqlens_k.tolist(), k.shape[0], max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
+    else:  # a bad call: every sequence empty (the kernel touches nothing), O and the LSE NaN
+        cu_seqlens_q, cu_seqlens_k = checked_on_device(cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0],
+                                                       max_seqlen_q, max_seqlen_k, (out, lse))
     batch = cu_seqlens_q.shape[0] - 1
     if total_q == 0 or batch == 0 or max_seqlen_q == 0:
         plans._record("empty")
@@ -71,9 +62,6 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         plans._record(run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                           max_seqlen_k, is_causal=is_causal, scale=scale, recipe=recipe, choice=choice,
                           band=Band.of(is_causal, window), softcap=softcap, sinks=sinks))
-    if bad is not None:  # after the early outs too: a bad call with no work to launch still answers NaN
-        out.masked_fill_(bad, float("nan"))
-        lse.masked_fill_(bad, float("nan"))
     return out, lse
 
 

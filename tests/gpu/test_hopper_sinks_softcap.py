@@ -1,4 +1,4 @@
-"""The Gluon forwards' attention sinks and soft caps (opt-in: `backend="hopper"` with `sinks` or `softcap`) against
+"""The Gluon forwards' attention sinks and soft caps (the default on sm_90; forced here with `backend="hopper"`) against
 float64: the dense kernel at every head dim, causal and not, with a window, GQA, Sq != Skv with rows that see no key
 (O = 0, LSE = the sink), fp32 and bf16 sink logits, on NaN-poisoned outputs; the varlen kernel (blocks that see no
 key store the sink as their LSE); training steps (sinks: the Hopper backward and the op's dSinks; caps: the

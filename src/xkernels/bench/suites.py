@@ -125,8 +125,8 @@ def window_suite(quick: bool) -> list[Case]:
     training step, with the same call unwindowed beside it (what the band saves) and, on Hopper, the portable
     kernels' band on the same call (what the Gluon band wins); in the full suite Gemma-2's D256 layer (H16/8, 4K
     window, 8K tokens), a D64 4K window on 16K tokens and a 1K window on 4K tokens; on Hopper also Gemma 2's soft
-    cap and gpt-oss's sinks (its 128-key windows, its full layers) on the portable kernels (the default) and the
-    Gluon forward (opt-in), peerless (SDPA has neither). The SDPA peers take the window as a boolean mask (no SDPA
+    cap and gpt-oss's sinks (its 128-key windows, its full layers) on the Gluon forward (the default) and the
+    portable kernels, peerless (SDPA has neither). The SDPA peers take the window as a boolean mask (no SDPA
     backend has a window; flash_attn's window_size where it is installed)."""
     mistral = dict(b=1, hq=32, hkv=8, sq=16384, skv=16384, d=128, causal=True, recipe="bf16")
     windowed = [AttentionCase(**mistral, window=(4095, 0))]
@@ -138,11 +138,11 @@ def window_suite(quick: bool) -> list[Case]:
     for case in windowed:  # on Hopper each windowed forward beside the portable band's on the same call
         cases += [case] + [dataclasses.replace(case, backend="portable")] * hopper_here()
     cases.append(AttentionCase(**mistral))
-    if hopper_here():  # the Gluon forward's opt-in soft cap (Gemma 2) and sinks (gpt-oss) beside the portable default
-        opt_in = [AttentionCase(1, 16, 8, 8192, 8192, 256, True, "bf16", window=(4095, 0), softcap=50.0),
+    if hopper_here():  # the Gluon forward's soft cap (Gemma 2) and sinks (gpt-oss) beside the portable kernels'
+        capped = [AttentionCase(1, 16, 8, 8192, 8192, 256, True, "bf16", window=(4095, 0), softcap=50.0),
                   AttentionCase(1, 64, 8, 16384, 16384, 64, True, "bf16", window=(127, 0), sinks=True),
                   AttentionCase(1, 64, 8, 8192, 8192, 64, True, "bf16", sinks=True)]
-        cases += [c for case in opt_in for c in (case, dataclasses.replace(case, backend="hopper"))]
+        cases += [c for case in capped for c in (case, dataclasses.replace(case, backend="portable"))]
     # the backward alone (and on Hopper the portable band's beside it), then the training step, windowed and not
     bwd = AttentionGradCase(**mistral, window=(4095, 0))
     cases += [bwd] + [dataclasses.replace(bwd, backend="portable")] * hopper_here()

@@ -383,7 +383,7 @@ def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bo
     """(grid, constexprs, launch options): the runtime arguments are `plans.attention_args` and the sink logits, as
     for the portable kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared
     memory). `band`: a sliding window; `sinks`: the kernel reads (Hq,) sink logits; `softcap`: the scores' soft
-    cap (sinks and caps: opt-in until run on a GPU)."""
+    cap."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
     return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,

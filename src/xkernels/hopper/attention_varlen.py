@@ -103,7 +103,7 @@ def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, *, is_
                 softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options) for `attention_varlen_kernel` (V viewed as fp16 for bf16io, as the
     dense kernel); `band` a sliding window (bottom-right), `sinks` the sink logits read, `softcap` the scores' soft
-    cap (sinks and caps: opt-in)."""
+    cap."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(max_seqlen_q, cfg.block_m) * batch * heads
     return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
