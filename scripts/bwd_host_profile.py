@@ -2,7 +2,8 @@
 a small problem (device time well under the host's) on the plan's direct path and on its general path
 (`backward._general`, what every call took before the plan), SDPA's backends' in the same process, then cProfile of
 the direct path: the top functions by cumulative and by own time. Then the packed (varlen) backward and forward
-(`sync_checks=False`) on a small batch, with their cu_seqlens device check alone: the one-launch kernel
+(`sync_checks=False`) on a small batch (the backward on its plan's direct and general paths), with their cu_seqlens
+device check alone: the one-launch kernel
 (`cu_seqlens.checked_on_device`) against the same checks as torch ops (what both took before), and cProfile of the
 varlen backward.
 
@@ -25,21 +26,26 @@ from xkernels.testing import attention_inputs
 
 
 def host_us(step, calls: int) -> float:
-    """Host time per call over `calls` back-to-back calls (no sync inside; the device keeps up on this problem)."""
+    """Host time per call over `calls` back-to-back calls (no sync inside); the device's time over the same loop is
+    printed beside it: where the two are equal the loop waited on the device, and the host number is an upper bound."""
     for _ in range(20):
         step()
     torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     t0 = time.perf_counter()
     for _ in range(calls):
         step()
     host = (time.perf_counter() - t0) / calls * 1e6
+    end.record()
     torch.cuda.synchronize()
+    print(f"  (device time over the loop: {start.elapsed_time(end) / calls * 1e3:.1f} us per call)", flush=True)
     return host
 
 
 def set_direct(on: bool) -> None:
     for plan in plans._PLANS.values():
-        if isinstance(plan, backward.BackwardPlan):
+        if isinstance(plan, backward.BackwardPlan | backward.VarlenBackwardPlan):
             plan.direct = on
 
 
@@ -108,8 +114,11 @@ def varlen(calls: int) -> None:
     def step():
         return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
 
-    print(f"varlen backward host time per call: {host_us(step, calls):.1f} us ({xkernels.last_backend()})",
-          flush=True)
+    for path in ("direct", "general"):
+        set_direct(path == "direct")
+        print(f"varlen backward host time per call: {host_us(step, calls):.1f} us ({xkernels.last_backend()}), "
+              f"{path} path", flush=True)
+    set_direct(True)
     with torch.no_grad():
         def fwd():
             return xkernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True,

@@ -4,7 +4,10 @@ held dense, interleaved rounds of CUDA-graph replay (device time). Each variant'
 reference first.
 
     python scripts/decode_paged_ab.py --json decode_paged_ab.json [--md decode_paged_ab.md]
-        [--dim 64] [--caches dense] [--configs 128,8,3 128,4,3] [--split-scales 1 2] [--fused]
+        [--dim 64] [--caches dense paged16seq] [--configs 128,8,3 128,4,3] [--split-scales 1 2] [--fused]
+
+A cache named with "seq" after it (paged16seq) holds its pages in order, behind an identity block table: against
+the shuffled table of the same page size, what the random placement costs.
 """
 
 from __future__ import annotations
@@ -58,8 +61,14 @@ def main() -> None:
         cfgs += [dataclasses.replace(c, fused_combine=True) for c in cfgs]
     rows, lines = [], ["| shape | variant | us | TB/s | x SDPA | check |", "|---|---|---|---|---|---|"]
     for (b, hq, hkv, s), cache in [(r, c) for r in DECODE_ROWS for c in args.caches]:
-        case = DecodeCase(b, hq, hkv, s, args.dim, cache=cache, sync_checks=False)
+        sequential = cache.endswith("seq")  # pages in order (an identity table): what the random order costs
+        case = DecodeCase(b, hq, hkv, s, args.dim, cache=cache.removesuffix("seq"), sync_checks=False)
         inputs = case.inputs("cuda")
+        if sequential:
+            q, k, v, table = inputs
+            order = table.flatten().long()  # logical page i of the batch sits in block order[i]
+            inputs = (q, k[order].contiguous(), v[order].contiguous(),
+                      torch.arange(order.numel(), dtype=torch.int32, device="cuda").view(table.shape))
         qd, kd, vd = case.dense(inputs)
         ref = reference_attention(qd, kd, vd)
         fns = {"SDPA": lambda qd=qd, kd=kd, vd=vd: F.scaled_dot_product_attention(qd, kd, vd, enable_gqa=True)}
@@ -74,10 +83,11 @@ def main() -> None:
         times = interleaved_graph_ms(fns, rounds=args.rounds)
         for name, ms in times.items():
             us = 1e3 * ms
-            row = {"shape": case.shape, "variant": name, "us": us, "tbps": case.bytes_read / us / 1e6,
+            row = {"shape": case.shape + " sequential pages" * sequential, "variant": name, "us": us,
+                   "tbps": case.bytes_read / us / 1e6,
                    "x_sdpa": times["SDPA"] / ms, "check": ok.get(name)}
             rows.append(row)
-            lines.append(f"| {case.shape} | {name} | {us:.1f} | {row['tbps']:.2f} | {row['x_sdpa']:.2f} | "
+            lines.append(f"| {row['shape']} | {name} | {us:.1f} | {row['tbps']:.2f} | {row['x_sdpa']:.2f} | "
                          f"{'' if row['check'] is None else ('PASS' if row['check'] else 'FAIL')} |")
             print(lines[-1], flush=True)
         json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(args.json, "w"), indent=1)

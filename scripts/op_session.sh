@@ -4,7 +4,7 @@
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
 #                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]
-#                              [fusedab] [hosttime] [window] [windowbwd] [varlenwindow] [sinkscap] [varlenhost]"
+#                              [fusedab] [hosttime] [window] [windowbwd] [varlenwindow] [sinkscap] [varlenhost] [varlenplan]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -142,6 +142,12 @@ for part in "${@:-smoke host}"; do
           tests/test_varlen.py tests/test_varlen_backward.py tests/gpu/test_hopper_varlen_bwd.py \
           tests/gpu/test_hopper_varlen_persistent.py tests/gpu/test_hopper_window.py -k "varlen or cu_seqlens or bad"
         stage timeout 120 python3 scripts/bwd_host_profile.py --calls 200 ;;
+      varlenplan)  # the packed backward's plan: its GPU tests, the varlen and backward GPU tests, host time, the suite
+        stage timeout 240 python3 -m pytest -q -p no:cacheprovider $XDIST tests/gpu/test_varlen_backward_plan.py \
+          tests/gpu/test_hopper_varlen_bwd.py tests/gpu/test_backward_plan.py tests/test_varlen_backward.py \
+          tests/test_varlen.py tests/test_backward.py tests/portable/test_cu_seqlens.py
+        stage timeout 120 python3 scripts/bwd_host_profile.py --calls 200
+        stage timeout 200 xkernels bench --suite varlen --iters 20 --out "$OUT/bench-varlen" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;

@@ -174,32 +174,150 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
                               backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
     """(dQ, dK, dV) of a packed varlen forward (q (total_q, Hq, D), LSE (Hq, total_q)), causal (and `window`)
     bottom-right, dK and dV summed over each GQA group, by the kernels `select.resolve_attention_varlen_backward`
-    picks (`_varlen_launch`).
-    The cu_seqlens are checked on the device (`cu_seqlens.checked_on_device`), as the forward's `sync_checks=False`
-    does (the forward already raised on bad values with `sync_checks`; the saved tensors cannot change in between
-    without autograd refusing, but a direct op caller may pass any): a bad call writes nothing and returns NaN
-    gradients."""
-    _, choice = select.resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
-                                                         cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                         precision=precision, backend=backend, is_causal=is_causal,
-                                                         window=window, softcap=softcap)
-    band = Band.of(is_causal, window)
-    dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
-    empty = q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.shape[0] < 2 or max_seqlen_q == 0
+    picks. The cu_seqlens are checked on the device (`cu_seqlens.checked_on_device`), as the forward's
+    `sync_checks=False` does (the forward already raised on bad values with `sync_checks`; the saved tensors cannot
+    change in between without autograd refusing, but a direct op caller may pass any): a bad call writes nothing
+    and returns NaN gradients. The call's plan (`VarlenBackwardPlan`) is found by its key."""
+    key = ("attention_varlen_backward", *(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in
+                                          (grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k)),
+           max_seqlen_q, max_seqlen_k, is_causal, precision, backend, window, softcap)
+    plan = plans._PLANS.get(key)
+    if plan is None:
+        plan = plans._remember(key, VarlenBackwardPlan(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
+                                                       cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal=is_causal,
+                                                       precision=precision, backend=backend, window=window,
+                                                       softcap=softcap))
+    return plan.run(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, scale)
+
+
+class VarlenBackwardPlan:
+    """What a packed backward call's key fixes (as `BackwardPlan` for dense calls): the checks and the kernels'
+    choice once per key and, on the direct path, the four launches (the cu_seqlens check, the preprocess, the Gluon
+    dK/dV and dQ kernels' VARLEN variants: `launch.Prepared`), so a repeated call costs its allocations and four
+    direct launches. The direct path serves the Hopper kernels on inputs their packed descriptors read as they are
+    (`hopper_bwd.packed_ready`, checked per call for the addresses), O with a unit last stride and contiguous LSE,
+    dLSE and cu_seqlens; anything else takes `_varlen_general`. A plan holds numbers and compiled kernels, never a
+    tensor."""
+
+    def __init__(self, grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                 max_seqlen_k: int, *, is_causal: bool, precision: str, backend: str,
+                 window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+        _, self.choice = select.resolve_attention_varlen_backward(
+            grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            precision=precision, backend=backend, is_causal=is_causal, window=window, softcap=softcap)
+        self.band, self.softcap = Band.of(is_causal, window), softcap
+        self.max_seqlen_q, self.max_seqlen_k = max_seqlen_q, max_seqlen_k
+        self.batch = cu_seqlens_q.shape[0] - 1
+        self.empty = q.shape[0] == 0 or k.shape[0] == 0 or cu_seqlens_q.shape[0] < 2 or max_seqlen_q == 0
+        self.default_scale = 1.0 / math.sqrt(q.shape[-1])
+        from xkernels.common import launch
+
+        def layout_ready(t) -> bool:  # packed_ready's stride conditions (the address is checked per call)
+            total, h, d = t.shape
+            return t.stride(2) == 1 and (h == 1 or t.stride(1) == d) and (t.stride(0) * t.element_size()) % 16 == 0 \
+                and t.stride(0) >= h * d
+
+        self.direct = (self.choice.layer == "hopper" and not self.empty and launch.direct_launch_available(q.device)
+                       and all(layout_ready(t) for t in (q, k, v, grad_out)) and out.stride(-1) == 1
+                       and lse.is_contiguous() and (grad_lse is None or grad_lse.is_contiguous())
+                       and cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous())
+        cfg = self.choice.config
+        self.name = (f"{self.choice.layer}.attention_varlen_backward[{cfg}{self.band}"
+                     f"{softcap_name(softcap)}]")
+        self.launches: tuple | None = None
+
+    def run(self, grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, scale: float | None):
+        dq, dk, dv = grad_like(q), grad_like(k), grad_like(v)
+        scale = self.default_scale if scale is None else scale
+        addresses = (q.data_ptr() | k.data_ptr() | v.data_ptr() | grad_out.data_ptr() | out.data_ptr()
+                     | lse.data_ptr() | cu_seqlens_q.data_ptr() | cu_seqlens_k.data_ptr()
+                     | (0 if grad_lse is None else grad_lse.data_ptr()))
+        if self.direct and not addresses % 16:
+            self._direct(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, dq, dk, dv, scale)
+            plans._record(self.name)
+            return dq, dk, dv
+        _varlen_general(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, self.max_seqlen_q,
+                        self.max_seqlen_k, dq, dk, dv, empty=self.empty, scale=scale, choice=self.choice,
+                        band=self.band, softcap=self.softcap)
+        plans._record("empty" if self.empty else self.name)
+        return dq, dk, dv
+
+    def _prepare(self, q, k, v, out, grad_out, dq, dk, dv, has_dlse: bool) -> tuple:
+        """The four launches and their integer arguments, from the first direct call's tensors (the key fixes every
+        layout and size, so the next call's are alike)."""
+        from xkernels.common import launch
+        from xkernels.common.dtypes import smem_layout
+        from xkernels.hopper import attention_bwd as hopper_bwd
+        from xkernels.hopper import attention_dq as hopper_dq
+        from xkernels.portable import cu_seqlens
+
+        total_q, hq, d = q.shape
+        total_k, hkv = k.shape[0], k.shape[1]
+        cfg = self.choice.config
+        pre_cfg, kv_cfg, dq_cfg = cfg.portable, cfg.dkdv, cfg.dq
+        batch = self.batch
+        max_q, max_k = self.max_seqlen_q, self.max_seqlen_k
+
+        def packed(t, rows: int) -> tuple:  # `hopper_bwd.packed_descriptor`'s geometry
+            return [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [rows, d], smem_layout((rows, d), t.dtype)
+
+        check = launch.Prepared(cu_seqlens.cu_seqlens_check_kernel,
+                                *cu_seqlens.launch_spec(batch + 1, (dq.numel(), dk.numel(), dv.numel())))
+        check_ints = (total_q, total_k, max_q, max_k)
+        pre = launch.Prepared(portable_bwd.preprocess_kernel, triton.cdiv(max_q, pre_cfg.q_m) * batch * hq,
+                              dict(HEAD_DIM=d, BLOCK_M=pre_cfg.q_m, HAS_DLSE=has_dlse, ZERO_DQ=False, VARLEN=True),
+                              dict(num_warps=pre_cfg.num_warps))
+        pre_ints = (0, out.stride(1), out.stride(0), 0, grad_out.stride(1), grad_out.stride(0), total_q, hq, max_q)
+        dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(batch, hkv, max_k, kv_cfg),
+                               kv_cfg.constexprs(d, causal=self.band.causal, varlen=True, band=self.band), {},
+                               {0: packed(q, kv_cfg.block_m), 1: packed(k, kv_cfg.block_n),
+                                2: packed(v, kv_cfg.block_n), 3: packed(grad_out, kv_cfg.block_m),
+                                4: packed(q, kv_cfg.block_m)})
+        dkdv_ints = (0, dk.stride(1), dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, hq // hkv, max_q,
+                     max_k)
+        dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(batch, hq, max_q),
+                              dq_cfg.constexprs(d, causal=self.band.causal, varlen=True, band=self.band), {},
+                              {0: packed(q, 64), 1: packed(k, dq_cfg.block_n), 2: packed(v, dq_cfg.block_n),
+                               3: packed(grad_out, 64)})
+        dq_ints = (0, dq.stride(1), dq.stride(0), total_q, hq, hq // hkv, max_q, max_k)
+        return check, check_ints, pre, pre_ints, dkdv, dkdv_ints, dqk, dq_ints
+
+    def _direct(self, grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, dq, dk, dv, scale: float) -> None:
+        from xkernels.portable import cu_seqlens
+
+        if self.launches is None:
+            self.launches = self._prepare(q, k, v, out, grad_out, dq, dk, dv, grad_lse is not None)
+        check, check_ints, pre, pre_ints, dkdv, dkdv_ints, dqk, dq_ints = self.launches
+        checked = torch.empty((2, cu_q.shape[0]), dtype=torch.int32, device=q.device)
+        # a bad call: every sequence empty (the kernels touch nothing), the gradients NaN
+        check(cu_seqlens.check_args(cu_q, cu_k, checked, *check_ints, (dq, dk, dv)))
+        cu_q, cu_k = checked[0], checked[1]
+        hq, total_q = lse.shape
+        delta = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
+        pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, delta, cu_q, *pre_ints))
+        qk_scale = scale * plans.LOG2E
+        dkdv_args = (q, k, v, grad_out, q, lse, delta, dk, dv, cu_q, cu_k, *dkdv_ints, qk_scale, scale)
+        dq_args = (q, k, v, grad_out, lse, delta, dq, cu_q, cu_k, *dq_ints, qk_scale, scale)
+        _dkdv_then_dq(q.device, lambda: dkdv(dkdv_args), lambda: dqk(dq_args),
+                      concurrent=self.choice.config.concurrent_dq)
+
+
+def _varlen_general(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int,
+                    max_seqlen_k: int, dq, dk, dv, *, empty: bool, scale: float, choice, band: Band,
+                    softcap: float) -> None:
+    """Any layout, any device: the cu_seqlens check, then copies where a kernel cannot read a tensor as it is and
+    the chosen kernels (`_varlen_launch`), launched through `launch.run`."""
     if empty:  # no query row (no gradient reaches k, v) or no key (O = 0 everywhere)
         dq.zero_(), dk.zero_(), dv.zero_()
-        plans._record("empty")
     # a bad call: every sequence empty (the kernels touch nothing), the gradients NaN (over the zeros too)
     cu_seqlens_q, cu_seqlens_k = checked_on_device(cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous(), q.shape[0],
                                                    k.shape[0], max_seqlen_q, max_seqlen_k, (dq, dk, dv))
-    if not empty:
-        scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-        grad_lse = None if grad_lse is None else grad_lse.contiguous()
-        packed = portable_bwd.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-        _varlen_launch(q, k, v, out, lse.contiguous(), grad_out, dq, dk, dv, grad_lse, packed, is_causal=band.causal,
-                       scale=scale, choice=choice, band=band, softcap=softcap)
-        plans._record(f"{choice.layer}.attention_varlen_backward[{choice.config}{band}{softcap_name(softcap)}]")
-    return dq, dk, dv
+    if empty:
+        return
+    grad_lse = None if grad_lse is None else grad_lse.contiguous()
+    packed = portable_bwd.Packed(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    _varlen_launch(q, k, v, out, lse.contiguous(), grad_out, dq, dk, dv, grad_lse, packed, is_causal=band.causal,
+                   scale=scale, choice=choice, band=band, softcap=softcap)
 
 
 def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *, is_causal: bool, scale: float,

@@ -76,6 +76,22 @@ def _dense(t: torch.Tensor) -> bool:
     return True
 
 
+def launch_spec(n: int, numels: tuple[int, ...]) -> tuple[int, dict[str, int], dict[str, int]]:
+    """(grid, constexprs, launch options) of `cu_seqlens_check_kernel` for cu_seqlens of `n` entries and outputs of
+    these sizes (plans launch it themselves)."""
+    grid = max(1, min(_MAX_PROGRAMS, triton.cdiv(max(numels, default=0), _FILL_BLOCK)))
+    return grid, dict(BLOCK=_BLOCK, FILL_BLOCK=_FILL_BLOCK), dict(num_warps=4)
+
+
+def check_args(cu_seqlens_q, cu_seqlens_k, checked, total_q: int, total_k: int, max_seqlen_q: int,
+               max_seqlen_k: int, fills: tuple[torch.Tensor, ...]) -> tuple:
+    """The kernel's runtime arguments; unused output slots are an empty floating-point view of `checked` (the fill
+    is typed by its buffer's dtype)."""
+    slots = [(t, t.numel()) for t in fills] + [(checked.view(torch.float32), 0)] * (3 - len(fills))
+    return (cu_seqlens_q, cu_seqlens_k, checked, checked.shape[1], total_q, total_k, max_seqlen_q, max_seqlen_k,
+            *(x for slot in slots for x in slot))
+
+
 def checked_on_device(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int,
                       max_seqlen_q: int, max_seqlen_k: int,
                       fills: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -88,12 +104,8 @@ def checked_on_device(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, to
     checked = torch.empty((2, n), dtype=torch.int32, device=cu_seqlens_q.device)
     if n == 0:  # no sequence (check_attention_varlen refuses it; a direct op caller may not)
         return checked[0], checked[1]
-    # an unused slot: an empty floating-point view (the fill is typed by its buffer's dtype)
-    slots = [(t, t.numel()) for t in fills] + [(checked.view(torch.float32), 0)] * (3 - len(fills))
-    largest = max(numel for _, numel in slots)
-    grid = max(1, min(_MAX_PROGRAMS, triton.cdiv(largest, _FILL_BLOCK)))
+    grid, constexprs, options = launch_spec(n, tuple(t.numel() for t in fills))
     run(cu_seqlens_check_kernel, grid,
-        (cu_seqlens_q, cu_seqlens_k, checked, n, total_q, total_k, max_seqlen_q, max_seqlen_k,
-         *(x for slot in slots for x in slot)),
-        dict(BLOCK=_BLOCK, FILL_BLOCK=_FILL_BLOCK), dict(num_warps=4))
+        check_args(cu_seqlens_q, cu_seqlens_k, checked, total_q, total_k, max_seqlen_q, max_seqlen_k, fills),
+        constexprs, options)
     return checked[0], checked[1]
