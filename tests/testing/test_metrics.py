@@ -86,10 +86,12 @@ def test_a_wrong_row_fails_although_global_bounds_pass():
     assert not c.passed and "worst row" in c.reason and c.worst_row_rel == 1.0  # ...the per-row bound does not
 
 
-def _rounded_dq(q, k, v, do, lens_q, lens_k, dtype):
+def _rounded_dq(q, k, v, do, lens_q, lens_k, dtype, with_o: bool = False):
     """dQ of packed sequences (causal bottom-right) as an exact backward kernel computes it: fp32 arithmetic, with O
-    rounded to the I/O dtype before delta = rowsum(dO * O), and P and dS rounded to it before their matmuls."""
+    rounded to the I/O dtype before delta = rowsum(dO * O), and P and dS rounded to it before their matmuls;
+    `with_o`: (dQ, that O)."""
     dq = torch.zeros(q.shape, dtype=torch.float32)
+    out = torch.zeros(q.shape, dtype=torch.float32)
     group, d = q.shape[1] // k.shape[1], q.shape[2]
     a = b = 0
     for sq, sk in zip(lens_q, lens_k, strict=True):
@@ -102,8 +104,9 @@ def _rounded_dq(q, k, v, do, lens_q, lens_k, dtype):
             o = (p.to(dtype).float() @ vs).to(dtype).float()
             ds = p * (dos @ vs.transpose(-1, -2) - (o * dos).sum(-1, keepdim=True))
             dq[a:a + sq] = ((ds.to(dtype).float() @ ks) / math.sqrt(d)).transpose(0, 1)
+            out[a:a + sq] = o.transpose(0, 1)
         a, b = a + sq, b + sk
-    return dq.to(dtype)
+    return (dq.to(dtype), out.to(dtype)) if with_o else dq.to(dtype)
 
 
 @pytest.mark.parametrize("dtype,seed", [(torch.float16, 0), (torch.float16, 8), (torch.bfloat16, 1)])

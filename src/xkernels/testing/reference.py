@@ -91,14 +91,33 @@ def reference_lse(q: torch.Tensor, k: torch.Tensor, *, is_causal: bool = False,
                                                                       softcap=softcap), _sink(sinks, h)))
 
 
+def _given_o_term(o: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor, given) -> torch.Tensor:
+    """The loss term that turns the exact gradient into the backward's given the forward's stored O (None: 0).
+
+    Autograd's softmax backward computes dS = P (dP - delta) with delta = rowsum(dO * O) of the exact O. Every
+    FlashAttention-style backward reads O as the forward stored it (fp16/bf16, from P rounded before P.V), so its
+    delta carries the forward's rounding; where a row's exact dQ cancels (its probability on a few keys) that
+    rounding, not the backward, sets the row's error, and it does not shrink with the sequence length as the
+    gradients' RMS does. Since d LSE / d s = P, adding c * LSE with the constant c = rowsum(dO * (O - O_given)) per
+    row gives dS = P (dP - rowsum(dO * O_given)): the exact gradient of the backward given its inputs (the sinks'
+    too: d LSE / d sink = P_sink)."""
+    if given is None:
+        return lse.new_zeros(())
+    c = (grad_out * (o - given)).sum(-1).detach()
+    return (lse * c).sum()
+
+
 def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, grad_out: torch.Tensor, *,
                               is_causal: bool = False, scale: float | None = None,
                               grad_lse: torch.Tensor | None = None, window: tuple[int, int] = NO_WINDOW,
-                              softcap: float = 0.0, sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                              softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                              out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) in float64 by autograd through the float64 attention (and the LSE when `grad_lse` is given), on
     the same quantized q, k, v and dO, one (batch, query head) at a time; GQA gradients sum over each group. Rows
     that see no key (a window past the keys) are constants (O = 0, LSE = -inf): no gradient flows through them.
-    With `sinks` (Hq,), (dQ, dK, dV, dSinks)."""
+    With `sinks` (Hq,), (dQ, dK, dV, dSinks). `out`: the forward's O as the backward reads it, for the exact
+    gradient of the backward given its inputs (`_given_o_term`), where the exact one would measure the forward's
+    rounding (rows that cancel, at long sequences)."""
     b, hq = q.shape[:2]
     group = hq // k.shape[1]
     dq = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
@@ -119,7 +138,9 @@ def reference_attention_grads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 rows = torch.ones(s.shape[0], dtype=torch.bool, device=s.device)
                 sink = sinks[h].detach().double().reshape(1).requires_grad_()
                 leaves += (sink,)
-            loss = ((_softmax(s, sink) @ vh) * grad_out[bi, h].double()[rows]).sum()
+            o, do = _softmax(s, sink) @ vh, grad_out[bi, h].double()[rows]
+            given = None if out is None else out[bi, h].double()[rows]
+            loss = (o * do).sum() + _given_o_term(o, do, _logsumexp(s, sink), given)
             if grad_lse is not None:
                 loss = loss + (_logsumexp(s, sink) * grad_lse[bi, h].double()[rows]).sum()
             grads = torch.autograd.grad(loss, leaves, allow_unused=True)
@@ -162,12 +183,12 @@ def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.
                                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *,
                                      is_causal: bool = False, scale: float | None = None,
                                      grad_lse: torch.Tensor | None = None, window: tuple[int, int] = NO_WINDOW,
-                                     softcap: float = 0.0,
-                                     sinks: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+                                     softcap: float = 0.0, sinks: torch.Tensor | None = None,
+                                     out: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """(dQ, dK, dV) of packed sequences in float64 by autograd, one sequence at a time (causal bottom-right); dO
     (total_q, Hq, D) and dLSE (Hq, total_q). Rows that see no key have O = 0 and LSE = -inf as constants: no gradient
     flows through them (their dLSE is ignored), as in the kernel. With `sinks` (Hq,) every row sees its sink, and
-    the result is (dQ, dK, dV, dSinks)."""
+    the result is (dQ, dK, dV, dSinks). `out` (total_q, Hq, D) as in `reference_attention_grads`."""
     dsinks = None if sinks is None else torch.zeros(sinks.shape, dtype=torch.float64, device=q.device)
     hq = q.shape[1]
     group = hq // k.shape[1]
@@ -193,7 +214,10 @@ def reference_attention_varlen_grads(q: torch.Tensor, k: torch.Tensor, v: torch.
         s = s[:, seen]
         o = _softmax(s, None if sink is None else sink[:, None, None]) @ \
             vs.transpose(0, 1).repeat_interleave(group, 0)
-        loss = (o * grad_out[rows_q].double().transpose(0, 1)[:, seen]).sum()
+        do = grad_out[rows_q].double().transpose(0, 1)[:, seen]
+        given = None if out is None else out[rows_q].double().transpose(0, 1)[:, seen]
+        loss = (o * do).sum() + _given_o_term(o, do, _logsumexp(s, None if sink is None else sink[:, None, None]),
+                                              given)
         if grad_lse is not None:
             loss = loss + (_logsumexp(s, None if sink is None else sink[:, None, None])
                            * grad_lse[:, rows_q].double()[:, seen]).sum()
