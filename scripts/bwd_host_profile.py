@@ -26,20 +26,15 @@ from xkernels.testing import attention_inputs
 
 
 def host_us(step, calls: int) -> float:
-    """Host time per call over `calls` back-to-back calls (no sync inside); the device's time over the same loop is
-    printed beside it: where the two are equal the loop waited on the device, and the host number is an upper bound."""
+    """Host time per call over `calls` back-to-back calls (no sync inside; the device keeps up on this problem)."""
     for _ in range(20):
         step()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
     t0 = time.perf_counter()
     for _ in range(calls):
         step()
     host = (time.perf_counter() - t0) / calls * 1e6
-    end.record()
     torch.cuda.synchronize()
-    print(f"  (device time over the loop: {start.elapsed_time(end) / calls * 1e3:.1f} us per call)", flush=True)
     return host
 
 
@@ -47,6 +42,19 @@ def set_direct(on: bool) -> None:
     for plan in plans._PLANS.values():
         if isinstance(plan, backward.BackwardPlan | backward.VarlenBackwardPlan):
             plan.direct = on
+
+
+def both_paths(what: str, o, leaves, do, calls: int):
+    """Host time of the backward of `o` on its plans' direct and general paths; returns the timed step."""
+    def step():
+        return torch.autograd.grad(o, leaves, do, retain_graph=True)
+
+    for path in ("direct", "general"):
+        set_direct(path == "direct")
+        print(f"{what} host time per call: {host_us(step, calls):.1f} us ({xkernels.last_backend()}), {path} path",
+              flush=True)
+    set_direct(True)
+    return step
 
 
 def main() -> None:
@@ -57,14 +65,7 @@ def main() -> None:
     o = xkernels.attention(q, k, v, is_causal=True)
     do = torch.randn_like(o)
 
-    def step():
-        return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-
-    for path in ("direct", "general"):
-        set_direct(path == "direct")
-        print(f"backward host time per call: {host_us(step, args.calls):.1f} us ({xkernels.last_backend()}), "
-              f"{path} path", flush=True)
-    set_direct(True)
+    step = both_paths("backward", o, (q, k, v), do, args.calls)
     for name, sdpa_backend in (("cudnn", torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
                                ("flash", torch.nn.attention.SDPBackend.FLASH_ATTENTION)):
         qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -111,14 +112,7 @@ def varlen(calls: int) -> None:
     o = xkernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True)
     do = torch.randn_like(o)
 
-    def step():
-        return torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
-
-    for path in ("direct", "general"):
-        set_direct(path == "direct")
-        print(f"varlen backward host time per call: {host_us(step, calls):.1f} us ({xkernels.last_backend()}), "
-              f"{path} path", flush=True)
-    set_direct(True)
+    step = both_paths("varlen backward", o, (q, k, v), do, calls)
     with torch.no_grad():
         def fwd():
             return xkernels.attention_varlen(q, k, v, cu, cu, max(lens), max(lens), is_causal=True,

@@ -155,6 +155,7 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
                     spill_free=table_for(target).spill_free(
                         "attention_acc16" if recipe.pv_acc_dtype == torch.float16 else "attention", d))
     yield from _attention_varlen_configs(target)
+    yield _cu_seqlens_check_config()
     yield from _attention_decode_configs(target)
     yield from _attention_bwd_configs(target)
     for dtype, out in ((torch.float16, torch.float16), (torch.bfloat16, torch.bfloat16),
@@ -216,6 +217,18 @@ def _attention_varlen_configs(target: Target) -> Iterator[KernelConfig]:
                                               softcap=cap, sinks=band is not None),
                                cfg.num_warps, cfg.num_stages, divisible=divisible,
                                spill_free=table_for(target).spill_free("attention_varlen", d))
+
+
+def _cu_seqlens_check_config() -> KernelConfig:
+    """The packed batches' device check of cu_seqlens (the varlen forward's and backward's), with bf16 and fp32
+    outputs to fill: no matrix instruction."""
+    from xkernels.portable import cu_seqlens
+
+    _, constexprs, options = cu_seqlens.launch_spec(2, ())
+    p = POINTER_TYPE[torch.bfloat16]
+    return KernelConfig("portable.cu_seqlens_check", cu_seqlens.cu_seqlens_check_kernel,
+                        {"CU_Q": "*i32", "CU_K": "*i32", "CHECKED": "*i32", "F0": p, "F1": "*fp32", "F2": p},
+                        constexprs, options["num_warps"], matrix_op=None)
 
 
 def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
