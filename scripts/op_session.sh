@@ -4,7 +4,7 @@
 # with XKERNELS_DIRECT_LAUNCH=0 (Triton's generic path), leaving everything under $OUT. Exit code: failed stages.
 #   bash scripts/op_session.sh "[smoke] [optests] [tests] [host] [floor] [check] [sanitize] [bench] [grad] [tiles]
 #                              [train] [trainpacked] [bwdbench] [gradacc] [memory] [decode] [decodebench] [varlenbench] [hf] [dq] [gpuinf] [sweep] [skinny] [ring] [persistent] [persistentab] [chain] [varlenp] [varlendebug] [varlenab] [varlenbwd] [persistent256] [l2chunk] [acc16] [bwd256] [bwdab] [gputests]
-#                              [fusedab] [hosttime] [window] [windowbwd] [varlenwindow] [sinkscap] [varlenhost] [varlenplan]"
+#                              [fusedab] [hosttime] [window] [windowbwd] [varlenwindow] [sinkscap] [varlenhost] [varlenplan] [decodeseq]"
 #                              (default: smoke host)
 # XK_TRITON_TARBALL=path: first unpack a carried triton build (a tar.xz of site-packages, see benchmarks/README.md)
 # and run everything on it.
@@ -148,6 +148,9 @@ for part in "${@:-smoke host}"; do
           tests/test_varlen.py tests/test_backward.py tests/portable/test_cu_seqlens.py
         stage timeout 120 python3 scripts/bwd_host_profile.py --calls 200
         stage timeout 200 xkernels bench --suite varlen --iters 20 --out "$OUT/bench-varlen" ;;
+      decodeseq)  # paged decode with the pages shuffled and in order (an identity table), shipped and BN64 tiles
+        stage timeout 300 python3 scripts/decode_paged_ab.py --caches paged16 paged16seq paged64 dense \
+          --configs 128,8,3 64,4,4 64,8,4 --json "$OUT/decode_seq.json" --md "$OUT/decode_seq.md" ;;
       bench)
         stage timeout 280 xkernels bench --suite attention --quick --iters 40 --out "$OUT/bench-attention"
         stage timeout 200 xkernels bench --suite gemm --quick --iters 40 --out "$OUT/bench-gemm" ;;
