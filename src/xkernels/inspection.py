@@ -345,6 +345,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
             # soft cap
             # (causal, band, sinks, soft cap, positive scale)
             variants = [(False, None, False, 0.0, True), (True, None, False, 0.0, True)]
+            if recipe.name != "bf16" and d == 128:  # the other producers and accumulators with all three
+                variants.append((True, WINDOW, True, SOFTCAP, True))
             if recipe.name == "bf16":
                 variants += [(True, WINDOW, False, 0.0, True), (True, WINDOW, True, SOFTCAP, True)]
                 if d == 128:  # sinks alone, a cap on scores scaled first (a negative scale), non-causal windows

@@ -469,7 +469,9 @@ def call_without_grad(op, *args):
     goes through the op, past the Autograd key (torch.library's Python autograd kernel would only re-dispatch below
     itself), or, under compile and functorch transforms, through the whole dispatcher."""
     direct = _NO_GRAD_KERNELS.get(op)
-    if direct is not None and _plain_eager(args[:direct[1]]):
+    # the leading tensors, and any later one (the sinks): a subclass anywhere takes the op
+    if direct is not None and _plain_eager((*args[:direct[1]],
+                                            *(a for a in args[direct[1]:] if isinstance(a, torch.Tensor)))):
         return direct[0](*args)
     if (_BELOW_AUTOGRAD is None or torch.compiler.is_compiling()
             or torch._C._are_functorch_transforms_active()):

@@ -132,6 +132,28 @@ def test_hopper_softcap_matches_float64(d, sq, skv, causal, window, cap, scale):
     assert not compare_lse(lse, reference_lse(q, k, **(ref | dict(softcap=1.5 * cap)))).passed, "a wrong cap"
 
 
+@pytest.mark.parametrize("precision", ["fp16", "bf16io", "fp16-acc16", "bf16io-acc16"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_hopper_sinks_and_softcap_in_the_other_recipes(precision, d):
+    """The recipes whose Gluon caps and sinks are not yet the default (`select.GLUON_CAPS_SINKS_RECIPES`): their
+    producers (bf16io converts V in shared memory) and accumulators (acc16: fp16 P.V) with a window, sinks and a cap
+    together, forced, against float64."""
+    recipe = ATTENTION_RECIPES[precision]
+    q, k, v = _capped_inputs(900, 900, d, seed=d + 7)
+    q, k, v = (t.to(recipe.io_dtype) for t in (q, k, v))
+    sinks = _sinks(4, seed=d)
+    out = poisoned_like(q)
+    _, lse = xkernels.attention(q, k, v, is_causal=True, enable_gqa=True, window_size=(300, 0), softcap=3.0,
+                                sinks=sinks, out=out, return_lse=True, precision=precision, backend="hopper")
+    name = xkernels.last_backend()
+    assert name.startswith("hopper.attention") and "sinks" in name and "softcap=3" in name, name
+    ref = dict(is_causal=True, window=(300, 0), softcap=3.0, sinks=sinks)
+    c = compare_attention(out, reference_attention(q, k, v, **ref), recipe)
+    assert c.passed, c.reason
+    c_lse = compare_lse(lse, reference_lse(q, k, **ref))
+    assert c_lse.passed, c_lse.reason
+
+
 def test_hopper_softcap_with_sinks_varlen_and_a_training_step(monkeypatch):
     """gpt-oss's and Gemma 2's pieces together on the varlen kernel, then a capped training step (the forward on
     the Gluon kernel, the backward on the portable one, which has the cap's derivative)."""

@@ -66,3 +66,14 @@ def test_more_than_three_outputs_or_a_sparse_one_is_refused():
         checked_on_device(cu, cu, 2, 2, 2, 2, tuple(torch.zeros(2) for _ in range(4)))
     with pytest.raises(ValueError, match="at most three dense"):
         checked_on_device(cu, cu, 2, 2, 2, 2, (torch.zeros(4, 4)[:, :2],))
+
+
+def test_a_step_that_wraps_in_int32_is_refused():
+    """2^31 - 1 then -2^31: an int32 difference reads a step of 1; the lengths are taken in int64."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cu = torch.tensor([0, 2**31 - 1, -(2**31), -1, 5], dtype=torch.int32, device=device)
+    good = torch.tensor([0, 0, 0, 0, 5], dtype=torch.int32, device=device)
+    out = torch.zeros(5, 2, dtype=torch.float16, device=device)
+    assert _host_bad(cu.tolist(), 5, 2**31 - 1)
+    got_q, got_k = checked_on_device(cu, good, 5, 5, 2**31 - 1, 5, (out,))
+    assert not got_q.any() and not got_k.any() and torch.isnan(out).all()

@@ -93,3 +93,20 @@ def test_a_backward_exact_to_its_inputs_is_measured_closer_and_a_wrong_row_still
     assert c_rounded.worst_row_rel < c_exact.worst_row_rel / 2, (c_rounded, c_exact)
     dq[150] = -dq[150]
     assert not compare_grad(dq, rounded, recipe).passed and not compare_grad(dq, exact, recipe).passed
+
+
+def test_a_gradient_case_check_also_checks_the_forward_o(monkeypatch):
+    """The gradient cases' references take the forward's O, so their check measures that O against float64 too: a
+    forward that fails its check fails the step's."""
+    import dataclasses
+
+    from xkernels.testing import cases
+
+    case = cases.AttentionGradCase(1, 2, 2, 24, 24, 64, True, "fp16", step="fwd+bwd")
+    inputs = case.inputs("cpu")
+    assert case.check(inputs).passed
+    real = cases.AttentionCase.check
+    monkeypatch.setattr(cases.AttentionCase, "check",
+                        lambda self, inputs: dataclasses.replace(real(self, inputs), passed=False, reason="wrong O"))
+    c = case.check(inputs)
+    assert not c.passed and c.reason.startswith("forward: wrong O"), c.reason

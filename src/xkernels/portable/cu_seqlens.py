@@ -25,12 +25,14 @@ _MAX_PROGRAMS = 128  # the fill's programs (a grid-stride loop): the check is re
 
 @triton.jit
 def _bad(CU, N, TOTAL, MAX_SEQLEN, BLOCK: tl.constexpr):
-    """1 where cu (N entries) breaks a check, else 0 (an int32 scalar)."""
+    """1 where cu (N entries) breaks a check, else 0 (an int32 scalar). Lengths are taken in int64: an int32
+    difference wraps (2^31 - 1 then -2^31 would read as a step of 1)."""
     bad = ((tl.load(CU) != 0) | (tl.load(CU + N - 1) != TOTAL)).to(tl.int32)
     for start in range(1, N, BLOCK):
         i = start + tl.arange(0, BLOCK)
         inside = i < N
-        length = tl.load(CU + i, mask=inside, other=0) - tl.load(CU + i - 1, mask=inside, other=0)
+        length = (tl.load(CU + i, mask=inside, other=0).to(tl.int64)
+                  - tl.load(CU + i - 1, mask=inside, other=0).to(tl.int64))
         bad = tl.maximum(bad, tl.max(((length < 0) | (length > MAX_SEQLEN)).to(tl.int32), 0))
     return bad
 

@@ -159,6 +159,11 @@ class _GradStep:
     def nbytes(self) -> int:
         return 2 * super().nbytes  # q, k, v, O (the forward's) and dO, dQ, dK, dV
 
+    def forward_case(self):
+        """The forward case this gradient case extends (its fields without `step`)."""
+        base = next(c for c in type(self).__mro__[1:] if c is not _GradStep and dataclasses.is_dataclass(c))
+        return base(**{f.name: getattr(self, f.name) for f in dataclasses.fields(base)})
+
     def prepare(self, inputs):
         """What a timed call starts from: for "bwd" the forward already run (its graph kept for every call)."""
         if self.step != "bwd":
@@ -179,9 +184,13 @@ class _GradStep:
         backward given the forward's O as it read it (`reference_attention_grads`' `out`), so rows whose exact dQ
         cancels are not measured on O's bf16 rounding, which does not shrink with the sequence length as the floor
         of the row bound does (benchmarks/results/h200/2026-12-02/46-varlen-dq-worst-rows)."""
+        forward = self.forward_case().check(inputs[:-1])  # the O that the references take, against float64 first
         o, leaves = self.forward(inputs)
         grads = torch.autograd.grad(o, leaves, inputs[-1])
-        return _worst(grads[:3], self.references(inputs, out=o.detach()), self.recipe)
+        c = _worst(grads[:3], self.references(inputs, out=o.detach()), self.recipe)
+        if forward.passed:
+            return c
+        return dataclasses.replace(c, passed=False, reason=f"forward: {forward.reason}; {c.reason}")
 
 
 @dataclass(frozen=True)
