@@ -212,15 +212,14 @@ class VarlenBackwardPlan:
         self.default_scale = 1.0 / math.sqrt(q.shape[-1])
         from xkernels.common import launch
 
-        def layout_ready(t) -> bool:  # packed_ready's stride conditions (the address is checked per call)
-            total, h, d = t.shape
-            return t.stride(2) == 1 and (h == 1 or t.stride(1) == d) and (t.stride(0) * t.element_size()) % 16 == 0 \
-                and t.stride(0) >= h * d
-
         self.direct = (self.choice.layer == "hopper" and not self.empty and launch.direct_launch_available(q.device)
-                       and all(layout_ready(t) for t in (q, k, v, grad_out)) and out.stride(-1) == 1
-                       and lse.is_contiguous() and (grad_lse is None or grad_lse.is_contiguous())
+                       and out.stride(-1) == 1 and lse.is_contiguous()
+                       and (grad_lse is None or grad_lse.is_contiguous())
                        and cu_seqlens_q.is_contiguous() and cu_seqlens_k.is_contiguous())
+        if self.direct:  # the descriptors' strides (their addresses are checked per call)
+            from xkernels.hopper import attention_bwd as hopper_bwd
+
+            self.direct = all(hopper_bwd.packed_layout_ready(t) for t in (q, k, v, grad_out))
         cfg = self.choice.config
         self.name = (f"{self.choice.layer}.attention_varlen_backward[{cfg}{self.band}"
                      f"{softcap_name(softcap)}]")
@@ -246,7 +245,6 @@ class VarlenBackwardPlan:
         """The four launches and their integer arguments, from the first direct call's tensors (the key fixes every
         layout and size, so the next call's are alike)."""
         from xkernels.common import launch
-        from xkernels.common.dtypes import smem_layout
         from xkernels.hopper import attention_bwd as hopper_bwd
         from xkernels.hopper import attention_dq as hopper_dq
         from xkernels.portable import cu_seqlens
@@ -258,9 +256,7 @@ class VarlenBackwardPlan:
         batch = self.batch
         max_q, max_k = self.max_seqlen_q, self.max_seqlen_k
 
-        def packed(t, rows: int) -> tuple:  # `hopper_bwd.packed_descriptor`'s geometry
-            return [t.shape[0], t.shape[1] * d], [t.stride(0), 1], [rows, d], smem_layout((rows, d), t.dtype)
-
+        packed = hopper_bwd.packed_geometry
         check = launch.Prepared(cu_seqlens.cu_seqlens_check_kernel,
                                 *cu_seqlens.launch_spec(batch + 1, (dq.numel(), dk.numel(), dv.numel())))
         check_ints = (total_q, total_k, max_q, max_k)

@@ -469,9 +469,7 @@ def call_without_grad(op, *args):
     goes through the op, past the Autograd key (torch.library's Python autograd kernel would only re-dispatch below
     itself), or, under compile and functorch transforms, through the whole dispatcher."""
     direct = _NO_GRAD_KERNELS.get(op)
-    # the leading tensors, and any later one (the sinks): a subclass anywhere takes the op
-    if direct is not None and _plain_eager((*args[:direct[1]],
-                                            *(a for a in args[direct[1]:] if isinstance(a, torch.Tensor)))):
+    if direct is not None and _plain_eager(args[i] for i in direct[1] if i < len(args)):
         return direct[0](*args)
     if (_BELOW_AUTOGRAD is None or torch.compiler.is_compiling()
             or torch._C._are_functorch_transforms_active()):
@@ -491,7 +489,9 @@ matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default
 
 # the kernel functions `call_without_grad` may run directly (ops that write no input: no version counter to bump),
-# with the number of tensors (or optional tensors) that lead their arguments
-_NO_GRAD_KERNELS = {attention_op: (_attention, 3), attention_lse_op: (_attention_lse, 3), matmul_op: (_matmul, 2),
-                    attention_backward_op: (_attention_backward, 7),
-                    attention_varlen_backward_op: (_attention_varlen_backward, 9)}
+# with the positions of their tensor (or optional tensor) arguments: the attention ops' sinks are their 12th
+_ATTENTION_TENSORS = (0, 1, 2, 11)
+_NO_GRAD_KERNELS = {attention_op: (_attention, _ATTENTION_TENSORS),
+                    attention_lse_op: (_attention_lse, _ATTENTION_TENSORS), matmul_op: (_matmul, (0, 1)),
+                    attention_backward_op: (_attention_backward, tuple(range(7))),
+                    attention_varlen_backward_op: (_attention_varlen_backward, tuple(range(9)))}

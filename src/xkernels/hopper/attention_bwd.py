@@ -338,21 +338,30 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     return out
 
 
+def packed_geometry(t: torch.Tensor, rows: int) -> tuple:
+    """(shape, strides, box, layout) of a packed (total, H, D) tensor seen as a (total, H * D) matrix of [rows, D]
+    boxes (head h at column h * D): what `packed_descriptor` encodes, and what a plan's prepared launch takes."""
+    total, h, d = t.shape
+    return [total, h * d], [t.stride(0), 1], [rows, d], smem_layout((rows, d), t.dtype)
+
+
 def packed_descriptor(t: torch.Tensor, rows: int):
-    """A host TMA descriptor of a packed (total, H, D) tensor seen as a (total, H * D) matrix of [rows, D] boxes
-    (head h at column h * D), for the VARLEN variants of this kernel and the dQ kernel. Needs a unit last stride,
-    heads D apart, 16-byte aligned base and row stride (`packed_ready`)."""
+    """A host TMA descriptor of a packed tensor (`packed_geometry`), for the VARLEN variants of this kernel and the
+    dQ kernel. Needs a unit last stride, heads D apart, 16-byte aligned base and row stride (`packed_ready`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+    return TensorDescriptor(t, *packed_geometry(t, rows))
+
+
+def packed_layout_ready(t: torch.Tensor) -> bool:
+    """The strides `packed_descriptor` needs (its base address aside)."""
     total, h, d = t.shape
-    layout = smem_layout((rows, d), t.dtype)
-    return TensorDescriptor(t, [total, h * d], [t.stride(0), 1], [rows, d], layout)
+    return (t.stride(2) == 1 and (h == 1 or t.stride(1) == d) and (t.stride(0) * t.element_size()) % 16 == 0
+            and t.stride(0) >= h * d)
 
 
 def packed_ready(t: torch.Tensor) -> bool:
-    total, h, d = t.shape
-    return (t.stride(2) == 1 and (h == 1 or t.stride(1) == d) and (t.stride(0) * t.element_size()) % 16 == 0
-            and t.stride(0) >= h * d and t.data_ptr() % 16 == 0)
+    return packed_layout_ready(t) and t.data_ptr() % 16 == 0
 
 
 def grid(batch: int, kv_heads: int, skv: int, cfg: HopperAttentionBwdConfig) -> int:
