@@ -151,8 +151,8 @@ def test_bad_sinks_raise_naming_the_argument(device, sinks, error):
 
 
 def test_sinks_run_the_gluon_kernel_on_hopper_and_forcing_it_elsewhere_raises(device):
-    """Sinks run the Gluon forward on sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it), by default for bf16
-    (fp16's Gluon sinks have not run on a GPU: the portable forward unless forced), the portable one where forced
+    """Sinks run the Gluon forward on sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it), in every recipe,
+    the portable one where forced
     or elsewhere; forcing "hopper" raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.bfloat16, device, seed=1)
     sinks = torch.zeros(2, device=device)
@@ -161,8 +161,8 @@ def test_sinks_run_the_gluon_kernel_on_hopper_and_forcing_it_elsewhere_raises(de
     xkernels.attention(q, k, v, sinks=sinks)
     on_hopper = hopper_available(torch.device(device))
     assert xkernels.last_backend().startswith("hopper." if on_hopper else "portable."), xkernels.last_backend()
-    xkernels.attention(q.half(), k.half(), v.half(), sinks=sinks)
-    assert xkernels.last_backend().startswith("portable."), xkernels.last_backend()
+    xkernels.attention(q.half(), k.half(), v.half(), sinks=sinks)  # every recipe's
+    assert xkernels.last_backend().startswith("hopper." if on_hopper else "portable."), xkernels.last_backend()
     if on_hopper:
         xkernels.attention(q, k, v, sinks=sinks, backend="hopper")
         assert xkernels.last_backend().startswith("hopper.") and "sinks" in xkernels.last_backend()

@@ -151,8 +151,8 @@ def test_bad_caps_raise_naming_the_argument(device, cap, error):
 
 
 def test_a_softcap_runs_the_gluon_kernel_on_hopper_and_forcing_it_elsewhere_raises(device):
-    """Soft caps run the Gluon forward on sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it), by default for
-    bf16 (fp16's Gluon cap has not run on a GPU: the portable forward unless forced), the portable one where forced
+    """Soft caps run the Gluon forward on sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it), in every
+    recipe, the portable one where forced
     or elsewhere; forcing "hopper" raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.bfloat16, device, seed=1)
     xkernels.attention(q, k, v, softcap=30.0, backend="portable")
@@ -160,8 +160,8 @@ def test_a_softcap_runs_the_gluon_kernel_on_hopper_and_forcing_it_elsewhere_rais
     xkernels.attention(q, k, v, softcap=30.0)
     on_hopper = hopper_available(torch.device(device))
     assert xkernels.last_backend().startswith("hopper." if on_hopper else "portable."), xkernels.last_backend()
-    xkernels.attention(q.half(), k.half(), v.half(), softcap=30.0)
-    assert xkernels.last_backend().startswith("portable."), xkernels.last_backend()
+    xkernels.attention(q.half(), k.half(), v.half(), softcap=30.0)  # every recipe's
+    assert xkernels.last_backend().startswith("hopper." if on_hopper else "portable."), xkernels.last_backend()
     if on_hopper:
         xkernels.attention(q, k, v, softcap=30.0, backend="hopper")
         assert xkernels.last_backend().startswith("hopper.") and "softcap=30" in xkernels.last_backend()

@@ -84,13 +84,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     its band, forward and backward (on Hopper the Gluon kernels' band, elsewhere the portable kernels'); each window
     value compiles its own kernel variant. `softcap` > 0 soft-caps the scaled scores x to
     softcap * tanh(x / softcap) (flash_attn's softcap, Gemma 2's attn_logit_softcapping), in the forward and the
-    backward (on Hopper the Gluon forward, for bf16 by default, and the portable backward; the portable kernels
-    elsewhere). `sinks`
+    backward (on Hopper the Gluon forward and the portable backward; the portable kernels elsewhere). `sinks`
     (Hq,) float: attention sinks (gpt-oss), one natural-log logit per query head that joins each row's softmax as a
     key of value 0 (not scaled by `scale`, not masked): O = sum_j p_j v_j / (sum_j p_j + exp(sink)), and the LSE
     includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. The forward runs
-    where a sinkless call's would (on Hopper the Gluon kernel; recipes other than bf16 the portable one unless
-    `backend="hopper"`, until their Gluon sinks have run on a GPU), and so does the backward, which needs nothing
+    where a sinkless call's would (on Hopper the Gluon kernel), and so does the backward, which needs nothing
     of them (the LSE holds the sink).
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,

@@ -157,27 +157,16 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 
-# The recipes whose Gluon soft caps and sinks have run on a GPU (tests/gpu/test_hopper_sinks_softcap.py): the default
-# there; the other recipes' take the portable kernels unless "hopper" is forced.
-GLUON_CAPS_SINKS_RECIPES = ("bf16",)
-
-
-def _portable_only(recipe: AttentionRecipe, override: Override, softcap: float, sinks: bool) -> bool:
-    """Whether a soft cap or sinks keep the call on the portable kernels: a recipe whose Gluon caps and sinks have not
-    run on a GPU, unless "hopper" is forced."""
-    return bool(softcap or sinks) and recipe.name not in GLUON_CAPS_SINKS_RECIPES and override.layer != "hopper"
-
-
-def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override,
-                     portable_only: bool = False) -> Choice:
-    """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, window, GQA and length; soft caps
-    and sinks but where `portable_only`); else portable. The Gluon forward's band, soft cap and sinks against the
+def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:
+    """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, window, GQA, length, soft cap and
+    sinks); else portable. The Gluon forward's band, soft cap and sinks against the
     portable kernels' on the H200: 1.27-1.33x on 4K windows, 1.23x on Gemma 2's capped layer, 1.41x on gpt-oss's
-    sink layer (TFLOP/s, device time; benchmarks/results/h200/2026-12-02/42-sinkscap)."""
+    sink layer (TFLOP/s, device time, bf16; benchmarks/results/h200/2026-12-02/42-sinkscap; every recipe's caps and
+    sinks against float64 on the GPU: 48-gputests-recipes)."""
     on_hopper = hopper_available(device)
     if override.layer == "hopper" and not on_hopper:
         raise ValueError("backend: 'hopper' was forced, but attention there needs sm_90 and a tested triton")
-    if override.layer != "portable" and on_hopper and not portable_only:
+    if override.layer != "portable" and on_hopper:
         return Choice("hopper", _hopper_forward(head_dim, recipe, override))
     return Choice("portable", portable_configs.attention_config(head_dim, recipe, _target(device)))
 
@@ -187,7 +176,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
     alike, so a traced call raises what the eager call raises. Calls with few query rows take the split-KV kernel
     unless "hopper" is forced; soft caps, sinks (checked here) and sliding windows the Hopper
-    kernel on sm_90 (caps and sinks: `_portable_only`) and the portable kernels elsewhere. Returns (recipe,
+    kernel on sm_90 and the portable kernels elsewhere. Returns (recipe,
     Choice)."""
     recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
     check_sinks(sinks, q.shape[1], q.device)
@@ -199,8 +188,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     d = int(q.shape[-1])
     if override.layer != "hopper" and q.shape[2] <= DECODE_MAX_SQ:  # a guard on the relation, not on Sq
         return recipe, Choice("portable", portable_configs.decode_config(d, _target(q.device)), "decode")
-    return recipe, select_attention(q.device, d, recipe, override,
-                                    _portable_only(recipe, override, softcap, sinks is not None))
+    return recipe, select_attention(q.device, d, recipe, override)
 
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
@@ -240,17 +228,16 @@ def _backward_choice(q, backend: str, *, hopper_by_default: bool, softcap: float
 HOPPER_VARLEN_HEAD_DIMS = (64, 128, 256)
 
 
-def _varlen_choice(q, recipe: AttentionRecipe, backend: str, softcap: float = 0.0, sinks: bool = False) -> Choice:
+def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
-    overrides, its band for a sliding window, its soft cap and sinks but where `_portable_only`) on sm_90 with a
+    overrides, its band for a sliding window, its soft cap and sinks) on sm_90 with a
     tested triton at the head dims it ran at; else the portable one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
     if q.device.type == "meta":
         return Choice("meta", None)
     d = int(q.shape[-1])
-    hopper = (hopper_available(q.device) and d in HOPPER_VARLEN_HEAD_DIMS
-              and not _portable_only(recipe, override, softcap, sinks))
+    hopper = hopper_available(q.device) and d in HOPPER_VARLEN_HEAD_DIMS
     if override.layer == "hopper" and not hopper:
         raise ValueError(f"backend: 'hopper' was forced, but attention_varlen there needs sm_90, a tested triton and "
                          f"a head dim in {HOPPER_VARLEN_HEAD_DIMS}")
@@ -266,7 +253,7 @@ def resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, 
     recipe = check_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                     precision=precision)
     check_sinks(sinks, q.shape[1], q.device)
-    return recipe, _varlen_choice(q, recipe, backend, softcap, sinks is not None)
+    return recipe, _varlen_choice(q, recipe, backend)
 
 
 def resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,

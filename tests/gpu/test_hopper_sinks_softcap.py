@@ -1,4 +1,4 @@
-"""The Gluon forwards' attention sinks and soft caps (the default on sm_90; forced here with `backend="hopper"`) against
+"""The Gluon forwards' attention sinks and soft caps (the default on sm_90 in every recipe; mostly forced here) against
 float64: the dense kernel at every head dim, causal and not, with a window, GQA, Sq != Skv with rows that see no key
 (O = 0, LSE = the sink), fp32 and bf16 sink logits, on NaN-poisoned outputs; the varlen kernel (blocks that see no
 key store the sink as their LSE); training steps (sinks: the Hopper backward and the op's dSinks; caps: the
@@ -135,16 +135,15 @@ def test_hopper_softcap_matches_float64(d, sq, skv, causal, window, cap, scale):
 @pytest.mark.parametrize("precision", ["fp16", "bf16io", "fp16-acc16", "bf16io-acc16"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_hopper_sinks_and_softcap_in_the_other_recipes(precision, d):
-    """The recipes whose Gluon caps and sinks are not yet the default (`select.GLUON_CAPS_SINKS_RECIPES`): their
-    producers (bf16io converts V in shared memory) and accumulators (acc16: fp16 P.V) with a window, sinks and a cap
-    together, forced, against float64."""
+    """The other recipes' producers (bf16io converts V in shared memory) and accumulators (acc16: fp16 P.V) with a
+    window, sinks and a cap together, on the Gluon forward by default, against float64."""
     recipe = ATTENTION_RECIPES[precision]
     q, k, v = _capped_inputs(900, 900, d, seed=d + 7)
     q, k, v = (t.to(recipe.io_dtype) for t in (q, k, v))
     sinks = _sinks(4, seed=d)
     out = poisoned_like(q)
     _, lse = xkernels.attention(q, k, v, is_causal=True, enable_gqa=True, window_size=(300, 0), softcap=3.0,
-                                sinks=sinks, out=out, return_lse=True, precision=precision, backend="hopper")
+                                sinks=sinks, out=out, return_lse=True, precision=precision)
     name = xkernels.last_backend()
     assert name.startswith("hopper.attention") and "sinks" in name and "softcap=3" in name, name
     ref = dict(is_causal=True, window=(300, 0), softcap=3.0, sinks=sinks)
