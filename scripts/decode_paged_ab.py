@@ -5,6 +5,7 @@ reference first.
 
     python scripts/decode_paged_ab.py --json decode_paged_ab.json [--md decode_paged_ab.md]
         [--dim 64] [--caches dense paged16seq] [--configs 128,8,3 128,4,3] [--split-scales 1 2] [--fused]
+        [--preload 1024]
 
 A cache named with "seq" after it (paged16seq) holds its pages in order, behind an identity block table: against
 the shuffled table of the same page size, what the random placement costs.
@@ -53,12 +54,15 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=[], help="BLOCK_N,warps,stages (default: shipped and 3 others)")
     ap.add_argument("--split-scales", nargs="+", type=int, default=[1])
     ap.add_argument("--fused", action="store_true", help="each config also with the fused merge (no combine kernel)")
+    ap.add_argument("--preload", nargs="+", type=int, default=[],
+                    help="each config also with a split's block ids read before its loop (DecodeConfig.preload_ids)")
     args = ap.parse_args()
     shipped = decode_config(args.dim, select._target(torch.device("cuda")))
     cfgs = ([DecodeConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else
             [shipped, dataclasses.replace(shipped, num_stages=4), DecodeConfig(64, 4, 4), DecodeConfig(64, 8, 4)])
     if args.fused:
         cfgs += [dataclasses.replace(c, fused_combine=True) for c in cfgs]
+    cfgs += [dataclasses.replace(c, preload_ids=n) for n in args.preload for c in list(cfgs)]
     rows, lines = [], ["| shape | variant | us | TB/s | x SDPA | check |", "|---|---|---|---|---|---|"]
     for (b, hq, hkv, s), cache in [(r, c) for r in DECODE_ROWS for c in args.caches]:
         sequential = cache.endswith("seq")  # pages in order (an identity table): what the random order costs

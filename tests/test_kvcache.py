@@ -535,3 +535,38 @@ def test_fused_merge_leaves_its_counters_at_zero(device, merge, return_lse):
         assert c.passed, (window, c.reason)
         for kept in scratch._SETS.values():
             assert not kept.counters.any()
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (20, 0)])
+def test_block_ids_read_before_or_inside_the_key_loop_agree(device, monkeypatch, window):
+    """A split's block ids read once before its key loop (`DecodeConfig.preload_ids`: the shipped D128 config on
+    sm_90, the interpreter's) and each tile's ids read one tile ahead inside it (a split with more pages than that)
+    give the same O, bitwise, matching float64; a bad id in either mode makes its sequence's rows NaN and leaves
+    the others' as they were."""
+    g = torch.Generator().manual_seed(9)
+    s_max = 128 if device == "cpu" else 1024
+    q, k_cache, v_cache, _, _, lengths = setup(device, batch=4, sq=3, new=0, s_max=s_max, hq=8, hkv=2,
+                                               lengths=(s_max, 0, s_max * 3 // 5, 19))
+    kc, table = paged_copy(k_cache, 16, g)
+    vc = torch.empty_like(kc)
+    vc[table.long()] = v_cache.view(4, -1, 16, *v_cache.shape[2:])
+    bad = table.clone()
+    bad[2, (int(lengths[2]) - 1) // 16] = kc.shape[0] + 5  # sequence 2's last page (in every window): outside
+    real = portable_configs.decode_config
+    runs = {}
+    for preload in (1 << 12, 0):
+        monkeypatch.setattr(portable_configs, "decode_config",
+                            lambda *a, n=preload, **k: dataclasses.replace(real(*a, **k), preload_ids=n))
+        for c in (plans._PLANS, decode._PLANS, kvcache._RESOLVED):
+            c.clear()
+        kwargs = dict(cache_seqlens=lengths, is_causal=True, num_splits=2, window_size=window, sync_checks=False)
+        good = xkernels.attention_with_kvcache(q, kc, vc, block_table=table, **kwargs)
+        assert [p.constexprs["PAGE_IDS"] > 0 for p in decode._PLANS.values()] == [bool(preload)]
+        runs[preload] = (good, xkernels.attention_with_kvcache(q, kc, vc, block_table=bad, **kwargs))
+    (good, broken), (good_loop, broken_loop) = runs.values()
+    assert torch.equal(good, good_loop) and torch.equal(broken.isnan(), broken_loop.isnan())
+    want = reference(q, k_cache, v_cache, lengths.tolist(), causal=True, window=window).to(good.device)
+    c = compare_attention(good[[0, 2, 3]], want[[0, 2, 3]], ATTENTION_RECIPES["fp16"])
+    assert c.passed, c.reason
+    for o in (broken, broken_loop):
+        assert o[2].isnan().all() and torch.equal(o[[0, 1, 3]], good[[0, 1, 3]])

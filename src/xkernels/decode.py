@@ -162,11 +162,13 @@ class DecodePlan:
                 capacity, split_keys, self.rows, splits)
         # Triton types each int argument i64 from 2^31 up and specializes strides on being 1 or a multiple of 16:
         # variants of their own (a dense cache's strides keep theirs as it grows: D is a multiple of 16)
+        page_ids = cfg.page_ids(g.page, split_keys)
         key = (splits > 1, tuple(x >= 2**31 for x in ints),
-               tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)), windowed)
+               tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)), windowed, page_ids)
         variant = self._variants.get(key)
         if variant is None:
-            constexprs = cfg.constexprs(g.head_dim, self.recipe, split=key[0], windowed=windowed, **self._flags)
+            constexprs = cfg.constexprs(g.head_dim, self.recipe, split=key[0], windowed=windowed, page_ids=page_ids,
+                                        **self._flags)
             variant = self._variants[key] = _Variant(constexprs,
                                                      launch.constexpr_tail(kernel.attention_decode_kernel, constexprs))
         name = (f"portable.decode[{self.recipe.name} {cfg} BM{self.block_m} splits={splits}"

@@ -262,9 +262,12 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
             if fused and target.name != "sm_90":
                 continue
             cfg = dataclasses.replace(shipped, fused_combine=True) if fused else shipped
+            # a split's block ids read before its loop (where the config does): the most it reads so
+            page_ids = cfg.page_ids(page, cfg.preload_ids * page) if split else 0
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
-                                softcap=SOFTCAP if window else 0.0, sinks=window, interpret=False)
+                                softcap=SOFTCAP if window else 0.0, sinks=window, page_ids=page_ids,
+                                interpret=False)
             yield KernelConfig(f"portable.decode bf16 D{d} page{page}{' causal' if causal else ''}"
                                f"{' split' if split else ''}{' leftpad' if left else ''}"
                                f"{' window' + softcap_name(SOFTCAP) + ' sinks' if window else ''} {cfg}",

@@ -54,6 +54,26 @@ def _blocks(start_n, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N: tl.c
 
 
 @triton.jit
+def _split_ids(BLOCK_TABLE, bt_sb, b, lo, floor, hi, num_blocks, PAGE: tl.constexpr, PAGE_IDS: tl.constexpr):
+    """The block ids of a split's pages, PAGE_IDS of them from page lo // PAGE (the split's first), read once before
+    its key loop: those holding no key of [floor, hi) read 0, ids outside [0, num_blocks) read block 0. Returns
+    (ids, whether one of the read ids was outside)."""
+    pages = lo // PAGE + tl.arange(0, PAGE_IDS)
+    want = (pages * PAGE < hi) & ((pages + 1) * PAGE > floor)
+    ids = tl.load(BLOCK_TABLE + b * bt_sb + pages, mask=want, other=0)
+    outside = (ids < 0) | (ids >= num_blocks)
+    return tl.where(outside, 0, ids), tl.max((outside & want).to(tl.int32), 0)
+
+
+@triton.jit
+def _tile_ids(split_ids, start_n, split_lo, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, PAGE_IDS: tl.constexpr):
+    """The key tile at start_n's block ids ([BLOCK_N], each page's id PAGE times) from its split's `_split_ids`
+    (split_lo: the split's first key): a gather from registers, so no K/V address waits on a global load."""
+    at = (start_n - split_lo) // PAGE + tl.arange(0, BLOCK_N) // PAGE
+    return tl.gather(split_ids, tl.minimum(at, PAGE_IDS - 1), 0)
+
+
+@triton.jit
 def _rows(blocks, start_n, page_st, row_st, BLOCK_N: tl.constexpr, PAGE: tl.constexpr, WIDE: tl.constexpr):
     """Element offsets of the key tile at start_n (held in `blocks`, `_blocks`) in a cache, kv head aside. With the
     tile aligned to BLOCK_N, a key's row in its page is loop-invariant (pages of at most BLOCK_N keys) or the tile's
@@ -106,20 +126,27 @@ def _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS: tl.constexpr):
 def _attend(acc, l_i, m_i, q, K, V, b, floor, lo, hi, limit, win_left, win_right, BLOCK_TABLE, bt_sb, num_blocks,
             k_sp, k_ss, v_sp, v_ss, qk_scale, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
             CAUSAL: tl.constexpr, MASKED: tl.constexpr, WINDOWED: tl.constexpr, PV_DTYPE: tl.constexpr,
-            WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr, SOFTCAP: tl.constexpr = 0.0):
+            WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr, SOFTCAP: tl.constexpr, split_ids, split_lo,
+            PAGE_IDS: tl.constexpr):
     """Fold key tiles [lo, hi) (lo a multiple of BLOCK_N) into (acc, l_i, m_i). MASKED: keys >= hi and (causal)
     keys past each row's `limit` are dropped, and their K/V rows are not read; WINDOWED (with MASKED) also keys
     below limit - win_left and (not causal) above limit + win_right, and reads no K/V row or block id below `floor`
     (the block's first row's first key: rows before a window may hold anything). A paged cache's block ids are read
     one tile ahead (a loop-carried value), so the K/V loads depend on no load of their own iteration and the
-    pipeliner can issue them early (read in their own iteration, the pipeliner single-buffered K/V)."""
+    pipeliner can issue them early (read in their own iteration, the pipeliner single-buffered K/V). PAGE_IDS > 0:
+    they come from the split's ids read before the loop (`split_ids`, `_tile_ids`) instead."""
     cols = tl.arange(0, HEAD_DIM)
-    blocks = _blocks(lo, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE, WINDOWED)
+    if PAGE_IDS == 0:
+        blocks = _blocks(lo, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE, WINDOWED)
     for start_n in tl.range(lo, hi, BLOCK_N):
         keys = start_n + tl.arange(0, BLOCK_N)
+        if PAGE_IDS > 0:
+            blocks = _tile_ids(split_ids, start_n, split_lo, BLOCK_N, PAGE, PAGE_IDS)
         k_rows = _rows(blocks, start_n, k_sp, k_ss, BLOCK_N, PAGE, WIDE_ROWS)
         v_rows = _rows(blocks, start_n, v_sp, v_ss, BLOCK_N, PAGE, WIDE_ROWS)
-        blocks = _blocks(start_n + BLOCK_N, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE, WINDOWED)
+        if PAGE_IDS == 0:
+            blocks = _blocks(start_n + BLOCK_N, b, floor, hi, num_blocks, BLOCK_TABLE, bt_sb, BLOCK_N, PAGE,
+                             WINDOWED)
         read = keys < hi
         if WINDOWED:
             read = read & (keys >= floor)
@@ -190,7 +217,7 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
                             FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-                            SOFTCAP: tl.constexpr = 0.0, HAS_SINKS: tl.constexpr = False):
+                            SOFTCAP: tl.constexpr = 0.0, HAS_SINKS: tl.constexpr = False, PAGE_IDS: tl.constexpr = 0):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
@@ -258,6 +285,10 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     if HAS_SINKS:
         l_i = tl.where(split == 0, l_i, 0.0)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    split_ids = 0
+    bad_ids = 0
+    if PAGE_IDS > 0:  # the split's block ids, once (pages of at most BLOCK_N keys, PAGE_IDS >= SPLIT_KEYS / PAGE)
+        split_ids, bad_ids = _split_ids(BLOCK_TABLE, bt_sb, b, lo, floor, hi, NUM_BLOCKS, PAGE, PAGE_IDS)
     k_base = K + hk.to(tl.int64) * k_sh
     v_base = V + hk.to(tl.int64) * v_sh
     if KEY_STARTS:
@@ -265,14 +296,18 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
         v_base += first.to(tl.int64) * v_ss
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, lo, full_hi, limit, win_left, win_right,
                             BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET, SOFTCAP)
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, False, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET, SOFTCAP,
+                            split_ids, lo, PAGE_IDS)
     acc, l_i, m_i = _attend(acc, l_i, m_i, q, k_base, v_base, b, floor, full_hi, hi, limit, win_left, win_right,
                             BLOCK_TABLE, bt_sb, NUM_BLOCKS, k_sp, k_ss, v_sp, v_ss, qk_scale,
-                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET, SOFTCAP)
+                            HEAD_DIM, BLOCK_N, PAGE, CAUSAL, True, WINDOWED, PV_DTYPE, WIDE_ROWS, INTERPRET, SOFTCAP,
+                            split_ids, lo, PAGE_IDS)
     o, lse = finish(acc, l_i, m_i, True)
     if SEQ_LENGTHS:  # re-read after the loop rather than kept live through it (registers)
         bad = _bad_sequence(SEQLENS, KEY_START, b, NEW, SKV, KEY_STARTS).to(tl.int32)
-        if PAGE > 0:
+        if PAGE_IDS > 0:
+            bad = tl.maximum(bad, bad_ids)
+        elif PAGE > 0:
             bad = tl.maximum(bad, _bad_pages(BLOCK_TABLE, bt_sb, b, max(lo, floor), hi, NUM_BLOCKS, PAGE, 256))
         o = tl.where(bad > 0, float("nan"), o)
         lse = tl.where(bad > 0, float("nan"), lse)

@@ -83,6 +83,17 @@ class DecodeConfig:
     programs_per_sm: int = 1  # resident programs per SM that the key splits aim for (`decode.num_splits`)
     # the last split of a row block merges the splits (no combine kernel launch); not yet timed on a GPU
     fused_combine: bool = False
+    # pages of at most block_n keys: a split's block ids read once before its key loop (at most this many; 0: each
+    # tile's ids one tile ahead, in the loop)
+    preload_ids: int = 0
+
+    def page_ids(self, page: int, split_keys: int) -> int:
+        """PAGE_IDS of a split of `split_keys` keys on pages of `page` keys: the power of two that holds its ids,
+        where that is at most `preload_ids` (else 0: read in the loop)."""
+        if not 0 < page <= self.block_n or not self.preload_ids:
+            return 0
+        ids = 1 << max(-(-split_keys // page) - 1, 0).bit_length()
+        return ids if ids <= self.preload_ids else 0
 
     def block_m(self, rows: int) -> int:
         """Packed query rows per program: the smallest power of two >= rows, from 16 (the dot's minimum) up to
@@ -92,19 +103,20 @@ class DecodeConfig:
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
                    causal: bool, bottom_right: bool, write_lse: bool, split: bool, key_starts: bool = False,
                    windowed: bool = False, wide_rows: bool = False, softcap: float = 0.0, sinks: bool = False,
-                   interpret: bool = INTERPRET) -> dict[str, object]:
+                   page_ids: int = 0, interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
                     FUSED_COMBINE=split and self.fused_combine, WIDE_ROWS=wide_rows, INTERPRET=interpret,
-                    SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks)
+                    SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks, PAGE_IDS=page_ids)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
     def __str__(self) -> str:
         per_sm = f"-P{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
-        return f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}{per_sm}" + "-fc" * self.fused_combine
+        return (f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}{per_sm}" + "-fc" * self.fused_combine
+                + (f"-ids{self.preload_ids}" if self.preload_ids else ""))
 
 
 @dataclass(frozen=True)
@@ -196,7 +208,7 @@ HOPPER = ConfigTable(
     gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(64, 128, 128, 64, 8, 2),
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
-    decode={64: DecodeConfig(128, 8, 3, programs_per_sm=2), 128: DecodeConfig(128, 8, 3),
+    decode={64: DecodeConfig(128, 8, 3, programs_per_sm=2), 128: DecodeConfig(128, 8, 3, preload_ids=4096),
             256: DecodeConfig(64, 8, 3)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
@@ -204,13 +216,15 @@ HOPPER = ConfigTable(
                                 "attention_bwd_softcap-256", "gemm_skinny-2", "decode-128", "decode-256"}))
 # The split-KV decode tiles were timed on the H200 (scripts/decode_sweep.py, run 15 of 2026-11-30): 128 keys x 3
 # stages (one ~140 KB program per SM) with one wave of splits matched SDPA's default on the four anchor rows, where
-# 64-key tiles and more programs per SM lost 1-15 %. At D64 the same tile is ~70 KB and 97 registers, so two
-# programs fit an SM, and splitting for two per SM won 0-9 % on the anchor rows (dense and paged; run 25 of
-# 2026-12-01): one program's loop latency hides under the other's. The few-row GEMM's split variant at 16 rows with
-# B as [K, N] keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none under 3.6:
-# tolerated. The split-KV kernel's left-padded D128 variant, with its checks of the cache values, reloads 3 values
-# under triton 3.9 (none under 3.6 and 3.7), and its windowed paged D256 variant one value under 3.7 (kept for the
-# scan of the page table after the key loops), all before, between or after its two key loops: tolerated.
+# 64-key tiles and more programs per SM lost 1-15 %. At D64 the same tile is ~70 KB and 97 registers, so two programs
+# fit an SM, and splitting for two per SM won 0-9 % on the anchor rows (dense and paged; run 25 of 2026-12-01): one
+# program's loop latency hides under the other's. At D128 a split's block ids are read once before its key loop (up to
+# 4096 of them, then gathered per tile from registers): page 16 0.92-0.95x SDPA -> 0.93-0.98x, page 64 level (run 49
+# of 2026-12-02); the in-loop read made each tile's K/V copies wait on a table load. The few-row GEMM's split variant
+# at 16 rows with B as [K, N] keeps 8 bytes of stack under triton 3.7.1 (one store, two reloads; 72 registers), none
+# under 3.6: tolerated. The split-KV kernel's left-padded D128 variant, with its checks of the cache values, reloads 3
+# values under triton 3.9 (none under 3.6 and 3.7), and its windowed paged D256 variant one value under 3.7 (kept for
+# the scan of the page table after the key loops), all before, between or after its two key loops: tolerated.
 # sm_80 (163 KB) and sm_89 / sm_120 (99 KB per block): mma.sync keeps Q and the S and O tiles in registers, so the
 # register file limits first: 128-row blocks spill at D128 unless the key tiles are 32 wide, and D256 takes
 # 64-row blocks; on 99 KB a D256 block also needs 32-key tiles.
@@ -281,7 +295,7 @@ XE2 = ConfigTable(
 ATTENTION_INTERPRETED = AttentionConfig(32, 16, 4, 1)
 ATTENTION_BWD_INTERPRETED = AttentionBwdConfig(16, 32, 32, 16, 4, 1)
 GEMM_INTERPRETED = GemmConfig(32, 32, 32, 4, 1, group_m=2)
-DECODE_INTERPRETED = DecodeConfig(32, 4, 1, max_block_m=32)
+DECODE_INTERPRETED = DecodeConfig(32, 4, 1, max_block_m=32, preload_ids=1024)
 # several K slices per column block even at the tests' small K, so the arrival counter and the sum run in CI
 SKINNY_INTERPRETED = SkinnyGemmConfig(32, 32, 4, 1, programs_per_sm=8, min_k_steps=1)
 
