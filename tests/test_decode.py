@@ -26,6 +26,23 @@ def test_hopper_d64_splits_for_two_programs_per_sm():
     assert str(decode_config(64, hopper, interpret=False)).endswith("-P2")
 
 
+@pytest.mark.parametrize("d,pairs,want", [(128, 64, "BN128-W8-S3-ids4096"), (128, 132, "BN128-W8-S3-ids4096"),
+                                          (128, 133, "BN64-W4-S4-P2-ids1024"), (128, 512, "BN64-W4-S4-P2-ids1024"),
+                                          (64, 264, "BN128-W8-S3-P2"), (64, 265, "BN64-W4-S3-P3"),
+                                          (256, 4096, "BN64-W8-S3")])
+def test_many_pairs_take_the_smaller_tiles_on_hopper(d, pairs, want):
+    """On sm_90 (132 SMs) a call over more (sequence, kv head) pairs than the head dim's config has resident
+    programs takes `decode_many`'s (one split each, several waves: smaller tiles, more programs per SM); D256 has
+    none; other targets and unknown SM counts keep the one config."""
+    hopper = TARGETS["sm_90"]
+    assert str(decode_config(d, hopper, interpret=False, pairs=pairs, sms=132)) == want
+    assert decode_config(d, hopper, interpret=False, pairs=pairs) == decode_config(d, hopper, interpret=False)
+    ampere = TARGETS["sm_80"]
+    assert decode_config(d, ampere, interpret=False, pairs=pairs, sms=108) == decode_config(d, ampere, interpret=False)
+    many = decode_config(d, hopper, interpret=False, pairs=1 << 20, sms=132)  # one split per pair, every dim's
+    assert decode.num_splits(1 << 20, 4096, many.block_n, 132 * many.programs_per_sm) == 1
+
+
 @pytest.mark.parametrize("left,sq,block_n", [(37, 1, 32), (4096, 1, 128), (100, 5, 64), (0, 3, 32)])
 def test_windowed_splits_cover_the_window_from_its_aligned_tile(left, sq, block_n):
     """The kernel starts a windowed row block's splits at the key tile holding its first key (up to block_n - 1 keys

@@ -251,19 +251,23 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
                  "q_sb", "q_ss", "q_sh", "k_sp", "k_ss", "k_sh", "v_sp", "v_ss", "v_sh", "o_sb", "o_ss", "o_sh",
                  "bt_sb")
     matrix = "HMMA" if target.name == "sm_90" else "target"
+    variants = ((0, False, False, False, False, False), (16, True, True, False, False, False),
+                (64, False, True, False, False, False), (0, True, True, True, False, False),
+                (16, True, True, False, True, False), (64, True, True, False, False, True))
     for d in HEAD_DIMS:
         shipped = decode_config(d, target, interpret=False)
-        for page, causal, split, left, window, fused in (
-                (0, False, False, False, False, False), (16, True, True, False, False, False),
-                (64, False, True, False, False, False), (0, True, True, True, False, False),
-                (16, True, True, False, True, False), (64, True, True, False, False, True)):
+        many = table_for(target).decode_many.get(d)  # calls over many (sequence, kv head) pairs: one split each
+        for base, (page, causal, split, left, window, fused) in [(shipped, v) for v in variants] + [
+                (many, (page, causal, False, left, window, False)) for page, causal, _, left, window, fused in variants
+                if many is not None and not fused]:
             # `fused`: the opt-in variant whose last split merges the splits (DecodeConfig.fused_combine), a Hopper
             # candidate (on sm_89 / sm_120's 4-warp tiles its merge spills 8 bytes)
             if fused and target.name != "sm_90":
                 continue
-            cfg = dataclasses.replace(shipped, fused_combine=True) if fused else shipped
-            # a split's block ids read before its loop (where the config does): the most it reads so
-            page_ids = cfg.page_ids(page, cfg.preload_ids * page) if split else 0
+            cfg = dataclasses.replace(base, fused_combine=True) if fused else base
+            # a split's block ids (or an unsplit call's) read before its loop where the config does: the most it
+            # reads so
+            page_ids = cfg.page_ids(page, cfg.preload_ids * page)
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,
                                 softcap=SOFTCAP if window else 0.0, sinks=window, page_ids=page_ids,

@@ -187,7 +187,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     # int(): the head dim picks a config (a dict key), so a traced call specializes on it, as every kernel does
     d = int(q.shape[-1])
     if override.layer != "hopper" and q.shape[2] <= DECODE_MAX_SQ:  # a guard on the relation, not on Sq
-        return recipe, Choice("portable", portable_configs.decode_config(d, _target(q.device)), "decode")
+        return recipe, Choice("portable", _decode_config(q, d, q.shape[0] * k.shape[1]), "decode")
     return recipe, select_attention(q.device, d, recipe, override)
 
 
@@ -281,7 +281,13 @@ def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_ta
                          "kernel so far")
     if q.device.type == "meta":
         return recipe, Choice("meta", None)
-    return recipe, Choice("portable", portable_configs.decode_config(int(q.shape[-1]), _target(q.device)))
+    return recipe, Choice("portable", _decode_config(q, int(q.shape[-1]), q.shape[0] * k_cache.shape[2]))
+
+
+def _decode_config(q, head_dim: int, pairs) -> object:
+    """The split-KV config for `pairs` (sequence, kv head) pairs on q's device (`portable_configs.decode_config`)."""
+    sms = sm_count(device_index(q.device)) if q.device.type == "cuda" else 0
+    return portable_configs.decode_config(head_dim, _target(q.device), pairs=pairs, sms=sms)
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str, walk: str = "auto"):

@@ -180,6 +180,9 @@ class ConfigTable:
     gemm: dict[int, GemmConfig]  # by output element size
     attention_bwd: dict[int, AttentionBwdConfig] = dataclasses.field(default_factory=dict)  # by head dim
     decode: dict[int, DecodeConfig] = dataclasses.field(default_factory=dict)  # by head dim
+    # by head dim: calls with more (sequence, kv head) pairs than `decode`'s config has resident programs (one key
+    # split each, several waves), where smaller tiles with more programs per SM keep more loads in flight
+    decode_many: dict[int, DecodeConfig] = dataclasses.field(default_factory=dict)
     # few-row GEMMs; the default's ring (2 stages of a 32 x 64 A tile and a 64 x 64 B tile) fits every family
     skinny: SkinnyGemmConfig = SkinnyGemmConfig(64, 64, 4, 2)
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "<kernel>-<head
@@ -210,6 +213,8 @@ HOPPER = ConfigTable(
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
     decode={64: DecodeConfig(128, 8, 3, programs_per_sm=2), 128: DecodeConfig(128, 8, 3, preload_ids=4096),
             256: DecodeConfig(64, 8, 3)},
+    decode_many={64: DecodeConfig(64, 4, 3, programs_per_sm=3),
+                 128: DecodeConfig(64, 4, 4, programs_per_sm=2, preload_ids=1024)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
                                 "attention_bwd_varlen-256", "attention_bwd_softcap-64", "attention_bwd_softcap-128",
@@ -330,8 +335,16 @@ def attention_bwd_config(head_dim: int, target: Target | None = None,
     return ATTENTION_BWD_INTERPRETED if interpret else table_for(target).attention_bwd[head_dim]
 
 
-def decode_config(head_dim: int, target: Target | None = None, interpret: bool = INTERPRET) -> DecodeConfig:
-    return DECODE_INTERPRETED if interpret else table_for(target).decode[head_dim]
+def decode_config(head_dim: int, target: Target | None = None, interpret: bool = INTERPRET, *, pairs: int = 0,
+                  sms: int = 0) -> DecodeConfig:
+    """The split-KV kernel's config for a call over `pairs` (sequence, kv head) pairs on a GPU of `sms` SMs: the
+    table's `decode_many` one where the `decode` one would run them in more than one wave of resident programs."""
+    if interpret:
+        return DECODE_INTERPRETED
+    table = table_for(target)
+    cfg = table.decode[head_dim]
+    many = table.decode_many.get(head_dim)
+    return many if many is not None and 0 < sms * cfg.programs_per_sm < pairs else cfg
 
 
 def skinny_gemm_config(target: Target | None = None, interpret: bool = INTERPRET) -> SkinnyGemmConfig:
