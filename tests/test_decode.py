@@ -39,8 +39,43 @@ def test_many_pairs_take_the_smaller_tiles_on_hopper(d, pairs, want):
     assert decode_config(d, hopper, interpret=False, pairs=pairs) == decode_config(d, hopper, interpret=False)
     ampere = TARGETS["sm_80"]
     assert decode_config(d, ampere, interpret=False, pairs=pairs, sms=108) == decode_config(d, ampere, interpret=False)
-    many = decode_config(d, hopper, interpret=False, pairs=1 << 20, sms=132)  # one split per pair, every dim's
-    assert decode.num_splits(1 << 20, 4096, many.block_n, 132 * many.programs_per_sm) == 1
+    if want.startswith("BN64-W4"):  # just past the rule, the smaller tiles' slots hold each pair once: one split
+        assert decode.num_splits(pairs, 4096, 64, 132 * decode_config(d, hopper, interpret=False, pairs=pairs,
+                                                                       sms=132).programs_per_sm) == 1
+
+
+def test_selection_passes_the_pairs_and_leaves_a_symbolic_count_alone(monkeypatch):
+    """The dense API's few-row calls and the cache calls hand B * Hkv to the rule (`select._decode_config`); a
+    symbolic count (a traced call with a dynamic batch) never reaches the rule, so it adds no guard."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from xkernels import select
+    from xkernels.portable import configs
+
+    passed = []
+    real_choice = select._decode_config
+    monkeypatch.setattr(select, "_decode_config", lambda q, d, pairs: passed.append(pairs) or real_choice(q, d, pairs))
+    q = torch.zeros(3, 8, 1, 64, dtype=torch.float16)
+    k = torch.zeros(3, 2, 40, 64, dtype=torch.float16)
+    select.resolve_attention(q, k, k, None, enable_gqa=True, precision="auto", backend="auto")
+    cache = torch.zeros(3, 40, 2, 64, dtype=torch.float16)
+    select.resolve_attention_kvcache(q.transpose(1, 2), cache, cache, torch.zeros(3, dtype=torch.int32), None, None,
+                                     None, None, precision="auto", backend="auto")
+    assert passed == [6, 6]
+
+    seen = []
+    real = configs.decode_config
+    monkeypatch.setattr(configs, "decode_config", lambda *a, **kw: seen.append(kw.get("pairs")) or real(*a, **kw))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(select, "sm_count", lambda index: 132)
+    monkeypatch.setattr(select, "device_index", lambda device: 0)
+    on_cuda = type("FakeQ", (), {"device": torch.device("cuda")})()
+    real_choice(on_cuda, 128, 200)
+    env = ShapeEnv()
+    batch = env.create_unspecified_symint_and_symbol(64, ConstantSource("B"), DimDynamic.DYNAMIC)
+    real_choice(on_cuda, 128, batch * 8)
+    assert seen == [200, None] and not env.guards
 
 
 @pytest.mark.parametrize("left,sq,block_n", [(37, 1, 32), (4096, 1, 128), (100, 5, 64), (0, 3, 32)])

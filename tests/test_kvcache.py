@@ -242,8 +242,8 @@ def test_opcheck_and_compile(device):
 
 
 def paged_copy(cache, page, generator):
-    """A paged cache holding `cache` (B, S_max, Hkv, D) in shuffled blocks, two spare NaN blocks, and a block table
-    whose entries past each sequence's pages point nowhere (-1)."""
+    """A paged cache holding `cache` (B, S_max, Hkv, D) in shuffled blocks, two spare NaN blocks, and its block
+    table (every entry a valid block: callers set the entries a sequence does not reach to -1 where they test it)."""
     batch, s_max = cache.shape[:2]
     per_seq = s_max // page
     perm = torch.randperm(batch * per_seq + 2, generator=generator)[:batch * per_seq]
@@ -537,7 +537,7 @@ def test_fused_merge_leaves_its_counters_at_zero(device, merge, return_lse):
             assert not kept.counters.any()
 
 
-@pytest.mark.parametrize("window", [(-1, -1), (20, 0)])
+@pytest.mark.parametrize("window", [(-1, -1), (9, 0)])
 def test_block_ids_read_before_or_inside_the_key_loop_agree(device, monkeypatch, window):
     """A split's block ids read once before its key loop (`DecodeConfig.preload_ids`: the shipped D128 config on
     sm_90, the interpreter's) and each tile's ids read one tile ahead inside it (a split with more pages than that)
@@ -552,6 +552,12 @@ def test_block_ids_read_before_or_inside_the_key_loop_agree(device, monkeypatch,
     vc[table.long()] = v_cache.view(4, -1, 16, *v_cache.shape[2:])
     bad = table.clone()
     bad[2, (int(lengths[2]) - 1) // 16] = kc.shape[0] + 5  # sequence 2's last page (in every window): outside
+    unread = table.clone()  # bad ids only on pages no key of the call is read from
+    unread[3, 2:] = -1  # past sequence 3's 19 keys
+    unread[1, :] = kc.shape[0] + 7  # sequence 1 has no key
+    if window[0] >= 0:  # sequence 0's rows see keys from s_max - 3 - 9 on; the page before that key's page lies
+        # below the window but inside the first key tile the split walks (tiles start at a multiple of BLOCK_N)
+        unread[0, (s_max - 12) // 16 - 1] = -5
     real = portable_configs.decode_config
     runs = {}
     for preload in (1 << 12, 0):
@@ -563,6 +569,7 @@ def test_block_ids_read_before_or_inside_the_key_loop_agree(device, monkeypatch,
         good = xkernels.attention_with_kvcache(q, kc, vc, block_table=table, **kwargs)
         assert [p.constexprs["PAGE_IDS"] > 0 for p in decode._PLANS.values()] == [bool(preload)]
         runs[preload] = (good, xkernels.attention_with_kvcache(q, kc, vc, block_table=bad, **kwargs))
+        assert torch.equal(xkernels.attention_with_kvcache(q, kc, vc, block_table=unread, **kwargs), good)
     (good, broken), (good_loop, broken_loop) = runs.values()
     assert torch.equal(good, good_loop) and torch.equal(broken.isnan(), broken_loop.isnan())
     want = reference(q, k_cache, v_cache, lengths.tolist(), causal=True, window=window).to(good.device)

@@ -265,8 +265,8 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
             if fused and target.name != "sm_90":
                 continue
             cfg = dataclasses.replace(base, fused_combine=True) if fused else base
-            # a split's block ids (or an unsplit call's) read before its loop where the config does: the most it
-            # reads so
+            # where the config reads a split's (or an unsplit call's) block ids before its key loop: the most ids
+            # it reads so (the largest PAGE_IDS variant; smaller ones hold fewer ids)
             page_ids = cfg.page_ids(page, cfg.preload_ids * page)
             cx = cfg.constexprs(d, recipe, rows=4, page=page, seq_lengths=page > 0 or left, causal=causal,
                                 bottom_right=True, write_lse=True, split=split, key_starts=left, windowed=window,

@@ -285,9 +285,14 @@ def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_ta
 
 
 def _decode_config(q, head_dim: int, pairs) -> object:
-    """The split-KV config for `pairs` (sequence, kv head) pairs on q's device (`portable_configs.decode_config`)."""
-    sms = sm_count(device_index(q.device)) if q.device.type == "cuda" else 0
-    return portable_configs.decode_config(head_dim, _target(q.device), pairs=pairs, sms=sms)
+    """The split-KV config for `pairs` (sequence, kv head) pairs on q's device (`portable_configs.decode_config`).
+    A symbolic count (a traced call with a dynamic batch) takes the head dim's one config: the fake kernel needs no
+    config, and comparing the count would add a guard (torch.export of a batch range across the rule fails on it);
+    the real kernel resolves again with the concrete count."""
+    if type(pairs) is not int or q.device.type != "cuda" or not torch.cuda.is_available():
+        return portable_configs.decode_config(head_dim, _target(q.device))
+    return portable_configs.decode_config(head_dim, _target(q.device), pairs=pairs,
+                                          sms=sm_count(device_index(q.device)))
 
 
 def resolve_matmul(a, b, out, *, b_layout: str, out_dtype, backend: str, walk: str = "auto"):

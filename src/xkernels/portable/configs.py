@@ -338,7 +338,8 @@ def attention_bwd_config(head_dim: int, target: Target | None = None,
 def decode_config(head_dim: int, target: Target | None = None, interpret: bool = INTERPRET, *, pairs: int = 0,
                   sms: int = 0) -> DecodeConfig:
     """The split-KV kernel's config for a call over `pairs` (sequence, kv head) pairs on a GPU of `sms` SMs: the
-    table's `decode_many` one where the `decode` one would run them in more than one wave of resident programs."""
+    table's `decode_many` one where there are more pairs than the `decode` one has resident programs (so each pair
+    takes one key split, in several waves; row blocks are not counted), else the `decode` one."""
     if interpret:
         return DECODE_INTERPRETED
     table = table_for(target)
