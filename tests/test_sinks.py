@@ -152,8 +152,7 @@ def test_bad_sinks_raise_naming_the_argument(device, sinks, error):
 
 def test_sinks_run_the_gluon_kernel_on_hopper_and_forcing_it_elsewhere_raises(device):
     """Sinks run the Gluon forward on sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it), in every recipe,
-    the portable one where forced
-    or elsewhere; forcing "hopper" raises where no Gluon kernel runs."""
+    the portable one where forced or elsewhere; forcing "hopper" raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.bfloat16, device, seed=1)
     sinks = torch.zeros(2, device=device)
     xkernels.attention(q, k, v, sinks=sinks, backend="portable")

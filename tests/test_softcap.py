@@ -152,8 +152,7 @@ def test_bad_caps_raise_naming_the_argument(device, cap, error):
 
 def test_a_softcap_runs_the_gluon_kernel_on_hopper_and_forcing_it_elsewhere_raises(device):
     """Soft caps run the Gluon forward on sm_90 (tests/gpu/test_hopper_sinks_softcap.py checks it), in every
-    recipe, the portable one where forced
-    or elsewhere; forcing "hopper" raises where no Gluon kernel runs."""
+    recipe, the portable one where forced or elsewhere; forcing "hopper" raises where no Gluon kernel runs."""
     q, k, v = attention_inputs(1, 2, 64, 64, 64, torch.bfloat16, device, seed=1)
     xkernels.attention(q, k, v, softcap=30.0, backend="portable")
     assert xkernels.last_backend().startswith("portable."), xkernels.last_backend()

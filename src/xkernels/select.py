@@ -159,10 +159,10 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
 
 def select_attention(device: torch.device, head_dim: int, recipe: AttentionRecipe, override: Override) -> Choice:
     """Hopper kernel on sm_90 with a tested triton (every recipe, head dim, mask, window, GQA, length, soft cap and
-    sinks); else portable. The Gluon forward's band, soft cap and sinks against the
-    portable kernels' on the H200: 1.27-1.33x on 4K windows, 1.23x on Gemma 2's capped layer, 1.41x on gpt-oss's
-    sink layer (TFLOP/s, device time, bf16; benchmarks/results/h200/2026-12-02/42-sinkscap; every recipe's caps and
-    sinks against float64 on the GPU: 48-gputests-recipes)."""
+    sinks); else portable. The Gluon forward's band, soft cap and sinks against the portable kernels' on the H200:
+    1.27-1.33x on 4K windows, 1.23x on Gemma 2's capped layer, 1.41x on gpt-oss's sink layer (TFLOP/s, device time,
+    bf16; benchmarks/results/h200/2026-12-02/42-sinkscap; every recipe's caps and sinks against float64 on the GPU:
+    48-gputests-recipes)."""
     on_hopper = hopper_available(device)
     if override.layer == "hopper" and not on_hopper:
         raise ValueError("backend: 'hopper' was forced, but attention there needs sm_90 and a tested triton")
@@ -175,9 +175,8 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
                       window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks=None):
     """Every metadata check of an attention call and its kernel choice: run by the plans and by the fake kernels
     alike, so a traced call raises what the eager call raises. Calls with few query rows take the split-KV kernel
-    unless "hopper" is forced; soft caps, sinks (checked here) and sliding windows the Hopper
-    kernel on sm_90 and the portable kernels elsewhere. Returns (recipe,
-    Choice)."""
+    unless "hopper" is forced; soft caps, sinks (checked here) and sliding windows the Hopper kernel on sm_90 and the
+    portable kernels elsewhere. Returns (recipe, Choice)."""
     recipe = check_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision)
     check_sinks(sinks, q.shape[1], q.device)
     check_device(q.device, "q")
@@ -230,8 +229,8 @@ HOPPER_VARLEN_HEAD_DIMS = (64, 128, 256)
 
 def _varlen_choice(q, recipe: AttentionRecipe, backend: str) -> Choice:
     """The varlen kernel's choice: the Hopper kernel (the dense forward's program per sequence, its config and
-    overrides, its band for a sliding window, its soft cap and sinks) on sm_90 with a
-    tested triton at the head dims it ran at; else the portable one; a forced layer that cannot run raises."""
+    overrides, its band for a sliding window, its soft cap and sinks) on sm_90 with a tested triton at the head dims
+    it ran at; else the portable one; a forced layer that cannot run raises."""
     check_device(q.device, "q")
     override = parse_backend(backend)
     if q.device.type == "meta":
@@ -284,7 +283,7 @@ def resolve_attention_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_ta
     return recipe, Choice("portable", _decode_config(q, int(q.shape[-1]), q.shape[0] * k_cache.shape[2]))
 
 
-def _decode_config(q, head_dim: int, pairs) -> object:
+def _decode_config(q, head_dim: int, pairs) -> portable_configs.DecodeConfig:
     """The split-KV config for `pairs` (sequence, kv head) pairs on q's device (`portable_configs.decode_config`).
     A symbolic count (a traced call with a dynamic batch) takes the head dim's one config: the fake kernel needs no
     config, and comparing the count would add a guard (torch.export of a batch range across the rule fails on it);
