@@ -37,10 +37,12 @@ def setup(b, h, s, d, causal, seed=0):
 def variants(cfg, d: int) -> dict:
     """The backward with each dQ path (the selected config's dK/dV tiles)."""
     plain = dataclasses.replace(cfg.dkdv, fused_dq=False)
-    return {"portable_dq": select.HopperBackward(plain, cfg.portable, None),
-            "gluon_dq": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d]),
-            "gluon_dq_concurrent": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d], True),
-            "fused_dq": select.HopperBackward(dataclasses.replace(plain, fused_dq=True), cfg.portable, None)}
+    out = {"portable_dq": select.HopperBackward(plain, cfg.portable, None),
+           "gluon_dq": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d]),
+           "gluon_dq_concurrent": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d], True)}
+    if not plain.split_d:  # D256's head-dim split takes the separate dQ kernel
+        out["fused_dq"] = select.HopperBackward(dataclasses.replace(plain, fused_dq=True), cfg.portable, None)
+    return out
 
 
 def ms(fn) -> float:

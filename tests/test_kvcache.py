@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import xkernels
-from xkernels import decode, kvcache, ops, plans, varlen
+from xkernels import decode, kvcache, ops, plans, select, varlen
 from xkernels.portable import configs as portable_configs
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import compare_attention, reference_attention, reference_attention_varlen
@@ -285,6 +285,37 @@ def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq
     assert ("-fc" in xkernels.last_backend()) == (merge == "fused merge")  # the config's name
     if splits:
         assert f"splits={splits}" in xkernels.last_backend()
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_many_splits_merge_in_chunks(device, page, merge):
+    """37 key splits (past the combine kernel's chunks of 16 splits a load, its last chunk part empty), a sequence
+    whose later splits see no key, an empty one, and a row block of 2 packed query heads."""
+    g = torch.Generator().manual_seed(5)
+    tile = portable_configs.decode_config(64, select._target(torch.device(device))).block_n
+    s_max = 37 * tile  # one tile per split
+    q, k_cache, v_cache, _, _, lengths = setup(device, batch=3, sq=1, new=0, s_max=s_max, hq=4, hkv=2,
+                                               lengths=(s_max, 0, 5 * tile + 3))
+    # sequence 0's last split scores ~120 above the others for query heads 0 and 2: merged against a maximum that
+    # missed it (one chunk's), its weight would overflow fp32
+    k_cache[0, -tile:] = 60 * q[0, 0, ::2].sign()
+    table, kc, vc = None, k_cache, v_cache
+    if page is not None:
+        kc, table = paged_copy(k_cache, page, g)
+        vc = paged_copy(v_cache, page, g)[0]
+        vc[table.long()] = v_cache.view(3, -1, page, *v_cache.shape[2:])
+    o, lse = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=lengths, block_table=table, num_splits=37,
+                                             return_lse=True)
+    assert "splits=37" in xkernels.last_backend()
+    want = reference(q, k_cache, v_cache, lengths.tolist(), causal=True).to(o.device)
+    assert torch.equal(o[1], torch.zeros_like(o[1])) and torch.isinf(lse[1]).all()
+    for b in (0, 2):
+        c = compare_attention(o[b:b + 1], want[b:b + 1], ATTENTION_RECIPES["fp16"])
+        assert c.passed, (b, c.reason)
+    q64 = q.double().transpose(1, 2)
+    for b, n in ((0, s_max), (2, 5 * tile + 3)):  # the LSE too: each row's log-sum-exp over its keys, float64
+        scores = q64[b] @ k_cache[b, :n].double().permute(1, 2, 0).repeat_interleave(2, 0) / 8
+        torch.testing.assert_close(lse[b].double().cpu(), scores.logsumexp(-1).cpu(), rtol=1e-4, atol=2e-3)
 
 
 @pytest.mark.parametrize("strided", ["none", "new", "cache"])
