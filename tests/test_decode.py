@@ -44,7 +44,7 @@ def test_many_pairs_take_the_smaller_tiles_on_hopper(d, pairs, want):
                                                                        sms=132).programs_per_sm) == 1
 
 
-def test_selection_passes_the_pairs_and_leaves_a_symbolic_count_alone(monkeypatch):
+def test_selection_passes_the_pairs_and_leaves_a_symbolic_count_alone(monkeypatch, device):
     """The dense API's few-row calls and the cache calls hand B * Hkv to the rule (`select._decode_config`); a
     symbolic count (a traced call with a dynamic batch) never reaches the rule, so it adds no guard."""
     from torch._dynamo.source import ConstantSource
@@ -56,12 +56,13 @@ def test_selection_passes_the_pairs_and_leaves_a_symbolic_count_alone(monkeypatc
     passed = []
     real_choice = select._decode_config
     monkeypatch.setattr(select, "_decode_config", lambda q, d, pairs: passed.append(pairs) or real_choice(q, d, pairs))
-    q = torch.zeros(3, 8, 1, 64, dtype=torch.float16)
-    k = torch.zeros(3, 2, 40, 64, dtype=torch.float16)
+    q = torch.zeros(3, 8, 1, 64, dtype=torch.float16, device=device)
+    k = torch.zeros(3, 2, 40, 64, dtype=torch.float16, device=device)
     select.resolve_attention(q, k, k, None, enable_gqa=True, precision="auto", backend="auto")
-    cache = torch.zeros(3, 40, 2, 64, dtype=torch.float16)
-    select.resolve_attention_kvcache(q.transpose(1, 2), cache, cache, torch.zeros(3, dtype=torch.int32), None, None,
-                                     None, None, precision="auto", backend="auto")
+    cache = torch.zeros(3, 40, 2, 64, dtype=torch.float16, device=device)
+    lengths = torch.zeros(3, dtype=torch.int32, device=device)
+    select.resolve_attention_kvcache(q.transpose(1, 2), cache, cache, lengths, None, None, None, None,
+                                     precision="auto", backend="auto")
     assert passed == [6, 6]
 
     seen = []

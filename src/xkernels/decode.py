@@ -121,6 +121,7 @@ class DecodePlan:
         self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
         self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
         self.direct = launch.direct_launch_available(device)
+        self._qk_scale = LOG2E / math.sqrt(g.head_dim)  # the default scale's, folded with log2(e) for exp2
         self.launch = self.resize(g.capacity, g.k_strides, g.v_strides)
 
     @property
@@ -188,12 +189,12 @@ class DecodePlan:
         current stream's kept scratch (`common.scratch`; per call under capture). `sinks`: (Hq,) contiguous sink
         logits, for a plan made with them."""
         g, at = self.g, at or self.launch
-        qk_scale = (1.0 / math.sqrt(g.head_dim) if scale is None else scale) * LOG2E
-        lse_arg = out if lse is None else lse
-        tensors = (q, k, v, out, lse_arg, out if seqlens is None else seqlens,
-                   out if block_table is None else block_table, out if key_start is None else key_start,
-                   out if sinks is None else sinks)
-        ptrs = [t.data_ptr() for t in tensors]
+        qk_scale = self._qk_scale if scale is None else scale * LOG2E
+        o_ptr = out.data_ptr()  # stands in for the optional tensors not given (never read)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), o_ptr, o_ptr if lse is None else lse.data_ptr(),
+                o_ptr if seqlens is None else seqlens.data_ptr(),
+                o_ptr if block_table is None else block_table.data_ptr(),
+                o_ptr if key_start is None else key_start.data_ptr(), o_ptr if sinks is None else sinks.data_ptr())
         variant = at.variant
         fused = variant.constexprs["FUSED_COMBINE"]
         part = arrivals = None
@@ -211,8 +212,10 @@ class DecodePlan:
                     arrivals = torch.zeros(self.programs, dtype=torch.int32, device=self.device)
         ints = (*at.ints, new, *at.tail, qk_scale)
         combined = part is not None and not fused  # the merge is a kernel of its own
-        if self.direct and not any(p % 16 for p in ptrs):
+        if self.direct and not ((ptrs[0] | ptrs[1] | ptrs[2] | ptrs[3] | ptrs[4] | ptrs[5] | ptrs[6] | ptrs[7]
+                                 | ptrs[8]) & 15):  # every base 16-byte aligned, as the variant was specialized
             if variant.kernel is None or (combined and variant.combine is None):  # this variant's first launch
+                tensors = self._tensors(q, k, v, out, lse, seqlens, block_table, key_start, sinks)
                 args, combine = self._arguments(at, tensors, part, arrivals, ints)
                 variant.kernel = launch.compile_kernel(kernel.attention_decode_kernel, at.grid, args,
                                                        variant.constexprs, self.options, self.device)
@@ -231,11 +234,19 @@ class DecodePlan:
                 variant.combine.launch(self.rows, (o_part, lse_part, ptrs[3], ptrs[4], *at.combine_ints,
                                                    *self.combine_tail))
             return
+        tensors = self._tensors(q, k, v, out, lse, seqlens, block_table, key_start, sinks)
         args, combine = self._arguments(at, tensors, part, arrivals, ints)
         launch.generic_launch(kernel.attention_decode_kernel, at.grid, args, variant.constexprs, self.options)
         if combined:
             launch.generic_launch(kernel.combine_kernel, self.rows, combine, self.combine_constexprs,
                                   dict(num_warps=1, num_stages=1))
+
+    @staticmethod
+    def _tensors(q, k, v, out, lse, seqlens, block_table, key_start, sinks) -> tuple:
+        """The kernel's tensor arguments in order, `out` standing in for those not given."""
+        return (q, k, v, out, out if lse is None else lse, out if seqlens is None else seqlens,
+                out if block_table is None else block_table, out if key_start is None else key_start,
+                out if sinks is None else sinks)
 
     def _arguments(self, at: Launch, tensors, part, arrivals, ints) -> tuple[tuple, tuple]:
         """The decode and combine kernels' argument lists as tensors (Triton's launcher and the first compile of a

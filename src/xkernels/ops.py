@@ -104,6 +104,13 @@ def _window(is_causal: bool, window_left: int, window_right: int, reach: int | N
     return left, right
 
 
+def _dense_window(is_causal: bool, window_left: int, window_right: int, q, k) -> tuple[int, int]:
+    """`_window` of a dense call (reach Sq + Skv), without reading the shapes for the common call (no window)."""
+    if window_left == window_right == -1:
+        return NO_WINDOW
+    return _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
+
+
 def _softcap(softcap: float) -> float:
     """The ops' softcap checked (a direct op call may pass any float)."""
     return softcap if softcap == 0.0 else check_softcap(softcap)
@@ -113,15 +120,15 @@ def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window
                softcap=0.0, sinks=None):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=False, backend=backend,
-                           window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
-                           softcap=_softcap(softcap), sinks=sinks)[0]
+                           window=_dense_window(is_causal, window_left, window_right, q, k),
+                           softcap=softcap if softcap == 0.0 else _softcap(softcap), sinks=sinks)[0]
 
 
 def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
                    softcap=0.0, sinks=None):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=True, backend=backend,
-                           window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
+                           window=_dense_window(is_causal, window_left, window_right, q, k),
                            softcap=_softcap(softcap), sinks=sinks)
 
 
@@ -130,7 +137,7 @@ def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backen
     check_out_memory(out, {"q": q, "k": k, "v": v})
     lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                           precision=precision, return_lse=return_lse, backend=backend,
-                          window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
+                          window=_dense_window(is_causal, window_left, window_right, q, k),
                           softcap=_softcap(softcap), sinks=sinks)[1]
     return q.new_empty(0, dtype=torch.float32) if lse is None else lse
 
@@ -139,7 +146,7 @@ def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale,
                         window_left=-1, window_right=-1, softcap=0.0):
     return backward.attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal, scale=scale,
                                        enable_gqa=enable_gqa, precision=precision, backend=backend,
-                                       window=_window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2]),
+                                       window=_dense_window(is_causal, window_left, window_right, q, k),
                                        softcap=_softcap(softcap))
 
 
@@ -469,8 +476,10 @@ def call_without_grad(op, *args):
     goes through the op, past the Autograd key (torch.library's Python autograd kernel would only re-dispatch below
     itself), or, under compile and functorch transforms, through the whole dispatcher."""
     direct = _NO_GRAD_KERNELS.get(op)
-    if direct is not None and _plain_eager(args[i] for i in direct[1] if i < len(args)):
-        return direct[0](*args)
+    if direct is not None:
+        n = len(args)
+        if _plain_eager([args[i] for i in direct[1] if i < n]):
+            return direct[0](*args)
     if (_BELOW_AUTOGRAD is None or torch.compiler.is_compiling()
             or torch._C._are_functorch_transforms_active()):
         return op(*args)

@@ -87,7 +87,7 @@ class DecodeAttentionPlan:
     every key count: a decoding loop whose cache grows by a token per step (transformers' caches) takes the same
     plan, with the integer arguments of its key count (`decode.DecodePlan.resize`)."""
 
-    def __init__(self, q, recipe, choice, *, is_causal: bool, return_lse: bool, grows: bool = False,
+    def __init__(self, q, k, v, recipe, choice, *, is_causal: bool, return_lse: bool, grows: bool = False,
                  window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks: bool = False):
         b, hq, sq, d = q.shape
         self.recipe, self.cfg, self.is_causal, self.window = recipe, choice.config, is_causal, window
@@ -98,6 +98,8 @@ class DecodeAttentionPlan:
         self.grows = grows
         self.resized: dict[int, decode.Launch] = {}  # launches by key count (contiguous K/V: strides follow)
         self.plan: decode.DecodePlan | None = None
+        # the inputs the kernel cannot read as they are: their strides are part of the plan's key
+        self.copies = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.stride(-1) != 1]
 
     def run(self, q, k, v, out, scale: float | None, sinks=None):
         given = out
@@ -107,8 +109,10 @@ class DecodeAttentionPlan:
         if self.empty:
             _record("empty")
             return out, lse
-        copies = [name for name, t in (("q", q), ("k", k), ("v", v)) if t.stride(-1) != 1]
-        q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
+        copies = self.copies
+        if copies:
+            copies = list(copies)
+            q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
         if self.plan is None:
             self.plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
                                           write_lse=lse is not None, window=self.window, softcap=self.softcap,
@@ -124,9 +128,9 @@ class DecodeAttentionPlan:
         plan.run(q, k, v, out, lse, None, None, scale, at=at, sinks=sinks)
         if given is not None and given is not out:
             given.copy_(out)
-            copies.append("out")
+            copies = [*copies, "out"]
             out = given
-        _record((at or plan.launch).name + _suffix(copies))
+        _record((at or plan.launch).name + _suffix(copies) if copies else (at or plan.launch).name)
         return out, lse
 
 
@@ -276,11 +280,12 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
     if has_sinks and not sinks.is_contiguous():
         sinks = sinks.contiguous()
     positive = scale is None or scale > 0
-    if (q.dim() == k.dim() == v.dim() == 4 and q.shape[2] <= DECODE_MAX_SQ and k.shape[2] and k.is_contiguous()
-            and v.is_contiguous()):
+    q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if (len(q_shape) == len(k_shape) == len(v_shape) == 4 and q_shape[2] <= DECODE_MAX_SQ and k_shape[2]
+            and k.is_contiguous() and v.is_contiguous()):
         # few query rows over contiguous K/V: a key without the key count, so a growing cache keeps its plan
-        grows = ("decode", q.shape, q.stride(), k.shape[:2], k.shape[3], v.shape[:2], v.shape[3:],
-                 k.shape[2] == v.shape[2], q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
+        grows = ("decode", q_shape, q.stride(), k_shape[0], k_shape[1], k_shape[3], v_shape[0], v_shape[1],
+                 v_shape[3], k_shape[2] == v_shape[2], q.dtype, k.dtype, v.dtype, q.device, k.device, v.device,
                  None if out is None else (out.shape, out.stride(), out.dtype, out.device), is_causal, enable_gqa,
                  precision, return_lse, backend, window, softcap,
                  has_sinks and (sinks.shape, sinks.dtype, sinks.device))
@@ -289,7 +294,7 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
             recipe, choice = select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision,
                                                       backend=backend, is_causal=is_causal, window=window,
                                                       softcap=softcap, sinks=sinks)
-            plan = _remember(grows, DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal,
+            plan = _remember(grows, DecodeAttentionPlan(q, k, v, recipe, choice, is_causal=is_causal,
                                                         return_lse=return_lse, grows=True, window=window,
                                                         softcap=softcap, sinks=has_sinks)
                              if choice.kernel == "decode" else _NOT_DECODE)
@@ -305,8 +310,8 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
                                                   backend=backend, is_causal=is_causal, window=window, softcap=softcap,
                                                   sinks=sinks)
         if choice.kernel == "decode":
-            plan = DecodeAttentionPlan(q, recipe, choice, is_causal=is_causal, return_lse=return_lse, window=window,
-                                       softcap=softcap, sinks=has_sinks)
+            plan = DecodeAttentionPlan(q, k, v, recipe, choice, is_causal=is_causal, return_lse=return_lse,
+                                       window=window, softcap=softcap, sinks=has_sinks)
         else:
             plan = AttentionPlan(q, k, v, out, recipe, choice, is_causal=is_causal, return_lse=return_lse,
                                  positive_scale=positive, window=window, softcap=softcap, sinks=has_sinks)
