@@ -41,8 +41,7 @@ def variants(cfg, d: int) -> dict:
            "gluon_dq": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d]),
            "gluon_dq_concurrent": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d], True)}
     if not plain.split_d:  # D256's head-dim split takes the separate dQ kernel
-        out["fused_dq"] = select.HopperBackward(dataclasses.replace(plain, fused_dq=1), cfg.portable, None)
-        out["fused_dq_deferred"] = select.HopperBackward(dataclasses.replace(plain, fused_dq=2), cfg.portable, None)
+        out["fused_dq"] = select.HopperBackward(dataclasses.replace(plain, fused_dq=True), cfg.portable, None)
     return out
 
 

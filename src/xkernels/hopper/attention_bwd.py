@@ -188,7 +188,6 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
     it = 0
-    prev_row = gl.to_tensor(0)  # FUSED_DQ == 2: the flat dQ row of the previous step's query block
     for g in range(GROUP):
         for start_m in range(lo, q_end, BLOCK_M):
             s = qdo.wait(it)
@@ -218,32 +217,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
                 ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-                if FUSED_DQ == 2:
-                    # deferred: this step's dK with the previous step's dQ (both warpgroups' dS^T rows of that step
-                    # have long landed), so neither warpgroup waits on the other within a step
-                    dv, _ = warpgroup_mma_wait(0, deps=[dv_tok, p_op])
-                    d = ds.acquire(it)  # both warpgroups' dQ products of the stage's last use have retired
-                    ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)
-                    ds_w.store(ds_t.to(dtype))
-                    fence_async_shared()
-                    mbarrier.arrive(ds.ready.index(d))
-                    dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q
-                    prev = gl.maximum(it - 1, 0)  # the first step computes (and drops) step 0's dQ: no wait on -1
-                    dp = ds.wait(prev)
-                    dq_tok = warpgroup_mma(ds.bufs.index(dp).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
-                                           gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
-                                           is_async=True)
-                    dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
-                    qdo.release(it)
-                    if it > 0:
-                        ds.release(prev)
-                        dq_buf = dq_bufs.index(W)
-                        tma.store_wait(0)
-                        dq_buf.store(dq)
-                        fence_async_shared()
-                        tma.async_reduce_add(dq_desc, [prev_row, W * HALF], dq_buf)
-                    prev_row = ((b * HQ + hk * GROUP + g) * SQ + start_m).to(gl.int32)
-                elif FUSED_DQ:
+                if FUSED_DQ:
                     # dV's wgmma ran under dS's arithmetic; retiring it here frees P^T's registers for dQ's accumulator
                     dv, _ = warpgroup_mma_wait(0, deps=[dv_tok, p_op])
                     d = ds.acquire(it)  # both warpgroups' dQ products of two steps ago have retired
@@ -272,19 +246,6 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                     dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
                     qdo.release(it)
             it += 1
-    if FUSED_DQ == 2:
-        if it > 0:  # the last step's dQ
-            last = it - 1
-            dp = ds.wait(last)
-            dq_tok = warpgroup_mma(ds.bufs.index(dp).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
-                                   gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False, is_async=True)
-            dq = warpgroup_mma_wait(0, deps=[dq_tok])
-            ds.release(last)
-            dq_buf = dq_bufs.index(W)
-            tma.store_wait(0)
-            dq_buf.store(dq)
-            fence_async_shared()
-            tma.async_reduce_add(dq_desc, [prev_row, W * HALF], dq_buf)
     if FUSED_DQ:
         tma.store_wait(0)
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
@@ -331,8 +292,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     kv_ready, qdo = attention_bwd_barriers(q_bufs)
     if FUSED_DQ:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], k_desc.dtype)
-        DS_STAGES: gl.constexpr = 3 if FUSED_DQ == 2 else 2  # deferred: a step's stage is read a step later
-        ds = attention_ds_ring(gl.allocate_shared_memory(k_desc.dtype, [DS_STAGES, BLOCK_N, BLOCK_M], ds_layout))
+        ds = attention_ds_ring(gl.allocate_shared_memory(k_desc.dtype, [2, BLOCK_N, BLOCK_M], ds_layout))
         dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
     else:  # placeholders the consumers never touch
         ds = qdo

@@ -114,9 +114,7 @@ class HopperAttentionBwdConfig:
     block_m: int = 64
     block_n: int = 128
     stages: int = 2
-    # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable): 1, each step's dQ in that step;
-    # 2, deferred: each step's dQ in the next step, beside its dK
-    fused_dq: int = 0
+    fused_dq: bool = False  # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable)
     # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
     split_d: int = 0
@@ -124,10 +122,10 @@ class HopperAttentionBwdConfig:
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
                    band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    FUSED_DQ=int(self.fused_dq), SPLIT_D=self.split_d, VARLEN=varlen) | band_constexprs(band, causal)
+                    FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + ("", "-dq", "-dq2")[self.fused_dq] + (
+        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + (
             f"-sd{self.split_d}" if self.split_d else "")
 
 
