@@ -225,9 +225,12 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
     no_grad({"q": q, "k": k, "v": v, "sinks": sinks}, "attention_with_kvcache is an inference op (no backward)")
-    o, lse = ops.attention_with_kvcache_op(q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad,
-                                           is_causal, scale, precision, return_lse, num_splits, sync_checks, left,
-                                           right, backend, softcap, sinks)
+    args = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale, precision,
+            return_lse, num_splits, sync_checks, left, right, backend, softcap, sinks)
+    if k is None and v is None:  # nothing appended: the op writes no input, so a plain eager call may skip the
+        o, lse = ops.call_without_grad(ops.attention_with_kvcache_op, *args)  # dispatcher (`call_without_grad`)
+    else:
+        o, lse = ops.attention_with_kvcache_op(*args)
     return (o, lse) if return_lse else o
 
 

@@ -497,10 +497,12 @@ attention_with_kvcache_op = torch.ops.xkernels.attention_with_kvcache.default
 matmul_op = torch.ops.xkernels.matmul.default
 matmul_out_op = torch.ops.xkernels.matmul_out.default
 
-# the kernel functions `call_without_grad` may run directly (ops that write no input: no version counter to bump),
-# with the positions of their tensor (or optional tensor) arguments: the attention ops' sinks are their 12th
+# the kernel functions `call_without_grad` may run directly (ops that write no input: no version counter to bump;
+# the KV-cache op only where the API passes no tokens to append), with the positions of their tensor (or optional
+# tensor) arguments: the attention ops' sinks are their 12th
 _ATTENTION_TENSORS = (0, 1, 2, 11)
 _NO_GRAD_KERNELS = {attention_op: (_attention, _ATTENTION_TENSORS),
                     attention_lse_op: (_attention_lse, _ATTENTION_TENSORS), matmul_op: (_matmul, (0, 1)),
                     attention_backward_op: (_attention_backward, tuple(range(7))),
-                    attention_varlen_backward_op: (_attention_varlen_backward, tuple(range(9)))}
+                    attention_varlen_backward_op: (_attention_varlen_backward, tuple(range(9))),
+                    attention_with_kvcache_op: (_attention_with_kvcache, (*range(8), 18))}
