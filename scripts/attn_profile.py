@@ -3,7 +3,9 @@
     bash scripts/attn_profile.sh [targets|bf16io|persistent]   (the wrapper: ncu options, sections, metrics)
 
 targets: the D128 and D64 bf16 rows, ours then cuDNN. bf16io: bf16 then bf16io at D128 and D256, ours only (where
-does the V conversion's time go). persistent: the persistent kernel's weakest rows, ours then cuDNN. Every kernel is
+does the V conversion's time go). persistent: the persistent kernel's weakest rows, ours then cuDNN. bwd: the
+backward at B1 H32 8K D128 bf16, dQ fused into the dK/dV kernel, then the shipped dK/dV and dQ kernels, then
+cuDNN's (`bwd_main`). Every kernel is
 compiled and warmed outside the profiled range; inside it each row launches once, so ncu sees exactly those launches
 (its replays restore memory between passes).
 """
@@ -29,7 +31,45 @@ SETS = {
 }
 
 
+def bwd_main() -> None:
+    """The backward's kernels, each launched once inside the profiled range (compiled and warmed outside it)."""
+    import dataclasses
+
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from xkernels import backward, select
+    from xkernels.testing import attention_inputs
+
+    q, k, v = attention_inputs(1, 32, 8192, 8192, 128, torch.bfloat16, "cuda", seed=0)
+    do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
+    o, lse = xkernels.attention(q, k, v, return_lse=True)
+    _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=False, precision="auto",
+                                                  backend="auto")
+    split = dataclasses.replace(choice.config, concurrent_dq=False)
+    fused = dataclasses.replace(split, dkdv=dataclasses.replace(split.dkdv, fused_dq=True), dq=None)
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        out = F.scaled_dot_product_attention(*leaves)
+
+    def run_all():
+        for cfg in (fused, split):
+            backward._hopper(q, k, v, o, lse, do, *grads, None, is_causal=False, scale=128 ** -0.5, cfg=cfg)
+        torch.autograd.grad(out, leaves, do, retain_graph=True)
+
+    run_all()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.start()
+    run_all()
+    torch.cuda.synchronize()
+    torch.cuda.profiler.stop()
+
+
 def main(which: str) -> None:
+    if which == "bwd":
+        bwd_main()
+        return
     cases, with_cudnn = SETS[which]
     launches = []
     for case in cases:
