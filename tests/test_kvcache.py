@@ -107,6 +107,27 @@ def test_lse_shape_and_values(device):
     torch.testing.assert_close(lse[2].double().cpu(), torch.logsumexp(s, -1).cpu(), rtol=0, atol=1e-3)
 
 
+@pytest.mark.parametrize("which", ["q", "k_cache", "v_cache", "k"])
+@pytest.mark.parametrize("append", [False, True])
+def test_an_input_that_requires_grad_is_refused_on_every_path(device, which, append):
+    """An inference op: a q, cache or new token that requires grad raises naming it, whether tokens are appended
+    (the op through the dispatcher) or not (a plain eager call may run the kernel directly, past autograd), and
+    nothing is written; under no_grad the same call runs."""
+    if which == "k" and not append:
+        pytest.skip("no tokens to append")
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=1, new=1)
+    args = dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=lengths, k=k if append else None,
+                v=v if append else None)
+    before = k_cache.clone()
+    args[which] = args[which].detach().requires_grad_()
+    with pytest.raises(ValueError, match=f"{which}: requires grad"):
+        xkernels.attention_with_kvcache(**args)
+    assert torch.equal(k_cache, before)
+    with torch.no_grad():
+        o = xkernels.attention_with_kvcache(**args)
+    assert not o.requires_grad and torch.isfinite(o).all()
+
+
 @pytest.mark.parametrize("case,match", [
     ("too_short", "cache_seqlens: 47 cached \\+ 2 new tokens exceed"),
     ("negative", "cache_seqlens: negative"),

@@ -204,7 +204,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     of query rows (up to 64 rows: tokens x the heads of a GQA group) whose keys include its page are NaN, and
     tokens bound for it are not written. Other sequences and rows are served as usual. Returns O (B, Sq, Hq, D), or
     (O, LSE) with LSE
-    (B, Hq, Sq) fp32. Forward only. The split-KV kernel reads the cache in place (dense or paged); `num_splits`
+    (B, Hq, Sq) fp32. Forward only: q, a cache, k, v or sinks that requires grad raises a ValueError naming it (under
+    torch.no_grad() the call runs). The split-KV kernel reads the cache in place (dense or paged); `num_splits`
     sets how many key splits each (sequence, kv head) is cut into (0: a heuristic from the batch, heads, cache
     length and SM count). `cache_leftpad` (B,) int32, dense caches only: sequence b's keys start at that row (a
     left-padded batch), so it attends rows cache_leftpad[b] .. cache_seqlens[b] + new. `window_size` (left, right),
@@ -224,7 +225,8 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     softcap = check_softcap(softcap)
     if sinks is not None and not isinstance(sinks, torch.Tensor):
         raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
-    no_grad({"q": q, "k": k, "v": v, "sinks": sinks}, "attention_with_kvcache is an inference op (no backward)")
+    no_grad({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "sinks": sinks},
+            "attention_with_kvcache is an inference op (no backward)")
     args = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale, precision,
             return_lse, num_splits, sync_checks, left, right, backend, softcap, sinks)
     if k is None and v is None:  # nothing appended: the op writes no input, so a plain eager call may skip the
