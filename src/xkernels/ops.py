@@ -121,7 +121,7 @@ def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=False, backend=backend,
                            window=_dense_window(is_causal, window_left, window_right, q, k),
-                           softcap=softcap if softcap == 0.0 else _softcap(softcap), sinks=sinks)[0]
+                           softcap=_softcap(softcap), sinks=sinks)[0]
 
 
 def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,

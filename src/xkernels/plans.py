@@ -111,7 +111,6 @@ class DecodeAttentionPlan:
             return out, lse
         copies = self.copies
         if copies:
-            copies = list(copies)
             q, k, v = unit_last_stride(q), unit_last_stride(k), unit_last_stride(v)
         if self.plan is None:
             self.plan = decode.dense_plan(q, k, v, out, is_causal=self.is_causal, recipe=self.recipe, cfg=self.cfg,
@@ -130,7 +129,7 @@ class DecodeAttentionPlan:
             given.copy_(out)
             copies = [*copies, "out"]
             out = given
-        _record((at or plan.launch).name + _suffix(copies) if copies else (at or plan.launch).name)
+        _record((at or plan.launch).name + _suffix(copies))
         return out, lse
 
 
