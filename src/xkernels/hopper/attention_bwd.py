@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from xkernels.common.dtypes import smem_layout
 from xkernels.common.seqlen import q_bounds, sequence
 from xkernels.hopper import tma
-from xkernels.hopper.barriers import attention_bwd_barriers, attention_ds_ring, score_exchange
+from xkernels.hopper.barriers import attention_bwd_barriers, attention_dq_ring, attention_ds_ring, score_exchange
 from xkernels.hopper.configs import HopperAttentionBwdConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.pipeline import partition_barrier
@@ -161,7 +161,7 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
 
 
 @gluon.jit
-def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb,
+def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_out, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
               scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
               SPLIT_D: gl.constexpr, BAND: gl.constexpr):
@@ -188,7 +188,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
     it = 0
-    for g in range(GROUP):
+    for _g in range(GROUP):
         for start_m in range(lo, q_end, BLOCK_M):
             s = qdo.wait(it)
             q = qdo.bufs.index(s)
@@ -210,44 +210,43 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
                 dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
                 lse = stats.index(2 * s).load(cols)
-                delta = stats.index(2 * s + 1).load(cols)
+                if not FUSED_DQ:
+                    delta = stats.index(2 * s + 1).load(cols)
                 p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, skv,
                                      CAUSAL, BAND)
                 p_op = gl.convert_layout(p_t.to(dtype), op_layout)
                 dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
+                if FUSED_DQ:  # loaded late: its registers are not live beside both score accumulators
+                    delta = stats.index(2 * s + 1).load(cols)
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
                 ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
                 if FUSED_DQ:
-                    # dV's wgmma ran under dS's arithmetic; retiring it here frees P^T's registers for dQ's accumulator
-                    dv, _ = warpgroup_mma_wait(0, deps=[dv_tok, p_op])
-                    d = ds.acquire(it)  # both warpgroups' dQ products of two steps ago have retired
+                    d = ds.acquire(it)  # both warpgroups' dQ and dK products of STAGES steps ago have retired
                     ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
                     ds_w.store(ds_t.to(dtype))
                     fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
                     mbarrier.arrive(ds.ready.index(d))
-                    dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
-                    # arrive -> dK's wgmma -> wait: the other warpgroup's dS^T rows land while dK runs
+                    # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's rows land
                     ds.wait(it)
                     dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
                                            gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
                                            is_async=True)  # dQ[:, half] = dS K[:, half] over the program's 128 keys
-                    dk, dq = warpgroup_mma_wait(0, deps=[dk_tok, dq_tok])
-                    ds.release(it)
-                    qdo.release(it)
-                    dq_buf = dq_bufs.index(W)
-                    tma.store_wait(0)  # the previous step's reduction has read dq_buf (it had a whole step to drain)
-                    dq_buf.store(dq)
-                    fence_async_shared()
-                    row0 = (b * HQ + hk * GROUP + g) * SQ
-                    tma.async_reduce_add(dq_desc, [(row0 + start_m).to(gl.int32), W * HALF], dq_buf)
+                    dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
+                    # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while dQ's
+                    # partial goes to shared memory for the writer warp
+                    dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
+                    slot = dq_out.acquire(it)  # the writer's reduce of two steps ago has read this slot
+                    dq_out.bufs.index(slot).store(dq)
+                    fence_async_shared()  # generic-proxy stores -> the writer's TMA reduce (async proxy)
+                    mbarrier.arrive(dq_out.ready.index(slot))
+                    dk = warpgroup_mma_wait(0, deps=[dk_tok])
+                    qdo.release(it)  # also frees dS^T stage it % STAGES (the ds ring's empty barriers are qdo's)
                 else:
                     ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
                     dk_tok = warpgroup_mma(ds_op, q_w, dk, is_async=True)  # dK += dS^T Q
                     dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
                     qdo.release(it)
             it += 1
-    if FUSED_DQ:
-        tma.store_wait(0)
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < skv, 1)
@@ -256,6 +255,31 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     dv_ptrs = DV + b * dv_sb + hk * dv_sh + key_rows * dv_ss + gl.expand_dims(d, 0)
     gl.store(dk_ptrs, (dk * scale).to(dtype), mask=keep_rows)
     gl.store(dv_ptrs, dv.to(dtype), mask=keep_rows)
+
+
+@gluon.jit
+def _dq_writer(dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
+    """FUSED_DQ's dQ writer (1 warp): per step, each consumer's fp32 partial [BLOCK_M, D / 2] goes from its `dq`
+    slot into the fp32 buffer by a TMA reduce-add, and the slot is handed back once the reduce has read it, so the
+    consumers never wait on a reduce. Bulk groups complete in issue order: after issuing consumer w's reduce of
+    step it, `store_wait(2)` leaves only that one and the other consumer's of step it - 1 pending, so w's reduce
+    of step it - 1 has read its slot."""
+    HALF: gl.constexpr = HEAD_DIM // 2
+    it = 0
+    for g in range(GROUP):
+        row0 = (b * HQ + hk * GROUP + g) * SQ
+        for start_m in range(lo, q_end, BLOCK_M):
+            at = (row0 + start_m).to(gl.int32)
+            s = dq0.wait(it)
+            tma.async_reduce_add(dq_desc, [at, 0], dq0.bufs.index(s))
+            tma.store_wait(2)
+            mbarrier.arrive(dq0.empty.index(s ^ 1), pred=it > 0)  # step it - 1's slot (2 slots)
+            s = dq1.wait(it)
+            tma.async_reduce_add(dq_desc, [at, HALF], dq1.bufs.index(s))
+            tma.store_wait(2)
+            mbarrier.arrive(dq1.empty.index(s ^ 1), pred=it > 0)
+            it += 1
+    tma.store_wait(0)  # the last reduces have completed before the kernel ends
 
 
 @gluon.jit
@@ -292,11 +316,13 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     kv_ready, qdo = attention_bwd_barriers(q_bufs)
     if FUSED_DQ:
         ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_M], k_desc.dtype)
-        ds = attention_ds_ring(gl.allocate_shared_memory(k_desc.dtype, [2, BLOCK_N, BLOCK_M], ds_layout))
-        dq_bufs = gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout)
+        ds = attention_ds_ring(gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, BLOCK_M], ds_layout), qdo)
+        dq0 = attention_dq_ring(gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout))
+        dq1 = attention_dq_ring(gl.allocate_shared_memory(gl.float32, [2] + dq_desc.block_type.shape, dq_desc.layout))
     else:  # placeholders the consumers never touch
         ds = qdo
-        dq_bufs = stats
+        dq0 = qdo
+        dq1 = qdo
     if SPLIT_D == 2:
         xs_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([WG_KEYS, BLOCK_M], k_desc.dtype)
         x_dtype: gl.constexpr = k_desc.dtype
@@ -307,16 +333,31 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                                                                                           gl.float32)))
     else:
         x = stats  # a placeholder the consumers never touch
-    gl.warp_specialize([
-        (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
-                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
-        (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_bufs, dq_desc, DK, DV, dk_sb, dk_sh,
-                     dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                     qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
-        (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b,
-                     hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M, VARLEN)),
-    ], [4, 1], [240, PRODUCER_REGS])
+    if FUSED_DQ:  # with the dQ writer warp
+        gl.warp_specialize([
+            (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+            (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
+                         b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
+                         VARLEN)),
+            (_dq_writer, (dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM, BLOCK_M)),
+        ], [4, 1, 1], [240, PRODUCER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+            (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+            (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
+                         b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
+                         VARLEN)),
+        ], [4, 1], [240, PRODUCER_REGS])
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,

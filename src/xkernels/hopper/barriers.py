@@ -37,8 +37,14 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
   With FUSED_DQ, a 2-stage `ds` ring of [128 keys, BLOCK_M] dS^T tiles that both consumers fill and read:
   ds.ready[s]  each of the 2 consumers after storing its 64 rows of dS^T (+ fence) -> each consumer, before its dQ
                wgmma: both halves of the tile are in shared memory.
-  ds.empty[s]  each of the 2 consumers, once its dK and dQ wgmmas (the readers of the tile) retired -> each
-               consumer, before writing its rows of stage s two steps later.
+  ds.empty[s]  = qdo.empty[s] (one dS^T stage per Q/dO stage, released together): each of the 2 consumers, once
+               its dK and dQ wgmmas (the readers of the tile) retired -> each consumer, before writing its rows of
+               stage s a lap later (and the producer, as above). A waiter cannot miss the phase: it waits for the
+               release of the step a lap back, and the next phase needs its own release of the current step.
+  and per consumer w, 2 slots of its fp32 dQ partial [BLOCK_M, D / 2] (step i in slot i % 2):
+  dq_w.ready[s] consumer w after storing its partial (+ fence) -> the dQ writer warp, before its TMA reduce-add.
+  dq_w.empty[s] the writer, once that reduce has read the slot (`store_wait`) -> consumer w, before storing into
+               slot s two steps later.
   With SPLIT_D = 2 (D256: both consumers on the same 64 keys, each owning half of dK's and dV's columns), consumer 0
   computes S^T and consumer 1 dP^T, exchanged through a 2-slot `ScoreExchange` (step i in slot i % 2):
   x.dp_ready[s]  consumer 1 after storing dP^T (fp32) -> consumer 0, before dS^T = P^T (dP^T - delta).
@@ -92,10 +98,19 @@ def q_slot_barriers(Q_SLOTS: gl.constexpr, NUM_WG: gl.constexpr):
 
 
 @gluon.jit
-def attention_ds_ring(ds_bufs):
-    """The FUSED_DQ dS^T ring of the table above: both barriers of each stage count the two consumers."""
+def attention_dq_ring(dq_bufs):
+    """One consumer's FUSED_DQ `dq` slots of the table above: one arrive completes each barrier."""
+    STAGES: gl.constexpr = dq_bufs.shape[0]
+    return Ring(dq_bufs, allocate_barriers(STAGES, 1), allocate_barriers(STAGES, 1))
+
+
+@gluon.jit
+def attention_ds_ring(ds_bufs, qdo):
+    """The FUSED_DQ dS^T ring of the table above, one stage per Q/dO stage: `ready` counts the two consumers; its
+    `empty` barriers are the Q/dO ring's, which the consumers arrive on once dK and dQ (dS^T's readers) retired."""
     STAGES: gl.constexpr = ds_bufs.shape[0]
-    return Ring(ds_bufs, allocate_barriers(STAGES, 2), allocate_barriers(STAGES, 2))
+    gl.static_assert(STAGES == qdo.bufs.shape[0], "one dS^T stage per Q/dO stage")
+    return Ring(ds_bufs, allocate_barriers(STAGES, 2), qdo.empty)
 
 
 @aggregate
