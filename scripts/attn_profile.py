@@ -47,7 +47,7 @@ def bwd_main() -> None:
     _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=False, precision="auto",
                                                   backend="auto")
     split = dataclasses.replace(choice.config, concurrent_dq=False)
-    fused = dataclasses.replace(split, dkdv=dataclasses.replace(split.dkdv, fused_dq=True), dq=None)
+    fused = dataclasses.replace(split, dkdv=dataclasses.replace(split.dkdv, fused_dq=1), dq=None)
     grads = [torch.empty_like(t) for t in (q, k, v)]
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):

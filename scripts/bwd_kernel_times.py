@@ -43,16 +43,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--fused", type=int, default=1, help="the fused variant's wgmma order (`fused_dq`: 1 or 2)")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "rows": []}
     for b, h, s, d, causal in BWD_ROWS:
-        res["rows"].append(row_times(b, h, s, d, causal, args.iters))
+        res["rows"].append(row_times(b, h, s, d, causal, args.iters, args.fused))
         print(json.dumps(res["rows"][-1], indent=1), flush=True)
         json.dump(res, open(args.json, "w"), indent=1)
         torch.cuda.empty_cache()
 
 
-def row_times(b: int, h: int, s: int, d: int, causal: bool, iters: int) -> dict:
+def row_times(b: int, h: int, s: int, d: int, causal: bool, iters: int, fused_order: int = 1) -> dict:
     q, k, v = attention_inputs(b, h, s, s, d, torch.bfloat16, "cuda", seed=0)
     do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
     o, lse = xkernels.attention(q, k, v, is_causal=causal, return_lse=True)
@@ -64,7 +65,7 @@ def row_times(b: int, h: int, s: int, d: int, causal: bool, iters: int) -> dict:
                                                  scale=d ** -0.5, cfg=cfg), iters)
     fused = {}
     if not cfg.dkdv.split_d:  # dQ fused into dK/dV (five matmuls in one kernel, dQ reduced into fp32)
-        fcfg = dataclasses.replace(cfg, dkdv=dataclasses.replace(cfg.dkdv, fused_dq=True), dq=None)
+        fcfg = dataclasses.replace(cfg, dkdv=dataclasses.replace(cfg.dkdv, fused_dq=fused_order), dq=None)
         fused = kernel_times(lambda: backward._hopper(q, k, v, o, lse, do, *grads, None, is_causal=causal,
                                                       scale=d ** -0.5, cfg=fcfg), iters)
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]

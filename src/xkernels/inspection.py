@@ -457,7 +457,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
             fused_types = types | {
                 "dq_desc": f"tensordesc<fp32[{dq_box[0]}, {dq_box[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32)}>"}
-            variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=True), fused_types)])
+            variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=n), fused_types)
+                                                                for n in (1, 2)])
             variants.append((bc, types, True))  # the packed batches' variant
             for fused, cfg_types, *packed in variants:
                 varlen = bool(packed)

@@ -28,7 +28,7 @@ def _run(q, k, v, do, dlse, *, causal, dq_path):
     _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, dlse, enable_gqa=True, precision="auto",
                                                   backend="auto")
     cfg = choice.config
-    dkdv = dataclasses.replace(cfg.dkdv, fused_dq=dq_path == "fused")
+    dkdv = dataclasses.replace(cfg.dkdv, fused_dq={"fused1": 1, "fused2": 2}.get(dq_path, 0))
     cfg = select.HopperBackward(dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[q.shape[-1]] if dq_path == "gluon" else None)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     backward._hopper(q, k, v, o.detach(), lse.detach(), do, *grads, dlse, is_causal=causal,
@@ -40,10 +40,10 @@ def _run(q, k, v, do, dlse, *, causal, dq_path):
 @pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 777),
                                            (False, 130, 65), (True, 1, 200)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("dq_path", ["gluon", "fused"])
+@pytest.mark.parametrize("dq_path", ["gluon", "fused1", "fused2"])
 def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
     """D256 (the dK/dV kernel's split_d tiles) takes the Gluon dQ kernel only."""
-    if d == 256 and dq_path == "fused":
+    if d == 256 and dq_path.startswith("fused"):
         pytest.skip("split_d has no fused dQ")
     q, k, v = attention_inputs(2, 8, sq, skv, d, dtype, "cuda", hkv=2, seed=sq + skv)
     g = torch.Generator(device="cuda").manual_seed(7)

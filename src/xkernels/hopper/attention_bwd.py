@@ -226,20 +226,34 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                     ds_w.store(ds_t.to(dtype))
                     fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
                     mbarrier.arrive(ds.ready.index(d))
-                    # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's rows land
-                    ds.wait(it)
-                    dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
-                                           gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
-                                           is_async=True)  # dQ[:, half] = dS K[:, half] over the program's 128 keys
-                    dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
-                    # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while dQ's
-                    # partial goes to shared memory for the writer warp
-                    dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
-                    slot = dq_out.acquire(it)  # the writer's reduce of two steps ago has read this slot
-                    dq_out.bufs.index(slot).store(dq)
-                    fence_async_shared()  # generic-proxy stores -> the writer's TMA reduce (async proxy)
-                    mbarrier.arrive(dq_out.ready.index(slot))
-                    dk = warpgroup_mma_wait(0, deps=[dk_tok])
+                    if FUSED_DQ == 1:
+                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
+                        # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
+                        ds.wait(it)
+                        dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
+                                               gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
+                                               is_async=True)  # dQ[:, half] = dS K[:, half] over the program's keys
+                        dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
+                        slot = dq_out.acquire(it)  # the writer's reduce of two steps ago has read this slot
+                        dq_out.bufs.index(slot).store(dq)
+                        fence_async_shared()  # generic-proxy stores -> the writer's TMA reduce (async proxy)
+                        mbarrier.arrive(dq_out.ready.index(slot))
+                    else:
+                        # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's
+                        # rows land
+                        ds.wait(it)
+                        dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
+                                               gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
+                                               is_async=True)
+                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)
+                        # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while
+                        # dQ's partial goes to shared memory for the writer warp
+                        dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
+                        slot = dq_out.acquire(it)
+                        dq_out.bufs.index(slot).store(dq)
+                        fence_async_shared()
+                        mbarrier.arrive(dq_out.ready.index(slot))
+                        dk = warpgroup_mma_wait(0, deps=[dk_tok])
                     qdo.release(it)  # also frees dS^T stage it % STAGES (the ds ring's empty barriers are qdo's)
                 else:
                     ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)

@@ -114,7 +114,9 @@ class HopperAttentionBwdConfig:
     block_m: int = 64
     block_n: int = 128
     stages: int = 2
-    fused_dq: bool = False  # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable)
+    # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable): 1, dK's wgmma issued before the
+    # dS^T handshake and dQ's after it; 2, dQ's issued first and dK's left in flight while dQ's partial is staged
+    fused_dq: int = 0
     # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
     split_d: int = 0
@@ -125,7 +127,7 @@ class HopperAttentionBwdConfig:
                     FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-dq" * self.fused_dq + (
+        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq) + (
             f"-sd{self.split_d}" if self.split_d else "")
 
 
