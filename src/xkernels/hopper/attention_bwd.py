@@ -13,12 +13,14 @@ rowsum(dO * O) - dLSE from the portable preprocess kernel. Partitions:
                                                        <- window: dP^T runs on the tensor cores
       -> issue dV += P^T dO async -> wait dP^T -> dS^T = P^T (dP^T - delta)   <- window: dV's wgmma
       -> issue dK += dS^T Q -> wait all -> release the stage.
-FUSED_DQ (FA3's plan): each warpgroup also writes its dS^T rows to a shared [128 keys, BLOCK_M] tile (a 2-stage
-`ds` ring whose stages both warpgroups fill and release), issues dK += dS^T Q from there, waits for the other
-warpgroup's half, and computes its half of the head dim of dQ's partial over the program's 128 keys,
-dQ[:, half] = dS K[:, half]; the partial leaves through shared memory by a TMA reduce-add into an fp32 buffer
-(`store_wait` before the buffer is reused, a step later). The additions from different key blocks land in any order,
-so dQ is not bitwise repeatable; the separate dQ kernel is.
+FUSED_DQ (FA3's plan): each warpgroup also writes its dS^T rows to a shared [128 keys, BLOCK_M] tile (a `ds` ring
+with one stage per Q/dO stage, released with it), waits for the other warpgroup's half, and computes its half of the
+head dim of dQ's partial over the program's 128 keys, dQ[:, half] = dS K[:, half], besides dK += dS^T Q from its own
+rows (FUSED_DQ = 1: dK issued before the handshake, dQ after it; 2: dQ first, so dK stays in flight while dQ's
+partial is staged). The fp32 partial goes to one of two `dq` slots of the warpgroup; a 1-warp writer partition
+reduce-adds it into an fp32 buffer by TMA and hands the slot back once the reduce has read it, so the consumers never
+wait on a reduce. The additions from different key blocks land in any order, so dQ is not bitwise repeatable; the
+separate dQ kernel is.
 SPLIT_D (D256, where 64 x D fp32 dK and dV do not fit one warpgroup's registers): BLOCK_N = 64 keys, both
 warpgroups on all of them, warpgroup w owning columns [w D/2, (w + 1) D/2) of dK and dV, dV[:, half] += P^T dO[:, half]
 and dK[:, half] += dS^T Q[:, half]. SPLIT_D = 2 (shipped, `_exchange_step`): warpgroup 0 computes S^T and P^T,
