@@ -349,7 +349,9 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                                                                                           gl.float32)))
     else:
         x = stats  # a placeholder the consumers never touch
-    if FUSED_DQ:  # with the dQ writer warp
+    # Gluon takes the partition list as written in the call (a list held in a variable does not compile), so the
+    # two variants spell it out: with the dQ writer warp, and without it (the shipped kernel, no idle warp)
+    if FUSED_DQ:
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
