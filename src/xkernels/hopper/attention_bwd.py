@@ -163,6 +163,15 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
 
 
 @gluon.jit
+def _stage_dq(dq_out, it, dq):
+    """FUSED_DQ: hand step `it`'s fp32 dQ partial to the writer warp through slot it % 2 of this consumer's ring."""
+    slot = dq_out.acquire(it)  # the writer's reduce of two steps ago has read this slot
+    dq_out.bufs.index(slot).store(dq)
+    fence_async_shared()  # generic-proxy stores -> the writer's TMA reduce (async proxy)
+    mbarrier.arrive(dq_out.ready.index(slot))
+
+
+@gluon.jit
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_out, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
               scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
@@ -212,14 +221,11 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
                 dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
                 lse = stats.index(2 * s).load(cols)
-                if not FUSED_DQ:
-                    delta = stats.index(2 * s + 1).load(cols)
+                delta = stats.index(2 * s + 1).load(cols)
                 p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, skv,
                                      CAUSAL, BAND)
                 p_op = gl.convert_layout(p_t.to(dtype), op_layout)
                 dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
-                if FUSED_DQ:  # loaded late: its registers are not live beside both score accumulators
-                    delta = stats.index(2 * s + 1).load(cols)
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
                 ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
                 if FUSED_DQ:
@@ -236,10 +242,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                                                gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
                                                is_async=True)  # dQ[:, half] = dS K[:, half] over the program's keys
                         dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
-                        slot = dq_out.acquire(it)  # the writer's reduce of two steps ago has read this slot
-                        dq_out.bufs.index(slot).store(dq)
-                        fence_async_shared()  # generic-proxy stores -> the writer's TMA reduce (async proxy)
-                        mbarrier.arrive(dq_out.ready.index(slot))
+                        _stage_dq(dq_out, it, dq)
                     else:
                         # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's
                         # rows land
@@ -251,10 +254,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                         # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while
                         # dQ's partial goes to shared memory for the writer warp
                         dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
-                        slot = dq_out.acquire(it)
-                        dq_out.bufs.index(slot).store(dq)
-                        fence_async_shared()
-                        mbarrier.arrive(dq_out.ready.index(slot))
+                        _stage_dq(dq_out, it, dq)
                         dk = warpgroup_mma_wait(0, deps=[dk_tok])
                     qdo.release(it)  # also frees dS^T stage it % STAGES (the ds ring's empty barriers are qdo's)
                 else:

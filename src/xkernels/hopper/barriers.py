@@ -34,7 +34,8 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
                rows into shared memory (count 2 with the expect) -> each consumer, per query block: stage s holds
                Q, dO, LSE and delta.
   qdo.empty[s] each of the 2 consumers, once its dV and dK wgmmas retired -> producer, before refilling stage s.
-  With FUSED_DQ, a 2-stage `ds` ring of [128 keys, BLOCK_M] dS^T tiles that both consumers fill and read:
+  With FUSED_DQ, a `ds` ring of [128 keys, BLOCK_M] dS^T tiles (a stage per Q/dO stage) that both consumers fill
+  and read:
   ds.ready[s]  each of the 2 consumers after storing its 64 rows of dS^T (+ fence) -> each consumer, before its dQ
                wgmma: both halves of the tile are in shared memory.
   ds.empty[s]  = qdo.empty[s] (one dS^T stage per Q/dO stage, released together): each of the 2 consumers, once
