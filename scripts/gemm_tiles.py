@@ -7,7 +7,8 @@ recorded too. Device time from CUDA-graph replay (`bench.timing.graph_ms`) again
 every output is checked against torch's (relative Frobenius error < 1e-2) before it is timed. The summary names,
 per shape, the fastest config and the work units it launched, so a shape rule (units per SM) can be read off it.
 
-    python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md]
+    python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md] [--configs pingpong]
+                                 [--shapes 1536x1536x1536 ...]
 """
 
 from __future__ import annotations
@@ -25,14 +26,25 @@ SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 
           (128, 28672, 4096), (256, 4096, 4096), (1024, 6144, 4096)]  # the last: 1.45 waves of 128 x 256 tiles
 # (block_m, block_n, block_k, stages, num_warps, split_k): compiled spill-free for sm_90 (bf16 and fp16, both B
 # layouts); every field is named in the override, so none is inherited from the shape's default pick
-CONFIGS = [(128, 256, 64, 3, 8, 1), (128, 128, 64, 5, 8, 1), (128, 128, 64, 6, 8, 1), (64, 128, 64, 6, 4, 1),
-           (64, 128, 64, 8, 4, 1), (64, 128, 128, 4, 4, 1), (64, 64, 64, 8, 4, 1), (64, 256, 64, 3, 4, 1),
-           (64, 128, 64, 6, 4, 2), (64, 128, 64, 8, 4, 2), (64, 128, 64, 6, 4, 4), (64, 64, 64, 8, 4, 2)]
+# (the last field: consumer partitions; 2 = ping-pong)
+CONFIG_SETS = {
+    "tiles": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1),
+              (64, 128, 64, 6, 4, 1, 1), (64, 128, 64, 8, 4, 1, 1), (64, 128, 128, 4, 4, 1, 1),
+              (64, 64, 64, 8, 4, 1, 1), (64, 256, 64, 3, 4, 1, 1), (64, 128, 64, 6, 4, 2, 1),
+              (64, 128, 64, 8, 4, 2, 1), (64, 128, 64, 6, 4, 4, 1), (64, 64, 64, 8, 4, 2, 1)],
+    # one consumer against two taking the units in turn, on the 64-row tiles, unsplit and split
+    "pingpong": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (64, 128, 64, 8, 4, 1, 1),
+                 (64, 128, 64, 8, 4, 1, 2), (64, 64, 64, 8, 4, 1, 1), (64, 64, 64, 8, 4, 1, 2),
+                 (64, 128, 64, 8, 4, 2, 1), (64, 128, 64, 8, 4, 2, 2), (64, 64, 64, 8, 4, 2, 1),
+                 (64, 64, 64, 8, 4, 2, 2), (64, 64, 64, 8, 4, 4, 2)],
+}
+CONFIGS = CONFIG_SETS["tiles"]
 
 
 def backend(cfg: tuple[int, ...]) -> str:
-    bm, bn, bk, st, w, split = cfg
-    return f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w},split_k={split}"
+    bm, bn, bk, st, w, split, consumers = cfg
+    return (f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w},split_k={split},"
+            f"consumers={consumers}")
 
 
 def row(m: int, n: int, k: int) -> dict:
@@ -66,7 +78,8 @@ def row(m: int, n: int, k: int) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    names = [f"{bm}x{bn}x{bk} S{st} W{w}" + (f" SK{sk}" if sk > 1 else "") for bm, bn, bk, st, w, sk in CONFIGS]
+    names = [f"{bm}x{bn}x{bk} S{st} W{w}" + (f" SK{sk}" if sk > 1 else "") + (" PP" if c == 2 else "")
+             for bm, bn, bk, st, w, sk, c in CONFIGS]
     lines = ["| shape | torch us | auto (x torch) | " + " | ".join(names) + " |",
              "|---" * (3 + len(names)) + "|"]
     for r in rows:
@@ -84,9 +97,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
+    ap.add_argument("--configs", choices=sorted(CONFIG_SETS), default="tiles")
+    ap.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the default list")
     args = ap.parse_args()
+    global CONFIGS
+    CONFIGS = CONFIG_SETS[args.configs]
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
     rows = []
-    for m, n, k in SHAPES:
+    for m, n, k in shapes:
         rows.append(row(m, n, k))
         r = rows[-1]
         best = r.get("best", {})

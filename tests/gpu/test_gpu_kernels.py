@@ -217,6 +217,36 @@ def test_hopper_gemm_tile_picked(b_layout, m, n, k):
     assert r.passed, r
 
 
+@pytest.mark.parametrize("m,n,k,tile,split", [(1536, 1536, 1536, "block_n=128", 1), (1000, 3000, 2000, "block_n=64", 1),
+                                              (1536, 1536, 1536, "block_n=128", 2), (100, 4000, 14336, "block_n=64", 3),
+                                              (4095, 4097, 1000, "block_n=128", 1), (64, 4096, 4096, "block_n=64", 4)])
+@pytest.mark.parametrize("walk", ["grouped", "zorder"])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_hopper_gemm_pingpong(b_layout, walk, m, n, k, tile, split):
+    """Two consumer partitions taking a CTA's work units in turn (2-3 units per CTA at 1536^3, one at 64 x 4096; a
+    Z-order walk with tiles outside the grid; split-K whose last arriver is either partition): each output tile's
+    wgmmas are the one-consumer kernel's, so the result is bitwise equal to it, and right."""
+    a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
+    base = f"hopper:block_m=64,{tile},num_warps=4,stages=8,split_k={split}"
+    c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)),
+                        backend=base + ",consumers=2")
+    assert xkernels.last_backend().endswith("-PP]"), xkernels.last_backend()
+    r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
+    assert r.passed, r
+    one = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, backend=base + ",consumers=1")
+    assert "-PP" not in xkernels.last_backend() and torch.equal(c, one)
+    for _ in range(2):
+        assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout, walk=walk, backend=base + ",consumers=2"))
+
+
+def test_hopper_gemm_pingpong_config_errors():
+    a, b = gemm_inputs(256, 256, 256, torch.bfloat16, "cuda", "nk", seed=1)
+    with pytest.raises(ValueError, match="consumers=2 must be 1, or 2 with num_warps=4"):
+        xkernels.matmul(a, b, b_layout="nk", backend="hopper:consumers=2,num_warps=8")
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        xkernels.matmul(a, b, b_layout="nk", backend="hopper:block_m=64,block_n=128,num_warps=4,stages=9,consumers=2")
+
+
 @pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])
 def test_hopper_gemm_ablation_configs(overrides):
     a, b = gemm_inputs(1000, 3000, 2000, torch.bfloat16, "cuda", "nk", seed=9)

@@ -134,6 +134,27 @@ def test_gemm_split_k_checks():
                          device_index=0)
 
 
+def test_gemm_pingpong_and_shared_memory_checks():
+    """Ping-pong needs 4-warp consumers (two 64-row tiles in flight); every config's ring and output tiles must fit
+    an sm_90 CTA's shared memory (the shipped ones do; 8 stages of 64 x 128 with two output tiles fit, 9 do not)."""
+    import dataclasses
+
+    from xkernels.hopper import configs
+
+    small = configs.SMALL_GEMM_CONFIG
+    for cfg in (configs.GEMM_CONFIG, configs.MID_GEMM_CONFIG, small, configs.TINY_GEMM_CONFIG,
+                dataclasses.replace(small, consumers=2)):
+        cfg.check(torch.bfloat16)
+    assert dataclasses.replace(small, consumers=2).shared_bytes(torch.bfloat16) == 8 * 192 * 64 * 2 + 2 * 64 * 128 * 2
+    for bad, match in ((dict(consumers=2, num_warps=8), "consumers=2 must be 1, or 2 with num_warps=4"),
+                       (dict(consumers=3), "consumers=3 must be"),
+                       (dict(consumers=2, stages=9), "needs 253952 bytes of shared memory")):
+        with pytest.raises(ValueError, match=match):
+            dataclasses.replace(small, **bad).check(torch.bfloat16)
+    assert str(dataclasses.replace(small, consumers=2, split_k=2)) == "BM64-BN128-BK64-S8-W4-SK2-PP"
+    assert configs.HopperGemmConfig().constexprs("nk", "grouped")["CONSUMERS"] == 1
+
+
 def test_persistent_walk_head_chunks():
     """The persistent walk's head chunk: query heads whose K/V fit the L2 budget together, whole GQA groups, at least
     one group. The budget follows the shape (8 MiB for full MHA at D128, else 32) unless the config names one (an A/B

@@ -56,6 +56,8 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
 GEMM (`gemm.py`), per CTA: one ring of A+B stages.
   ready[s]     loader's TMA (A and B tile bytes) -> MMA partition, per k-step: stage s's tiles have landed.
   empty[s]     MMA partition, once the wgmma reading stage s retired -> loader, before refilling stage s.
+  With two consumer partitions (ping-pong), each waits and releases the stages of its own work units only, so
+  every stage still has one arrive per lap: a consumer counts the other's k-steps to know its ring positions.
   With split-K, across CTAs (global memory, not an mbarrier): an arrival counter per output tile, one acq_rel add
   per split after its partial is stored; the split that reads SPLIT_K - 1 sums the partials and resets it to 0.
 """

@@ -162,6 +162,9 @@ ATTENTION_DQ_CONFIGS = {64: HopperAttentionDqConfig(128, 2), 128: HopperAttentio
                         256: HopperAttentionDqConfig(32, 2)}
 
 
+SHARED_BYTES = 232448  # an sm_90 CTA's dynamic shared memory (227 KB)
+
+
 @dataclass(frozen=True)
 class HopperGemmConfig:
     block_m: int = 128
@@ -172,6 +175,7 @@ class HopperGemmConfig:
     group_m: int = 8
     acc_fp16: bool = False  # the seeds' fp16-accumulate variant (fp16 inputs only): an ablation, off the contract
     split_k: int = 1  # work units per output tile over consecutive K ranges (`hopper/gemm.py`)
+    consumers: int = 1  # 2: two consumer partitions of num_warps warps take the work units in turn (ping-pong)
 
     def check(self, dtype: torch.dtype) -> None:
         if self.acc_fp16 and dtype != torch.float16:
@@ -180,6 +184,18 @@ class HopperGemmConfig:
             raise ValueError(f"config: split_k={self.split_k} must be 1 to 8")
         if self.split_k > 1 and self.acc_fp16:
             raise ValueError("config: split_k > 1 sums fp32 partials; acc_fp16 has none")
+        if self.consumers not in (1, 2) or (self.consumers == 2 and self.num_warps != 4):
+            raise ValueError(f"config: consumers={self.consumers} must be 1, or 2 with num_warps=4 (two 4-warp "
+                             f"partitions; num_warps={self.num_warps})")
+        if self.shared_bytes(dtype) > SHARED_BYTES:
+            raise ValueError(f"config: {self} needs {self.shared_bytes(dtype)} bytes of shared memory "
+                             f"(sm_90 has {SHARED_BYTES})")
+
+    def shared_bytes(self, dtype: torch.dtype) -> int:
+        """The ring's A and B stages and the consumers' output tiles (barriers aside)."""
+        size = dtype.itemsize
+        return (self.stages * (self.block_m + self.block_n) * self.block_k * size
+                + self.consumers * self.block_m * self.block_n * size)
 
     def blocks(self, b_layout: str) -> tuple[list[int], list[int], list[int]]:
         """Descriptor boxes of A, B and C."""
@@ -188,12 +204,15 @@ class HopperGemmConfig:
 
     def constexprs(self, b_layout: str, walk: str) -> dict[str, object]:
         return dict(B_NK=b_layout == "nk", WALK=walk, GROUP_M=self.group_m, STAGES=self.stages,
-                    ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, num_warps=self.num_warps)
+                    ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, CONSUMERS=self.consumers,
+                    num_warps=self.num_warps)
 
     def __str__(self) -> str:
         acc = "-acc16" if self.acc_fp16 else ""
         split = f"-SK{self.split_k}" if self.split_k > 1 else ""
-        return f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}{split}"
+        pingpong = "-PP" if self.consumers == 2 else ""
+        return (f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}{split}"
+                f"{pingpong}")
 
 
 GEMM_CONFIG = HopperGemmConfig()

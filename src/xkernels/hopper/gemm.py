@@ -3,8 +3,10 @@
 One CTA per SM walks output tiles in the selectable order (row, grouped, Z-order: `common/tile_walk.py`, shared with
 the portable kernel). Two partitions run concurrently:
   - loader (1 warp, few registers): for every tile and k-step, acquire a free ring stage, TMA A and B into it;
-  - MMA + epilogue (2 consumer warpgroups, 64 rows of the 128-row tile each): wait for a stage, issue async wgmma,
-    and release the previous stage once its wgmma has retired.
+  - MMA + epilogue (2 consumer warpgroups, 64 rows of the 128-row tile each, or one on a 64-row tile): wait for a
+    stage, issue async wgmma, and release the previous stage once its wgmma has retired.
+  - ping-pong (CONSUMERS == 2): two such partitions take the CTA's work units in turn; while one converts and stores
+    its tile (or sums split-K partials), the other's main loop keeps the tensor cores busy.
 Split-barrier windows (arrive -> independent work -> wait):
   - the loader runs up to STAGES k-steps ahead, so the next tile's loads land during this tile's epilogue;
   - the epilogue's TMA store is waited on only before the next epilogue reuses its buffer (`tma.store_wait`), so
@@ -41,6 +43,10 @@ from xkernels.hopper import tma
 from xkernels.hopper.barriers import gemm_barriers
 from xkernels.hopper.configs import HopperGemmConfig
 from xkernels.hopper.pipeline import partition_barrier
+
+# registers per thread of the second consumer partition (a 64 x 128 fp32 accumulator is 64 of them); the first
+# consumer gets what the loader and this one leave of the register file
+PINGPONG_WORKER_REGS = gl.constexpr(232)
 
 
 @gluon.jit
@@ -111,62 +117,82 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
 @gluon.jit
 def _mma_epilogue(a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                   B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
-                  SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
+                  SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+    """Consumer partition CONSUMER of CONSUMERS: the work units n of this CTA with n % CONSUMERS == CONSUMER (main
+    loop, then epilogue). Every consumer counts every unit's k-steps, so it knows the ring positions of its own."""
     STAGES: gl.constexpr = a.bufs.shape[0]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
-    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    it = 0
+    out = c_smem.index(CONSUMER)
+    it = 0  # ring position of the next unit's first k-step (the loader's count)
+    n = 0  # this CTA's units so far
     for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
         tile, split, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):
-            acc = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float16 if ACC_FP16 else gl.float32,
-                                              layout=acc_layout))
-            first = it
-            for _ in range(gl.cdiv(k_hi - k_lo, BLOCK_K)):
-                s = a.wait(it)
-                if B_NK:
-                    b_tile = b.bufs.index(s).permute((1, 0))
-                else:
-                    b_tile = b.bufs.index(s)
-                acc = warpgroup_mma(a.bufs.index(s), b_tile, acc, is_async=True)
-                # keep one wgmma in flight: the one before it has retired, so its stage goes back to the loader
-                warpgroup_mma_wait(1, deps=(acc,))
-                a.release(it + STAGES - 1, pred=it > first)
-                it += 1
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-            a.release(it + STAGES - 1, pred=it > first)
-            write = True
-            if SPLIT_K > 1:
-                write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
-            if write:
-                # the previous tile's TMA store overlapped this tile's main loop; wait for it only now that c_smem
-                # is about to be overwritten
-                tma.store_wait(0)
-                c_smem.store(acc.to(c_desc.dtype))
-                fence_async_shared()
-                tma.async_store(c_desc, [tile_m * BLOCK_M, tile_n * BLOCK_N], c_smem)
+            steps = gl.cdiv(k_hi - k_lo, BLOCK_K)
+            if n % CONSUMERS == CONSUMER:
+                acc = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float16 if ACC_FP16 else gl.float32,
+                                                  layout=acc_layout))
+                for j in range(steps):
+                    s = a.wait(it + j)
+                    if B_NK:
+                        b_tile = b.bufs.index(s).permute((1, 0))
+                    else:
+                        b_tile = b.bufs.index(s)
+                    acc = warpgroup_mma(a.bufs.index(s), b_tile, acc, is_async=True)
+                    # keep one wgmma in flight: the one before it has retired, so its stage goes back to the loader
+                    warpgroup_mma_wait(1, deps=(acc,))
+                    a.release(it + j + STAGES - 1, pred=j > 0)
+                acc = warpgroup_mma_wait(0, deps=(acc,))
+                a.release(it + steps + STAGES - 1)
+                write = True
+                if SPLIT_K > 1:
+                    write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
+                if write:
+                    # this consumer's previous TMA store overlapped the main loops since; wait for it only now
+                    # that its buffer is about to be overwritten
+                    tma.store_wait(0)
+                    out.store(acc.to(c_desc.dtype))
+                    fence_async_shared()
+                    tma.async_store(c_desc, [tile_m * BLOCK_M, tile_n * BLOCK_N], out)
+            it += steps
+            n += 1
     tma.store_wait(0)
 
 
 @gluon.jit
 def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                            B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                           ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, num_warps: gl.constexpr):
-    """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero); unread when SPLIT_K == 1."""
+                           ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
+                           num_warps: gl.constexpr):
+    """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero); unread when SPLIT_K == 1.
+    CONSUMERS == 2 (ping-pong): two consumer partitions of num_warps warps take this CTA's work units in turn, so
+    one's epilogue (and split-K fix-up) runs under the other's main loop."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, c_desc.block_type.shape, c_desc.layout)
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
     a, b = gemm_barriers(a_bufs, b_bufs)  # one ring: A and B stages share their barriers
-    gl.warp_specialize([
-        (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
-                         B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, num_warps)),
-        (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
-                   SPLIT_K)),
-    ], [1], [24])
+    # the partitions are spelled out per consumer count: warp_specialize takes a literal list of them
+    if CONSUMERS == 1:
+        gl.warp_specialize([
+            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
+                             B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
+            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
+                       SPLIT_K)),
+        ], [1], [24])
+    else:
+        gl.warp_specialize([
+            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
+                             B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
+                             B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
+            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
+                       SPLIT_K)),
+        ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
 
 
 def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: HopperGemmConfig,
