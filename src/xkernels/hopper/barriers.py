@@ -58,6 +58,9 @@ GEMM (`gemm.py`), per CTA: one ring of A+B stages.
   empty[s]     MMA partition, once the wgmma reading stage s retired -> loader, before refilling stage s.
   With two consumer partitions (ping-pong), each waits and releases the stages of its own work units only, so
   every stage still has one arrive per lap: a consumer counts the other's k-steps to know its ring positions.
+  turns[c]     the other consumer, once its ring waits for a unit have passed -> consumer c, before its first ring
+               wait of the next unit: the loader has filled every stage up to that unit, so c's waits are within one
+               lap of the fill (a wait tells laps apart by parity only).
   With split-K, across CTAs (global memory, not an mbarrier): an arrival counter per output tile, one acq_rel add
   per split after its partial is stored; the split that reads SPLIT_K - 1 sums the partials and resets it to 0.
 """
@@ -153,11 +156,12 @@ def tail_zeroed_barriers():
 
 @gluon.jit
 def gemm_barriers(a_bufs, b_bufs):
-    """The A+B ring of the table above: one ready and one empty barrier per stage, shared by both tiles."""
+    """The A+B ring of the table above (one ready and one empty barrier per stage, shared by both tiles) and the
+    two consumers' `turns` (unused with one)."""
     STAGES: gl.constexpr = a_bufs.shape[0]
     ready = allocate_barriers(STAGES, 1)
     empty = allocate_barriers(STAGES, 1)
-    return Ring(a_bufs, ready, empty), Ring(b_bufs, ready, empty)
+    return Ring(a_bufs, ready, empty), Ring(b_bufs, ready, empty), allocate_barriers(2, 1)
 
 
 @gluon.jit

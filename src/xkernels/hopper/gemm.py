@@ -115,11 +115,14 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _mma_epilogue(a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
+def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                   B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
                   SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer partition CONSUMER of CONSUMERS: the work units n of this CTA with n % CONSUMERS == CONSUMER (main
-    loop, then epilogue). Every consumer counts every unit's k-steps, so it knows the ring positions of its own."""
+    loop, then epilogue). Every consumer counts every unit's k-steps, so it knows the ring positions of its own.
+    With two, the main loops take turns (`turns`): a ring wait tells its stage's laps apart by parity only, so a
+    consumer may wait for a stage only within one lap of what the loader has filled, that is, after the other
+    consumer's waits for the unit before have passed."""
     STAGES: gl.constexpr = a.bufs.shape[0]
     BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
@@ -135,6 +138,8 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, wa
         if (tile_m < tiles_m) & (tile_n < tiles_n):
             steps = gl.cdiv(k_hi - k_lo, BLOCK_K)
             if n % CONSUMERS == CONSUMER:
+                if (CONSUMERS == 2) & (n > 0):
+                    mbarrier.wait(turns.index(CONSUMER), ((n - 1) // 2) & 1)  # the other's unit n - 1 has waited
                 acc = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float16 if ACC_FP16 else gl.float32,
                                                   layout=acc_layout))
                 for j in range(steps):
@@ -147,6 +152,10 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, wa
                     # keep one wgmma in flight: the one before it has retired, so its stage goes back to the loader
                     warpgroup_mma_wait(1, deps=(acc,))
                     a.release(it + j + STAGES - 1, pred=j > 0)
+                if CONSUMERS == 2:
+                    # every stage of this unit has landed: the other consumer's next unit may wait for its stages;
+                    # its main loop runs from here on while this one retires its wgmmas and stores the tile
+                    mbarrier.arrive(turns.index(1 - CONSUMER))
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 a.release(it + steps + STAGES - 1)
                 write = True
@@ -175,21 +184,21 @@ def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n,
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
-    a, b = gemm_barriers(a_bufs, b_bufs)  # one ring: A and B stages share their barriers
+    a, b, turns = gemm_barriers(a_bufs, b_bufs)  # one ring (A and B stages share its barriers); consumers' turns
     # the partitions are spelled out per consumer count: warp_specialize takes a literal list of them
     if CONSUMERS == 1:
         gl.warp_specialize([
-            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
-                             B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
             (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
                        SPLIT_K)),
         ], [1], [24])
     else:
         gl.warp_specialize([
-            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
-                             B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, num_warps)),
-            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
-                             B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
             (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
                        SPLIT_K)),
         ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
