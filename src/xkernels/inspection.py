@@ -339,6 +339,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
         ATTENTION_CONFIGS,
         GEMM_CONFIG,
         MID_GEMM_CONFIG,
+        NARROW_GEMM_CONFIG,
         PERSISTENT_ATTENTION_CONFIGS,
         SMALL_GEMM_CONFIG,
         TINY_GEMM_CONFIG,
@@ -498,9 +499,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                    qc.constexprs(d, causal=causal, varlen=varlen, band=band), 4, gluon=True)
 
     split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)  # the split-K epilogue (any split count compiles alike)
+    pingpong = dataclasses.replace(SMALL_GEMM_CONFIG, consumers=2)  # opt-in (`hopper:consumers=2`)
     every_walk = ("row", "grouped", "zorder")
     for c, walks in ((GEMM_CONFIG, every_walk), (MID_GEMM_CONFIG, every_walk), (SMALL_GEMM_CONFIG, every_walk),
-                     (TINY_GEMM_CONFIG, every_walk), (split, ("grouped",))):
+                     (TINY_GEMM_CONFIG, every_walk), (NARROW_GEMM_CONFIG, ("grouped",)), (split, ("grouped",)),
+                     (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",))):
         for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"), walks):
             descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"

@@ -93,9 +93,10 @@ def test_persistent_descriptor_views():
 @pytest.mark.parametrize("m,n,k,tile,split", [
     (512, 512, 512, "tiny", 1), (1024, 1024, 1024, "small", 1), (1536, 1536, 1536, "small", 1),
     (256, 4096, 4096, "small", 1), (128, 6144, 4096, "small", 1), (128, 4096, 4096, "tiny", 1),
-    (128, 4096, 14336, "small", 2), (64, 4096, 14336, "small", 2),
-    (64, 4096, 4096, "tiny", 1),  # 64 k-steps: too short to split
-    (1, 4096, 8192, "small", 2),  # forced onto the Hopper kernel: 32 tiles
+    (128, 4096, 14336, "small", 2), (100, 4096, 14336, "small", 2),
+    (64, 4096, 14336, "narrow", 1), (64, 4096, 4096, "narrow", 1),  # one row block, 128 tiles of 64 x 32
+    (64, 6144, 4096, "tiny", 1),  # 192 tiles of 64 x 32 > a wave; 64 k-steps: too short to split
+    (1, 4096, 8192, "narrow", 1),  # forced onto the Hopper kernel
     (1024, 6144, 4096, "mid", 1),  # 1.45 waves of 128 x 256 tiles, 2.9 of 128 x 128
     (3000, 3000, 3000, "small", 1), (1024, 4608, 4096, "small", 1),  # 64 x 128 tiles fill their waves best
     (2304, 2048, 4096, "small", 1),
@@ -104,15 +105,15 @@ def test_persistent_descriptor_views():
 ])
 def test_gemm_tile_follows_the_wave(m, n, k, tile, split):
     """Outputs of 80 % of a wave of 128 x 128 tiles or more: the big tile with the best wave fill times its rate on
-    132 SMs; below that, a long K split in two over 64 x 128 tiles that fill at most half the SMs, else 64 x 64
-    tiles where they fit one wave, else 64 x 128. The choice depends on the problem's shape and the SM count
-    only."""
+    132 SMs; below that, one row block over at most a wave of 64 x 32 tiles takes those; else a long K split in two
+    over 64 x 128 tiles that fill at most half the SMs, else 64 x 64 tiles where they fit one wave, else 64 x 128.
+    The choice depends on the problem's shape and the SM count only."""
     import dataclasses
 
     from xkernels.hopper import configs
 
     want = dict(big=configs.GEMM_CONFIG, mid=configs.MID_GEMM_CONFIG, small=configs.SMALL_GEMM_CONFIG,
-                tiny=configs.TINY_GEMM_CONFIG)[tile]
+                tiny=configs.TINY_GEMM_CONFIG, narrow=configs.NARROW_GEMM_CONFIG)[tile]
     assert configs.gemm_config(m, n, k, 132) == dataclasses.replace(want, split_k=split)
     assert configs.gemm_config(m, n, k, 10_000).block_m == 64  # more SMs: every one of these is small
     assert configs.wave_fill(132, 132) == configs.wave_fill(264, 132) == 1.0 and configs.wave_fill(192, 132) < 0.73
@@ -143,7 +144,7 @@ def test_gemm_pingpong_and_shared_memory_checks():
 
     small = configs.SMALL_GEMM_CONFIG
     for cfg in (configs.GEMM_CONFIG, configs.MID_GEMM_CONFIG, small, configs.TINY_GEMM_CONFIG,
-                dataclasses.replace(small, consumers=2)):
+                configs.NARROW_GEMM_CONFIG, dataclasses.replace(small, consumers=2)):
         cfg.check(torch.bfloat16)
     assert dataclasses.replace(small, consumers=2).shared_bytes(torch.bfloat16) == 8 * 192 * 64 * 2 + 2 * 64 * 128 * 2
     for bad, match in ((dict(consumers=2, num_warps=8), "consumers=2 must be 1, or 2 with num_warps=4"),
