@@ -202,7 +202,7 @@ def test_hopper_gemm_split_k_picked_and_captured():
 
 
 @pytest.mark.parametrize("m,n,k", [(100, 4000, 4096), (1000, 6000, 4000), (250, 4096, 3000), (2000, 2048, 1000),
-                                   (40, 4000, 14328), (64, 4096, 4096)])
+                                   (64, 4000, 14328), (64, 4096, 4096)])
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])
 def test_hopper_gemm_tile_picked(b_layout, m, n, k):
     """The shape rule's tiles (`hopper.configs.gemm_config`; on 132 SMs these shapes, with tails in M, N and K, take
@@ -228,7 +228,7 @@ def test_hopper_gemm_pingpong(b_layout, walk, m, n, k, tile, split):
     Z-order walk with tiles outside the grid; split-K whose last arriver is either partition): each output tile's
     wgmmas are the one-consumer kernel's, so the result is bitwise equal to it, and right."""
     a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
-    base = f"hopper:block_m=64,{tile},num_warps=4,stages=8,split_k={split}"
+    base = f"hopper:block_m=64,{tile},block_k=64,num_warps=4,stages=8,split_k={split}"  # every field named
     c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)),
                         backend=base + ",consumers=2")
     assert "-PP]" in xkernels.last_backend(), xkernels.last_backend()

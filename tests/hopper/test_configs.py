@@ -96,7 +96,8 @@ def test_persistent_descriptor_views():
     (128, 4096, 14336, "small", 2), (100, 4096, 14336, "small", 2),
     (64, 4096, 14336, "narrow", 1), (64, 4096, 4096, "narrow", 1),  # one row block, 128 tiles of 64 x 32
     (64, 6144, 4096, "tiny", 1),  # 192 tiles of 64 x 32 > a wave; 64 k-steps: too short to split
-    (1, 4096, 8192, "narrow", 1),  # forced onto the Hopper kernel
+    (48, 4096, 4096, "tiny", 1),  # a partial row block: 64 x 64
+    (1, 4096, 8192, "small", 2),  # forced onto the Hopper kernel: 32 tiles
     (1024, 6144, 4096, "mid", 1),  # 1.45 waves of 128 x 256 tiles, 2.9 of 128 x 128
     (3000, 3000, 3000, "small", 1), (1024, 4608, 4096, "small", 1),  # 64 x 128 tiles fill their waves best
     (2304, 2048, 4096, "small", 1),
@@ -105,7 +106,7 @@ def test_persistent_descriptor_views():
 ])
 def test_gemm_tile_follows_the_wave(m, n, k, tile, split):
     """Outputs of 80 % of a wave of 128 x 128 tiles or more: the big tile with the best wave fill times its rate on
-    132 SMs; below that, one row block over at most a wave of 64 x 32 tiles takes those; else a long K split in two
+    132 SMs; below that, 64 rows over at most a wave of 64 x 32 tiles take those; else a long K split in two
     over 64 x 128 tiles that fill at most half the SMs, else 64 x 64 tiles where they fit one wave, else 64 x 128.
     The choice depends on the problem's shape and the SM count only."""
     import dataclasses
