@@ -1,7 +1,10 @@
 """A CPU model of the Hopper GEMM's ring protocol with two consumer partitions (ping-pong): one loader and two
-consumers under random interleavings, mbarriers modelled by their phase parity (`try_wait.parity`), every read
-checked against the position the stage holds. Without the consumers' turns the second consumer waits for stages two
-laps ahead of the loader and reads an older lap's data; with them every schedule completes and reads right.
+consumers under random interleavings, mbarriers modelled by their phase parity (`try_wait.parity`), the stage
+positions computed with the kernel's formulas (`hopper/gemm.py`), and every stage checked against the position it
+holds when it is waited on and when it is released (a wgmma reads its stage until it retires). Each partition is one
+agent: in the kernel every single-thread arrive follows a barrier of the partition's own threads. Without the
+consumers' turns the second consumer waits for stages two laps ahead of the loader and reads an older lap's data;
+with them every schedule completes and reads right.
 
     python scripts/ring_protocol_model.py
 """
@@ -51,23 +54,27 @@ def run(unit_steps: list[int], stages: int, seed: int, turns_on: bool = True) ->
                 if turns_on and n > 0:
                     while not turns[c].passed(((n - 1) // 2) & 1):
                         yield
-                in_flight = []
                 for j in range(steps):
-                    p = it + j
-                    while not ready[p % stages].passed((p // stages) & 1):
+                    s = (it + j) % stages
+                    while not ready[s].passed(((it + j) // stages) & 1):
                         yield
-                    assert holds[p % stages] == p, f"consumer {c} read stage {p % stages} for {p}: {holds[p % stages]}"
-                    in_flight.append(p)
-                    yield
-                    if j > 0:  # the wgmma before this one retired: its stage goes back
-                        empty[in_flight.pop(0) % stages].arrive()
+                    assert holds[s] == it + j, f"consumer {c} waited on stage {s} for {it + j}: {holds[s]}"
+                    yield  # the wgmma of k-step j is issued; the one before it retires
+                    if j > 0:
+                        release(it + j + stages - 1, it + j - 1, c)
                     yield
                 if turns_on:
                     turns[1 - c].arrive()
                 yield
-                empty[in_flight.pop(0) % stages].arrive()
+                release(it + steps + stages - 1, it + steps - 1, c)
                 yield
             it += steps
+
+    def release(at: int, wanted: int, c: int) -> None:
+        """The kernel's `a.release(at)`: arrive on stage at % STAGES, which must still hold k-step `wanted`."""
+        s = at % stages
+        assert holds[s] == wanted, f"consumer {c} released stage {s} for {wanted}: it holds {holds[s]}"
+        empty[s].arrive()
 
     alive = [loader(), consumer(0), consumer(1)]
     for _ in range(200_000):
@@ -83,10 +90,10 @@ def run(unit_steps: list[int], stages: int, seed: int, turns_on: bool = True) ->
 
 def main() -> None:
     cases = 0
-    for stages in (2, 3, 8):
+    for stages in (2, 3, 4, 8):
         for seed in range(60):
             rnd = random.Random(seed)
-            run([rnd.choice([1, 2, 3, 5, 8, 16, 17, 24]) for _ in range(rnd.randint(1, 6))], stages, seed)
+            run([rnd.choice([1, 2, 3, 5, 8, 16, 17, 24]) for _ in range(rnd.randint(0, 8))], stages, seed)
             cases += 1
     print(f"with turns: {cases} random schedules complete, every read right")
     broken = 0

@@ -220,13 +220,15 @@ def test_hopper_gemm_tile_picked(b_layout, m, n, k):
 
 @pytest.mark.parametrize("m,n,k,tile,split", [(1536, 1536, 1536, "block_n=128", 1), (1000, 3000, 2000, "block_n=64", 1),
                                               (1536, 1536, 1536, "block_n=128", 2), (100, 4000, 14336, "block_n=64", 3),
-                                              (4095, 4097, 1000, "block_n=128", 1), (64, 4096, 4096, "block_n=64", 4)])
+                                              (4095, 4097, 1000, "block_n=128", 1), (64, 4096, 4096, "block_n=64", 4),
+                                              (1536, 1536, 128, "block_n=128", 1), (1000, 3000, 100, "block_n=64", 1)])
 @pytest.mark.parametrize("walk", ["grouped", "zorder"])
 @pytest.mark.parametrize("b_layout", ["kn", "nk"])
 def test_hopper_gemm_pingpong(b_layout, walk, m, n, k, tile, split):
-    """Two consumer partitions taking a CTA's work units in turn (2-3 units per CTA at 1536^3, one at 64 x 4096; a
-    Z-order walk with tiles outside the grid; split-K whose last arriver is either partition): each output tile's
-    wgmmas are the one-consumer kernel's, so the result is bitwise equal to it, and right."""
+    """Two consumer partitions taking a CTA's work units in turn (2-3 units per CTA at 1536^3 unsplit, 4-5 split;
+    units of 2 k-steps, shorter than the 8-stage ring, so the loader fills stages of several units ahead; a Z-order
+    walk with tiles outside the grid; split-K whose last arriver is either partition): each output tile's wgmmas are
+    the one-consumer kernel's, so the result is bitwise equal to it, and right."""
     a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
     base = f"hopper:block_m=64,{tile},block_k=64,num_warps=4,stages=8,split_k={split}"  # every field named
     c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)),

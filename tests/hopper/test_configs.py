@@ -149,7 +149,7 @@ def test_gemm_pingpong_and_shared_memory_checks():
         cfg.check(torch.bfloat16)
     assert dataclasses.replace(small, consumers=2).shared_bytes(torch.bfloat16) == 8 * 192 * 64 * 2 + 2 * 64 * 128 * 2
     for bad, match in ((dict(consumers=2, num_warps=8), "consumers=2 must be 1, or 2 with num_warps=4"),
-                       (dict(consumers=3), "consumers=3 must be"),
+                       (dict(consumers=3), "consumers=3 must be"), (dict(stages=1), "stages=1 must be at least 2"),
                        (dict(consumers=2, stages=9), "needs 253952 bytes of shared memory")):
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(small, **bad).check(torch.bfloat16)

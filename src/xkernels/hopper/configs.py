@@ -184,6 +184,9 @@ class HopperGemmConfig:
             raise ValueError(f"config: split_k={self.split_k} must be 1 to 8")
         if self.split_k > 1 and self.acc_fp16:
             raise ValueError("config: split_k > 1 sums fp32 partials; acc_fp16 has none")
+        if self.stages < 2:
+            raise ValueError(f"config: stages={self.stages} must be at least 2 (a stage is released only once the "
+                             f"next one's wgmma is issued)")
         if self.consumers not in (1, 2) or (self.consumers == 2 and self.num_warps != 4):
             raise ValueError(f"config: consumers={self.consumers} must be 1, or 2 with num_warps=4 (two 4-warp "
                              f"partitions; num_warps={self.num_warps})")
@@ -224,7 +227,7 @@ SMALL_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=128, stages=8, num_warp
 # 64 x 64, one warpgroup: twice the CTAs of 64 x 128 for outputs of at most a wave of them (a few hundred rows)
 TINY_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=64, stages=8, num_warps=4)
 # 64 x 32 with 128-deep k-steps: 64 rows against a weight of at most a wave of 32-column tiles (cuBLAS's tile at
-# 64 x 4096 x 4096 is 64 x 32): twice the SMs streaming the weight, each k-step's 24 KB as 64 x 64's
+# 64 x 4096 x 4096 is 64 x 32): twice the SMs of 64 x 64 tiles streaming the weight, 24 KB per k-step
 NARROW_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=32, block_k=128, stages=6, num_warps=4)
 # throughput at whole waves relative to 128 x 256 tiles (2048^3 and 1024 x 4096 x 4096, run 10 of 2026-12-01)
 TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (SMALL_GEMM_CONFIG, 0.92))
@@ -243,9 +246,9 @@ def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
       - outputs of about a wave of 128 x 128 tiles or more: of 128 x 256, 128 x 128 and 64 x 128, the tile with the
         best wave fill times its whole-wave rate (`TILE_RATES`; ties to the larger tile): 1024 x 6144 x 4096 fills
         1.45 waves of 128 x 256 tiles, 0.79x torch.matmul, and 2.9 of 128 x 128, 0.99x; 1536^3 takes 64 x 128;
-      - one full row block (M = 64) whose 64 x 32 tiles fit one wave: NARROW_GEMM_CONFIG (64 x 4096 x 4096 0.75 ->
-        0.84x, 64 x 4096 x 14336 0.91 -> 1.06x, 64 x 2048 x 4096 0.72 -> 1.01x torch.matmul); at 40-48 rows 64 x 64
-        stays ahead (0.82-0.89x against 0.70-0.81x: both lose time to the partial row block, 64 x 32 more);
+      - one full row block (M = 64) whose 64 x 32 tiles fit one wave: NARROW_GEMM_CONFIG (0.84-1.07x torch.matmul
+        on five such shapes, where 64 x 64 gave 0.72-0.91x and split-K 64 x 128 0.98x at K = 14336); at 40-48 rows
+        64 x 64 is ahead (0.82-0.89x against 0.70-0.81x: both lose time to the partial row block, 64 x 32 more);
       - smaller outputs: where even SMALL_GEMM_CONFIG's tiles fill at most half the SMs and K is long, those tiles
         with K split in two (each split at least MIN_SPLIT_STEPS k-steps: 64-128 rows against a 4096 x 14336
         weight, 0.95-0.99x); else TINY_GEMM_CONFIG (64 x 64) where its tiles fit one wave (512^3, 64-128 rows

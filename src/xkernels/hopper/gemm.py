@@ -1,7 +1,7 @@
 """Persistent warp-specialized GEMM for Hopper: a TMA producer warp feeding async wgmma through a split-barrier ring.
 
 One CTA per SM walks output tiles in the selectable order (row, grouped, Z-order: `common/tile_walk.py`, shared with
-the portable kernel). Two partitions run concurrently:
+the portable kernel). Its partitions run concurrently:
   - loader (1 warp, few registers): for every tile and k-step, acquire a free ring stage, TMA A and B into it;
   - MMA + epilogue (2 consumer warpgroups, 64 rows of the 128-row tile each, or one on a 64-row tile): wait for a
     stage, issue async wgmma, and release the previous stage once its wgmma has retired.
