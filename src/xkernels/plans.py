@@ -246,7 +246,7 @@ class PersistentAttention:
             recipe=recipe, positive_scale=positive_scale, write_lse=return_lse, cfg=cfg)
         self.views = [hp.descriptor_view(q), hp.descriptor_view(k), hp.descriptor_view(v), o_view]
         at = self.views[0][2] + self.views[1][2] + o_view[2]
-        self.ints = (*at, hq, hq // hkv, sq, skv, *walk)
+        self.ints = (*at, o_view[1][0], hq, hq // hkv, sq, skv, *walk)
         self.tail = launch.constexpr_tail(hp.attention_persistent_kernel, self.constexprs)
         self.name = f"hopper.attention[{recipe.name} {cfg} persistent grid={self.grid}]"
         self.kernel: launch.Kernel | None = None
@@ -256,13 +256,14 @@ class PersistentAttention:
         if self.kernel is None:  # first call of this key: compile against descriptors of these very tensors
             descs = self.hp.descriptors((q, k, v, out), self.views, block_n=self.cfg.block_n)
             self.kernel = launch.compile_kernel(self.hp.attention_persistent_kernel, self.grid,
-                                                (*descs, lse_arg, *self.ints, qk_scale), self.constexprs,
+                                                (*descs, lse_arg, out, *self.ints, qk_scale), self.constexprs,
                                                 self.options, q.device)
             self.slots = [launch.DescriptorSlot(meta, shape, strides) for meta, (shape, strides, _)
                           in zip(self.kernel.descriptor_meta, self.views, strict=True)]
         dq, dk, dv, do = self.slots
         self.kernel.launch(self.grid, (*dq.at(q.data_ptr()), *dk.at(k.data_ptr()), *dv.at(v.data_ptr()),
-                                       *do.at(out.data_ptr()), lse_arg.data_ptr(), *self.ints, qk_scale,
+                                       *do.at(out.data_ptr()), lse_arg.data_ptr(), out.data_ptr(), *self.ints,
+                                       qk_scale,
                                        *self.tail))
 
 

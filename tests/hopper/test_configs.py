@@ -84,9 +84,13 @@ def test_persistent_descriptor_views():
     assert not hp.eligible(q, long_kv, long_kv, cfg, rec, causal=True)  # the measured rule: dense beyond 4K keys
     assert hp.eligible(q, long_kv[:, :1], long_kv[:, :1], cfg, rec, causal=True)  # ... except causal GQA
     assert hp.eligible(q, long_kv, long_kv, dataclasses.replace(cfg, persistent=2), rec, causal=True)
-    with pytest.raises(ValueError, match="persistent"):  # chained tiles hold two Q slots: too big at D256
-        dataclasses.replace(CONFIGS[256], persistent=1, chained=1).check(256, rec)
-    dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2).check(256, rec)  # one Q slot fits
+    with pytest.raises(ValueError, match="shared memory"):  # chained tiles hold two Q slots: too big at D256
+        dataclasses.replace(CONFIGS[256], persistent=1, chained=1, o_direct=1).check(256, rec)
+    with pytest.raises(ValueError, match="262144 bytes of shared memory"):  # 64-key tiles and the O buffers
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2, o_direct=0).check(256, rec)
+    dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2).check(256, rec)  # O from registers fits
+    dataclasses.replace(CONFIGS[256], block_n=32, stages=3, persistent=2).check(256, rec)  # 32-key tiles fit too
+    dataclasses.replace(CONFIGS[256], chained=1).check(256, rec)  # the dense kernel has one Q slot, chained or not
     assert not PERSISTENT_ATTENTION_CONFIGS[256].persistent  # not measured yet: off unless forced
 
 
@@ -188,13 +192,13 @@ def test_persistent_walk_head_chunks():
 
 
 def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off():
-    """D256's persistent config (32-key tiles) is off: convert_steps=8 is valid for the dense one (64-key tiles) and
-    must not fail on the persistent one's smaller tiles; turning the persistent one on checks it."""
+    """D256's persistent config is off: chained=1 is valid for the dense kernel (one Q slot whatever it says) and
+    must not fail on the persistent one, where two Q slots overflow shared memory; turning that one on checks it."""
     from xkernels.select import _hopper_forward, parse_backend
 
-    bf16io = ATTENTION_RECIPES["bf16io"]
+    bf16 = ATTENTION_RECIPES["bf16"]
     assert not PERSISTENT_ATTENTION_CONFIGS[256].persistent
-    forward = _hopper_forward(256, bf16io, parse_backend("hopper:convert_steps=8"))
-    assert forward.dense.convert_steps == 8 and forward.persistent is None
-    with pytest.raises(ValueError, match="fewer than 8 rows"):
-        _hopper_forward(256, bf16io, parse_backend("hopper:convert_steps=8,persistent=2,chained=0"))
+    forward = _hopper_forward(256, bf16, parse_backend("hopper:chained=1"))
+    assert forward.dense.chained == 1 and forward.persistent is None
+    with pytest.raises(ValueError, match="shared memory"):
+        _hopper_forward(256, bf16, parse_backend("hopper:chained=1,persistent=2"))

@@ -28,6 +28,7 @@ n % slots):
            the slot: nobody reads it any more. The window it opens: that Q lands under the rest of this tile (one slot)
            or under the whole next tile (two slots).
 O leaves through a buffer per consumer; its TMA store is waited on only before the next tile's epilogue reuses it.
+With O_DIRECT (config `o_direct`) it leaves from the accumulator's registers instead and the kernel has no O buffers.
 """
 
 from __future__ import annotations
@@ -101,10 +102,10 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, a
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ,
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ,
               SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              NUM_WG: gl.constexpr):
+              NUM_WG: gl.constexpr, O_DIRECT: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     q = q_bufs.index(WG)
     it = 0
@@ -117,35 +118,44 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, L
         acc, m_i, l_i, it = _attend(q, q_ready.index(0), done & 1, q_free.index(0), k, v, it, row0, full_hi, hi,
                                     SKV, 0, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
                                     False, True)
-        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE)
+        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, O, o_rs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE, O_DIRECT)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _store_tile(WG: gl.constexpr, acc, m_i, l_i, o_desc, o_bufs, LSE, at, bh, row0, HQ, SQ,
-                WRITE_LSE: gl.constexpr):
-    """A warpgroup's epilogue: O = acc / l through its O buffer and a TMA store, left in flight (the buffer's next
-    user waits for it), and the LSE; rows past the sequence store nothing (Sq is a multiple of 64 only, so the last
-    block's last warpgroups may lie past it)."""
+def _store_tile(WG: gl.constexpr, acc, m_i, l_i, o_desc, o_bufs, O, o_rs, LSE, at, bh, row0, HQ, SQ,
+                WRITE_LSE: gl.constexpr, O_DIRECT: gl.constexpr):
+    """A warpgroup's epilogue: O = acc / l and the LSE; rows past the sequence store nothing (Sq is a multiple of 64
+    only, so the last block's last warpgroups may lie past it). O leaves through the warpgroup's O buffer and a TMA
+    store left in flight (the buffer's next user waits for it), or with O_DIRECT straight from the accumulator's
+    registers: each thread's column pairs as plain global stores, no shared memory (at D256 the O buffers are what
+    keeps 64-key tiles out of the persistent kernel's shared memory)."""
     out, lse = _normalize(acc, m_i, l_i, False)
     if row0 < SQ:
-        o = o_bufs.index(WG)
-        tma.store_wait(0)  # the previous tile's O store has left this buffer
-        o.store(out.to(o.dtype))
-        fence_async_shared()
         b = bh // HQ
         h = bh % HQ
-        tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
+        if O_DIRECT:
+            layout: gl.constexpr = acc.type.layout
+            rows = b * at[6] + h * at[7] + row0 + gl.arange(0, WG_ROWS, gl.SliceLayout(1, layout))
+            cols = h * at[8] + gl.arange(0, acc.shape[1], gl.SliceLayout(0, layout))
+            ptrs = O + gl.expand_dims(rows.to(gl.int64) * o_rs, 1) + gl.expand_dims(cols, 0)
+            gl.store(ptrs, out.to(O.dtype.element_ty))
+        else:
+            o = o_bufs.index(WG)
+            tma.store_wait(0)  # the previous tile's O store has left this buffer
+            o.store(out.to(o.dtype))
+            fence_async_shared()
+            tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
         if WRITE_LSE:
             offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
             gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
 
 
 @gluon.jit
-def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ,
-                      SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk,
+                      HQ, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                       POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
-                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr):
+                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, O_DIRECT: gl.constexpr):
     """`_consumer` with the tiles chained: at a tile boundary the next tile's first QK^T is issued together with this
     tile's last P.V, and the next tile's first softmax runs while that P.V is in flight (the window the pipelined
     loop opens between key tiles, opened between work tiles too); the epilogue follows. Needs the next tile's Q
@@ -217,7 +227,7 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free,
             p_next = p_op
             m_next = m_i
             l_next = l_i
-        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE)
+        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, O, o_rs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE, O_DIRECT)
         acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
         p_op = p_next
         m_i = m_next
@@ -227,30 +237,36 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free,
 
 
 @gluon.jit
-def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
-                    qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ,
+                    SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                     POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
-                    WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr):
+                    WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_DIRECT: gl.constexpr):
     if CHAINED:
-        _consumer_chained(WG, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                          HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)
+        _consumer_chained(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
+                          qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                          O_DIRECT)
     else:
-        _consumer(WG, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale, HEAD_DIM,
-                  BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG)
+        _consumer(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                  HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_DIRECT)
 
 
 @gluon.jit
-def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb,
-                                o_rh, o_ch, HQ, GROUP, SQ, SKV, n_tiles, m_blocks, BH, chunk, qk_scale,
+def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb,
+                                o_rh, o_ch, o_rs, HQ, GROUP, SQ, SKV, n_tiles, m_blocks, BH, chunk, qk_scale,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
                                 OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
-                                CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr):
+                                CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr,
+                                O_DIRECT: gl.constexpr):
+    """O: the output's base (O_DIRECT's stores; o_desc covers the same view), o_rs its view's row stride."""
     at = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch)
     walk = (n_tiles, m_blocks, BH, chunk)
     Q_SLOTS: gl.constexpr = 2 if CHAINED else 1
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
-    o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], o_desc.layout)
+    if O_DIRECT:
+        o_bufs = q_bufs  # unused: O leaves from registers
+    else:
+        o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], o_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k, v, v_landed = kv_rings(k_bufs, v_bufs, CONVERT_V, NUM_WG)
@@ -260,25 +276,30 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, q_rb, q_rh,
     producer_regs: gl.constexpr = producer_registers(NUM_WG, CONVERT_V, CONVERT_STEPS)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
-            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
+            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
+                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                               CHAINED, O_DIRECT)),
+            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
+                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                               CHAINED, O_DIRECT)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
-                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, producer_warps],
-            [regs, producer_regs])
+                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))],
+            [4, producer_warps], [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
-            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
-            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
-            (_consumer_entry, (2, o_desc, q_bufs, o_bufs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                         HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, CHAINED)),
+            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
+                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                               CHAINED, O_DIRECT)),
+            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
+                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                               CHAINED, O_DIRECT)),
+            (_consumer_entry, (2, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
+                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
+                               CHAINED, O_DIRECT)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
-                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))], [4, 4, producer_warps],
-            [regs, regs, producer_regs])
+                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))],
+            [4, 4, producer_warps], [regs, regs, producer_regs])
 
 
 def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int]] | None:

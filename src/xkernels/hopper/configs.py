@@ -14,6 +14,7 @@ import torch
 from xkernels.common.seqlen import Band, band_constexprs
 from xkernels.recipes import AttentionRecipe
 
+SHARED_BYTES = 232448  # an sm_90 CTA's dynamic shared memory (227 KB)
 WG_ROWS = 64  # query rows per attention consumer warpgroup: S and O accumulators of 64 x N fit its registers
 L2_BUDGET_KIB = 32 << 10  # K/V of the heads the persistent walk runs together: about two thirds of an H100/H200 L2
 # Full (non-causal) MHA at D128 walks fewer heads together: every CTA streams its heads' whole K/V, and with 32 MiB
@@ -41,15 +42,19 @@ class HopperAttentionConfig:
     chained: int = 0  # the next tile's first QK^T issued with this tile's last P.V (two Q slots; the dense kernel,
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
     l2_budget_kib: int = 0  # persistent walk: K/V KiB of the heads walked together; 0: `l2_budget_kib()`
+    o_direct: int = 0  # persistent kernel: O stored from the accumulator's registers (no O buffers in shared memory)
 
     def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
         """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
         switch does not apply to); the shipped ATTENTION_CONFIGS pass, and `xkernels inspect` compiles them."""
-        if self.persistent not in (0, 1, 2) or (self.persistent and head_dim > 128 and self.chained):
-            raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2, and above head dim 128 chained=0 "
-                             "(shared memory: its O buffers come on top of Q's, and chained tiles hold two Q slots)")
-        if self.chained not in (0, 1):
-            raise ValueError(f"config: chained={self.chained} must be 0 or 1")
+        if self.persistent not in (0, 1, 2):
+            raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2")
+        if self.chained not in (0, 1) or self.o_direct not in (0, 1):
+            raise ValueError(f"config: chained={self.chained} and o_direct={self.o_direct} must be 0 or 1")
+        if self.shared_bytes(head_dim) > SHARED_BYTES:
+            raise ValueError(f"config: {self} needs {self.shared_bytes(head_dim)} bytes of shared memory at head dim "
+                             f"{head_dim} (sm_90 has {SHARED_BYTES}; the persistent kernel's O buffers come on top of "
+                             "Q's unless o_direct=1, and chained tiles hold two Q slots)")
         if self.l2_budget_kib < 0:
             raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} must be positive (or 0: by the shape)")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
@@ -69,11 +74,19 @@ class HopperAttentionConfig:
     def block_m(self) -> int:
         return self.consumers * WG_ROWS
 
+    def shared_bytes(self, head_dim: int) -> int:
+        """Shared memory of the buffers (16-bit elements; barriers aside): Q (two slots when chained), the
+        persistent kernel's O buffers unless o_direct, and the K and V rings."""
+        tile = self.block_m * head_dim * 2
+        q_slots = 1 + (self.persistent > 0 and self.chained > 0)
+        o_bufs = tile if self.persistent and not self.o_direct else 0
+        return q_slots * tile + o_bufs + 2 * self.stages * self.block_n * head_dim * 2
+
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, positive_scale: bool,
                    write_lse: bool, persistent: bool = False) -> dict[str, object]:
         """The kernel's compile-time arguments for this config (`persistent`: of the persistent kernel, which takes
         CHAINED too): one mapping for the launch and for `inspect`."""
-        extra = dict(CHAINED=bool(self.chained)) if persistent else {}
+        extra = dict(CHAINED=bool(self.chained), O_DIRECT=bool(self.o_direct)) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=recipe.converts_v, POSITIVE_SCALE=positive_scale, OVERLAP=bool(self.overlap),
                     NUM_WG=self.consumers, ACC16=bool(self.acc16) or recipe.pv_acc_dtype == torch.float16,
@@ -83,7 +96,7 @@ class HopperAttentionConfig:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
-                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else ""))
+                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "") + "-od" * self.o_direct)
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
@@ -97,13 +110,14 @@ ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, c
 # Tiles chained; at D64 two consumer warpgroups with the window open: chained, they measured 0.89-1.01x cuDNN at
 # 512-4K keys against 0.61-0.96x for three with the window closed (the dense kernel's choice; run 34 of
 # 2026-11-30). Two Q slots + O buffers + the K/V ring fill 224 KB at D128.
-# D256: one Q slot (not chained), 32-key tiles in 3 stages: 224 KB with the O buffers, spill-free; compiled, not yet
-# timed, so off (persistent=0) until measured against the dense kernel's 64-key tiles; `hopper:persistent=2` forces
-# it (op_session part `persistent256`).
+# D256: one Q slot (not chained) and O stored from registers (o_direct), so the dense kernel's 64-key tiles in 2
+# stages fit (192 KB; with O buffers only 32-key tiles did, and they lost 15-25 % from 1K keys:
+# benchmarks/results/h200/2026-12-01/16-*); off (persistent=0) until timed against the dense kernel;
+# `hopper:persistent=2` forces it (op_session part `persistent256`).
 PERSISTENT_ATTENTION_CONFIGS = {
     64: HopperAttentionConfig(128, 3, consumers=2, convert_steps=4, persistent=1, chained=1),
     128: HopperAttentionConfig(128, 2, persistent=1, chained=1),
-    256: HopperAttentionConfig(32, 3, convert_steps=4)}
+    256: HopperAttentionConfig(64, 2, convert_steps=4, o_direct=1)}
 
 
 @dataclass(frozen=True)
@@ -161,8 +175,6 @@ class HopperAttentionDqConfig:
 ATTENTION_DQ_CONFIGS = {64: HopperAttentionDqConfig(128, 2), 128: HopperAttentionDqConfig(64, 2),
                         256: HopperAttentionDqConfig(32, 2)}
 
-
-SHARED_BYTES = 232448  # an sm_90 CTA's dynamic shared memory (227 KB)
 
 
 @dataclass(frozen=True)
