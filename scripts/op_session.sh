@@ -67,10 +67,10 @@ for part in "${@:-smoke host}"; do
         stage timeout 300 python3 scripts/persistent_ab.py --dims 128 64 --lengths 1024 2048 4096 \
           --variants hopper:persistent=2 hopper:persistent=2,l2_budget_kib=32768 \
           hopper:persistent=2,l2_budget_kib=8192 --json "$OUT/l2chunk_ab.json" --md "$OUT/l2chunk_ab.md" ;;
-      persistent256)  # the persistent walk at D256 (one Q slot, 64-key tiles, O from registers; the 32-key tiles
-        # with O buffers, and chained with O from registers) against the dense kernel, 512-4K
+      persistent256)  # the persistent walk at D256 (one Q slot, 64-key tiles, O through the Q slot or from registers;
+        # the 32-key tiles with O buffers, and chained with O through the Q slots) against the dense kernel, 512-4K
         stage timeout 300 python3 scripts/persistent_ab.py --dims 256 --lengths 512 1024 2048 4096 \
-          --variants hopper:persistent=2 hopper:persistent=2,block_n=32,stages=3,o_direct=0 \
+          --variants hopper:persistent=2 hopper:persistent=2,o_store=1 hopper:persistent=2,block_n=32,stages=3,o_store=0 \
           hopper:persistent=2,block_n=32,stages=3,chained=1 --json "$OUT/persistent256_ab.json" \
           --md "$OUT/persistent256_ab.md" ;;
       gemmtiles) stage timeout 330 python3 scripts/gemm_tiles.py --json "$OUT/gemm_tiles.json" --md "$OUT/gemm_tiles.md" ;;

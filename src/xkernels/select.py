@@ -153,7 +153,7 @@ def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) 
     if head_dim in PERSISTENT_ATTENTION_CONFIGS:
         persistent = _configured(PERSISTENT_ATTENTION_CONFIGS[head_dim], override.config)
         if persistent.persistent:  # a config that stays off is not checked: the override targets the dense one
-            persistent.check(head_dim, recipe)
+            persistent.check(head_dim, recipe, "persistent")
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 

@@ -2,8 +2,8 @@
 against the dense kernel (the same per-tile arithmetic) over both recipes it serves, D64/D128, causal and full, GQA
 and MQA, Sq != Skv, Sq a multiple of 64 but not of the query block (warpgroups past the end store nothing),
 heads-outer and sequence-outer layouts, and head chunks smaller than the batch (a partial last chunk), O through
-shared memory and TMA or from registers (o_direct); outputs poisoned, the LSE checked. Shapes it does not serve take
-the dense kernel."""
+shared memory and TMA, from registers or through the Q slots (o_store); outputs poisoned, the LSE checked. Shapes
+it does not serve take the dense kernel."""
 
 import pytest
 import torch
@@ -54,19 +54,21 @@ def test_persistent_matches_float64_and_dense(recipe, causal, hq, hkv, d, sq, sk
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("recipe", ["bf16", "fp16"])
 def test_persistent_d256_forced(recipe, causal, d, sq, skv):
-    """D256's persistent config (one Q slot, 64-key tiles, O from registers: off by default until timed) forced:
-    float64, the LSE, and bitwise against the dense kernel (the same 64-key tiles)."""
+    """D256's persistent config (one Q slot, 64-key tiles, O through the Q slot: off by default until timed) forced,
+    and the same with O from registers: float64, the LSE, and bitwise against the dense kernel (the same 64-key
+    tiles)."""
     q, k, v = attention_inputs(3, 8, sq, skv, d, ATTENTION_RECIPES[recipe].io_dtype, "cuda", hkv=2, seed=sq + skv)
-    assert "BN64-S2-ov-cs4-p2-od persistent" in _check(q, k, v, causal, recipe, backend="hopper:persistent=2")
+    assert "BN64-S2-ov-cs4-p2-oq persistent" in _check(q, k, v, causal, recipe, backend="hopper:persistent=2")
+    assert "-p2-or persistent" in _check(q, k, v, causal, recipe, backend="hopper:persistent=2,o_store=1")
 
 
 @pytest.mark.parametrize("d,sq,skv", [(256, 512, 1024), (256, 320, 384)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_persistent_d256_32_key_tiles(causal, d, sq, skv):
-    """The 32-key variants (O buffers, or chained tiles with O from registers: two Q slots fit at 32 keys): float64
+    """The 32-key variants (O buffers, or chained tiles with O through the Q slots: two fit at 32 keys): float64
     and the LSE (not bitwise against the dense kernel's 64-key tiles, which fold the softmax in another grouping)."""
     q, k, v = attention_inputs(3, 8, sq, skv, d, torch.bfloat16, "cuda", hkv=2, seed=sq + skv)
-    for backend in ("hopper:persistent=2,block_n=32,stages=3,o_direct=0",
+    for backend in ("hopper:persistent=2,block_n=32,stages=3,o_store=0",
                     "hopper:persistent=2,block_n=32,stages=3,chained=1"):
         o, lse, name = _run(q, k, v, causal, "bf16", backend=backend)
         assert "persistent" in name and "BN32" in name, name
@@ -113,8 +115,9 @@ def test_forced_persistent_beyond_the_rule():
 
 # the shipped configs chain tiles (D64: two consumers, window open); these are the other variants the kernel runs
 VARIANTS = {"hopper:persistent=2,chained=0": "-p2 persistent", "hopper:persistent=2,consumers=3,overlap=0": "-p2-ch",
-            "hopper:persistent=2,o_direct=1": "-p2-ch-od persistent",
-            "hopper:persistent=2,chained=0,o_direct=1": "-p2-od persistent"}
+            "hopper:persistent=2,o_store=1": "-p2-ch-or persistent",
+            "hopper:persistent=2,o_store=2": "-p2-ch-oq persistent",
+            "hopper:persistent=2,chained=0,o_store=2": "-p2-oq persistent"}
 
 
 @pytest.mark.parametrize("backend", list(VARIANTS))

@@ -85,12 +85,22 @@ def test_persistent_descriptor_views():
     assert hp.eligible(q, long_kv[:, :1], long_kv[:, :1], cfg, rec, causal=True)  # ... except causal GQA
     assert hp.eligible(q, long_kv, long_kv, dataclasses.replace(cfg, persistent=2), rec, causal=True)
     with pytest.raises(ValueError, match="shared memory"):  # chained tiles hold two Q slots: too big at D256
-        dataclasses.replace(CONFIGS[256], persistent=1, chained=1, o_direct=1).check(256, rec)
+        dataclasses.replace(CONFIGS[256], persistent=1, chained=1, o_store=2).check(256, rec, "persistent")
     with pytest.raises(ValueError, match="262144 bytes of shared memory"):  # 64-key tiles and the O buffers
-        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2, o_direct=0).check(256, rec)
-    dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2).check(256, rec)  # O from registers fits
-    dataclasses.replace(CONFIGS[256], block_n=32, stages=3, persistent=2).check(256, rec)  # 32-key tiles fit too
-    dataclasses.replace(CONFIGS[256], chained=1).check(256, rec)  # the dense kernel has one Q slot, chained or not
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2, o_store=0).check(256, rec, "persistent")
+    dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2).check(256, rec, "persistent")  # fits
+    dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], persistent=2, o_store=1).check(256, rec, "persistent")
+    dataclasses.replace(CONFIGS[256], block_n=32, stages=3, persistent=2).check(256, rec, "persistent")
+    # the dense kernel has one Q slot (also O's), whatever the persistent fields say
+    dataclasses.replace(CONFIGS[256], chained=1, persistent=2).check(256, rec)
+    with pytest.raises(ValueError, match="o_store=1 is the dense persistent kernel's"):
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=1).check(128, rec, "varlen_persistent")
+    with pytest.raises(ValueError, match="o_store=3"):
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=3).check(128, rec, "persistent")
+    for d, cfg in PERSISTENT_ATTENTION_CONFIGS.items():  # the shipped configs fit every kernel that takes them
+        cfg.check(d, rec, "persistent")
+        if d <= 128:
+            cfg.check(d, rec, "varlen_persistent")
     assert not PERSISTENT_ATTENTION_CONFIGS[256].persistent  # not measured yet: off unless forced
 
 

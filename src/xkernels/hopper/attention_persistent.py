@@ -28,7 +28,8 @@ n % slots):
            the slot: nobody reads it any more. The window it opens: that Q lands under the rest of this tile (one slot)
            or under the whole next tile (two slots).
 O leaves through a buffer per consumer; its TMA store is waited on only before the next tile's epilogue reuses it.
-With O_DIRECT (config `o_direct`) it leaves from the accumulator's registers instead and the kernel has no O buffers.
+Config `o_store` 1 or 2: it leaves from the accumulator's registers or through the tile's Q slot instead, and the
+kernel has no O buffers (`_store_tile`).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _tile(tile, walk):
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ,
               GROUP, SKV, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
-              NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr):
+              NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr, O_STORE: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     Q_SLOTS: gl.constexpr = q_bufs.shape[0] // NUM_WG
     it = 0
@@ -93,11 +94,25 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, a
         start_m = m_block * BLOCK_M
         _, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         slot = done % Q_SLOTS
+        kv_at = (b * at[3] + hk * at[4], hk * at[5])  # K and V share one view geometry (the plan checks)
+        lo = 0
+        if O_STORE == 2 and Q_SLOTS == 1:
+            # O leaves through the one Q slot, which frees only once the previous tile's O store has read it: issue
+            # this tile's first K and V tiles before waiting, so that only Q's latency stays exposed
+            gl.static_assert(not CONVERT_V, "the persistent kernels do not convert V")
+            it = gl.to_tensor(it)
+            s = k.acquire(it)
+            mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
+            tma.async_load(k_desc, [kv_at[0], kv_at[1]], k.ready.index(s), k.bufs.index(s))
+            s = v.acquire(it)
+            mbarrier.expect(v.ready.index(s), v_desc.block_type.nbytes)
+            tma.async_load(v_desc, [kv_at[0], kv_at[1]], v.ready.index(s), v.bufs.index(s))
+            it += 1
+            lo = BLOCK_N
         mbarrier.wait(q_free.index(slot), ((done // Q_SLOTS) & 1) ^ 1)  # each slot's first tile passes at once
-        # K and V share one view geometry (the plan checks)
         it = _load_tiles(q_desc, k_desc, v_desc, q_bufs, slot * NUM_WG, q_ready.index(slot), k, v, v_landed,
-                         (b * at[0] + h * at[1] + start_m, h * at[2]), (b * at[3] + hk * at[4], hk * at[5]), hi, it,
-                         BLOCK_N, CONVERT_V, NUM_WG, CONVERT_STEPS)
+                         (b * at[0] + h * at[1] + start_m, h * at[2]), kv_at, hi, it, BLOCK_N, CONVERT_V, NUM_WG,
+                         CONVERT_STEPS, lo)
         done += 1
 
 
@@ -105,8 +120,9 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, a
 def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ,
               SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              NUM_WG: gl.constexpr, O_DIRECT: gl.constexpr):
+              NUM_WG: gl.constexpr, O_STORE: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
+    FREE_Q: gl.constexpr = O_STORE != 2  # else the slot frees once O, stored through it, has left
     q = q_bufs.index(WG)
     it = 0
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
@@ -117,45 +133,51 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free
         row0 = start_m + WG * WG_ROWS
         acc, m_i, l_i, it = _attend(q, q_ready.index(0), done & 1, q_free.index(0), k, v, it, row0, full_hi, hi,
                                     SKV, 0, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                                    False, True)
-        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, O, o_rs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE, O_DIRECT)
+                                    False, FREE_Q)
+        _store_tile(acc, m_i, l_i, o_desc, q if O_STORE == 2 else o_bufs.index(WG), O, o_rs, LSE, at, bh, row0, HQ,
+                    SQ, q_free.index(0), WRITE_LSE, O_STORE)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _store_tile(WG: gl.constexpr, acc, m_i, l_i, o_desc, o_bufs, O, o_rs, LSE, at, bh, row0, HQ, SQ,
-                WRITE_LSE: gl.constexpr, O_DIRECT: gl.constexpr):
+def _store_tile(acc, m_i, l_i, o_desc, o_buf, O, o_rs, LSE, at, bh, row0, HQ, SQ, q_free, WRITE_LSE: gl.constexpr,
+                O_STORE: gl.constexpr):
     """A warpgroup's epilogue: O = acc / l and the LSE; rows past the sequence store nothing (Sq is a multiple of 64
-    only, so the last block's last warpgroups may lie past it). O leaves through the warpgroup's O buffer and a TMA
-    store left in flight (the buffer's next user waits for it), or with O_DIRECT straight from the accumulator's
-    registers: each thread's column pairs as plain global stores, no shared memory (at D256 the O buffers are what
-    keeps 64-key tiles out of the persistent kernel's shared memory)."""
+    only, so the last block's last warpgroups may lie past it). O leaves by `O_STORE` (config `o_store`):
+      0  through the warpgroup's O buffer `o_buf` and a TMA store left in flight (the buffer's next user waits);
+      1  straight from the accumulator's registers, each thread's column pairs as plain global stores;
+      2  through the tile's Q slot (`o_buf`: every QK^T reading it has retired) and a TMA store; once the store has
+         read the slot, the warpgroup arrives on `q_free` for the producer to load a later tile's Q there.
+    1 and 2 need no O buffers: at D256 those are what keep 64-key tiles out of the kernel's shared memory."""
     out, lse = _normalize(acc, m_i, l_i, False)
     if row0 < SQ:
         b = bh // HQ
         h = bh % HQ
-        if O_DIRECT:
+        if O_STORE == 1:
             layout: gl.constexpr = acc.type.layout
             rows = b * at[6] + h * at[7] + row0 + gl.arange(0, WG_ROWS, gl.SliceLayout(1, layout))
             cols = h * at[8] + gl.arange(0, acc.shape[1], gl.SliceLayout(0, layout))
             ptrs = O + gl.expand_dims(rows.to(gl.int64) * o_rs, 1) + gl.expand_dims(cols, 0)
             gl.store(ptrs, out.to(O.dtype.element_ty))
         else:
-            o = o_bufs.index(WG)
-            tma.store_wait(0)  # the previous tile's O store has left this buffer
-            o.store(out.to(o.dtype))
+            if O_STORE == 0:
+                tma.store_wait(0)  # the previous tile's O store has left this buffer
+            o_buf.store(out.to(o_buf.dtype))
             fence_async_shared()
-            tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o)
+            tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o_buf)
         if WRITE_LSE:
             offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
             gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
+    if O_STORE == 2:
+        tma.store_wait(0)  # the store has read the slot (a warpgroup past the sequence end stored nothing)
+        mbarrier.arrive(q_free)
 
 
 @gluon.jit
 def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk,
                       HQ, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                       POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
-                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, O_DIRECT: gl.constexpr):
+                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, O_STORE: gl.constexpr):
     """`_consumer` with the tiles chained: at a tile boundary the next tile's first QK^T is issued together with this
     tile's last P.V, and the next tile's first softmax runs while that P.V is in flight (the window the pipelined
     loop opens between key tiles, opened between work tiles too); the epilogue follows. Needs the next tile's Q
@@ -201,7 +223,8 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
         acc, m_i, l_i, p_op, it = _key_steps(q_bufs.index(slot * NUM_WG + WG), k, v, acc, m_i, l_i, p_op, it, BLOCK_N,
                                              full_hi, hi, offs_m, SKV, qk_scale, zero_s, BLOCK_N, CAUSAL,
                                              POSITIVE_SCALE, OVERLAP, False)
-        mbarrier.arrive(q_free.index(slot))  # every QK^T reading this tile's Q has retired
+        if O_STORE != 2:
+            mbarrier.arrive(q_free.index(slot))  # every QK^T reading this tile's Q has retired
         nxt = tile + nprog
         if nxt < n_tiles:
             n_bh, n_block = _tile(nxt, walk)
@@ -227,7 +250,8 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
             p_next = p_op
             m_next = m_i
             l_next = l_i
-        _store_tile(WG, acc, m_i, l_i, o_desc, o_bufs, O, o_rs, LSE, at, bh, row0, HQ, SQ, WRITE_LSE, O_DIRECT)
+        _store_tile(acc, m_i, l_i, o_desc, q_bufs.index(slot * NUM_WG + WG) if O_STORE == 2 else o_bufs.index(WG),
+                    O, o_rs, LSE, at, bh, row0, HQ, SQ, q_free.index(slot), WRITE_LSE, O_STORE)
         acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
         p_op = p_next
         m_i = m_next
@@ -240,14 +264,14 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
 def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ,
                     SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                     POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
-                    WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_DIRECT: gl.constexpr):
+                    WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_STORE: gl.constexpr):
     if CHAINED:
         _consumer_chained(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                           qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                          O_DIRECT)
+                          O_STORE)
     else:
         _consumer(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
-                  HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_DIRECT)
+                  HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE)
 
 
 @gluon.jit
@@ -257,14 +281,14 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
                                 CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
                                 OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
                                 CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr,
-                                O_DIRECT: gl.constexpr):
-    """O: the output's base (O_DIRECT's stores; o_desc covers the same view), o_rs its view's row stride."""
+                                O_STORE: gl.constexpr):
+    """O: the output's base (O_STORE 1's stores; o_desc covers the same view), o_rs its view's row stride."""
     at = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch)
     walk = (n_tiles, m_blocks, BH, chunk)
     Q_SLOTS: gl.constexpr = 2 if CHAINED else 1
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
-    if O_DIRECT:
-        o_bufs = q_bufs  # unused: O leaves from registers
+    if O_STORE != 0:
+        o_bufs = q_bufs  # unused: O leaves from registers or through the Q slots
     else:
         o_bufs = gl.allocate_shared_memory(o_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], o_desc.layout)
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], k_desc.layout)
@@ -278,27 +302,27 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                                qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_DIRECT)),
+                               CHAINED, O_STORE)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                                qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_DIRECT)),
+                               CHAINED, O_STORE)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
-                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))],
+                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
             [4, producer_warps], [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                                qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_DIRECT)),
+                               CHAINED, O_STORE)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                                qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_DIRECT)),
+                               CHAINED, O_STORE)),
             (_consumer_entry, (2, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                                qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_DIRECT)),
+                               CHAINED, O_STORE)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
-                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS))],
+                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
             [4, 4, producer_warps], [regs, regs, producer_regs])
 
 
@@ -337,7 +361,7 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
                 cfg: HopperAttentionConfig) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
     """(grid, the walk's ints (n_tiles, m_blocks, BH, chunk), constexprs, options); the caller checked the shape
     (`eligible`)."""
-    cfg.check(head_dim, recipe)
+    cfg.check(head_dim, recipe, "persistent")
     m_blocks = -(-sq // cfg.block_m)
     n_tiles = m_blocks * batch * heads
     budget = cfg.l2_budget_kib or configs.l2_budget_kib(head_dim, causal=is_causal, group=group)

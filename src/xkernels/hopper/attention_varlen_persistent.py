@@ -317,7 +317,7 @@ def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: i
                 recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
                 cfg: HopperAttentionConfig) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int]]:
     """(grid, the walk (n_tiles, m_blocks, HQ), constexprs, options)."""
-    cfg.check(head_dim, recipe)
+    cfg.check(head_dim, recipe, "varlen_persistent")
     m_blocks = -(-max_seqlen_q // cfg.block_m)
     n_tiles = batch * m_blocks * heads
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,

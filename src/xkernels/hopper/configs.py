@@ -42,19 +42,26 @@ class HopperAttentionConfig:
     chained: int = 0  # the next tile's first QK^T issued with this tile's last P.V (two Q slots; the dense kernel,
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
     l2_budget_kib: int = 0  # persistent walk: K/V KiB of the heads walked together; 0: `l2_budget_kib()`
-    o_direct: int = 0  # persistent kernel: O stored from the accumulator's registers (no O buffers in shared memory)
+    # the persistent kernel's O path (`attention_persistent._store_tile`): 0, O buffers and TMA stores; 1, from the
+    # accumulator's registers; 2, through the tile's Q slot and TMA (1 and 2: no O buffers in shared memory)
+    o_store: int = 0
 
-    def check(self, head_dim: int, recipe: AttentionRecipe) -> None:
-        """ValueError naming the field for a config this kernel cannot run (compile error, spills, or a recipe the
-        switch does not apply to); the shipped ATTENTION_CONFIGS pass, and `xkernels inspect` compiles them."""
+    def check(self, head_dim: int, recipe: AttentionRecipe, kernel: str = "dense") -> None:
+        """ValueError naming the field for a config that `kernel` ("dense", "persistent" or "varlen_persistent")
+        cannot run (compile error, spills, shared memory, or a recipe the switch does not apply to); the shipped
+        configs pass, and `xkernels inspect` compiles them."""
         if self.persistent not in (0, 1, 2):
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2")
-        if self.chained not in (0, 1) or self.o_direct not in (0, 1):
-            raise ValueError(f"config: chained={self.chained} and o_direct={self.o_direct} must be 0 or 1")
-        if self.shared_bytes(head_dim) > SHARED_BYTES:
-            raise ValueError(f"config: {self} needs {self.shared_bytes(head_dim)} bytes of shared memory at head dim "
-                             f"{head_dim} (sm_90 has {SHARED_BYTES}; the persistent kernel's O buffers come on top of "
-                             "Q's unless o_direct=1, and chained tiles hold two Q slots)")
+        if self.chained not in (0, 1) or self.o_store not in (0, 1, 2):
+            raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0, 1 or 2")
+        if kernel == "varlen_persistent" and self.o_store:
+            raise ValueError(f"config: o_store={self.o_store} is the dense persistent kernel's; the packed (varlen) "
+                             "persistent kernel stores O through its O buffers")
+        if self.shared_bytes(head_dim, kernel) > SHARED_BYTES:
+            raise ValueError(f"config: {self} needs {self.shared_bytes(head_dim, kernel)} bytes of shared memory at "
+                             f"head dim {head_dim} in the {kernel} kernel (sm_90 has {SHARED_BYTES}; the persistent "
+                             "kernels' O buffers come on top of Q's unless o_store=1 or 2, and chained tiles hold "
+                             "two Q slots)")
         if self.l2_budget_kib < 0:
             raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} must be positive (or 0: by the shape)")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
@@ -74,19 +81,20 @@ class HopperAttentionConfig:
     def block_m(self) -> int:
         return self.consumers * WG_ROWS
 
-    def shared_bytes(self, head_dim: int) -> int:
-        """Shared memory of the buffers (16-bit elements; barriers aside): Q (two slots when chained), the
-        persistent kernel's O buffers unless o_direct, and the K and V rings."""
+    def shared_bytes(self, head_dim: int, kernel: str = "dense") -> int:
+        """Shared memory of `kernel`'s buffers (16-bit elements; barriers aside): Q (the dense kernel's one slot, also
+        O's; the persistent kernel's two when chained, the packed one's always two), the persistent kernels' O
+        buffers (none with o_store 1 or 2 in the dense persistent kernel), and the K and V rings."""
         tile = self.block_m * head_dim * 2
-        q_slots = 1 + (self.persistent > 0 and self.chained > 0)
-        o_bufs = tile if self.persistent and not self.o_direct else 0
+        q_slots, o_bufs = {"dense": (1, 0), "persistent": (1 + self.chained, 0 if self.o_store else tile),
+                           "varlen_persistent": (2, tile)}[kernel]
         return q_slots * tile + o_bufs + 2 * self.stages * self.block_n * head_dim * 2
 
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, causal: bool, positive_scale: bool,
                    write_lse: bool, persistent: bool = False) -> dict[str, object]:
         """The kernel's compile-time arguments for this config (`persistent`: of the persistent kernel, which takes
         CHAINED too): one mapping for the launch and for `inspect`."""
-        extra = dict(CHAINED=bool(self.chained), O_DIRECT=bool(self.o_direct)) if persistent else {}
+        extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=recipe.converts_v, POSITIVE_SCALE=positive_scale, OVERLAP=bool(self.overlap),
                     NUM_WG=self.consumers, ACC16=bool(self.acc16) or recipe.pv_acc_dtype == torch.float16,
@@ -96,7 +104,7 @@ class HopperAttentionConfig:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
-                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "") + "-od" * self.o_direct)
+                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "") + ("", "-or", "-oq")[self.o_store])
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
@@ -110,14 +118,14 @@ ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, c
 # Tiles chained; at D64 two consumer warpgroups with the window open: chained, they measured 0.89-1.01x cuDNN at
 # 512-4K keys against 0.61-0.96x for three with the window closed (the dense kernel's choice; run 34 of
 # 2026-11-30). Two Q slots + O buffers + the K/V ring fill 224 KB at D128.
-# D256: one Q slot (not chained) and O stored from registers (o_direct), so the dense kernel's 64-key tiles in 2
+# D256: one Q slot (not chained) and O stored through it (o_store=2), so the dense kernel's 64-key tiles in 2
 # stages fit (192 KB; with O buffers only 32-key tiles did, and they lost 15-25 % from 1K keys:
 # benchmarks/results/h200/2026-12-01/16-*); off (persistent=0) until timed against the dense kernel;
 # `hopper:persistent=2` forces it (op_session part `persistent256`).
 PERSISTENT_ATTENTION_CONFIGS = {
     64: HopperAttentionConfig(128, 3, consumers=2, convert_steps=4, persistent=1, chained=1),
     128: HopperAttentionConfig(128, 2, persistent=1, chained=1),
-    256: HopperAttentionConfig(64, 2, convert_steps=4, o_direct=1)}
+    256: HopperAttentionConfig(64, 2, convert_steps=4, o_store=2)}
 
 
 @dataclass(frozen=True)
