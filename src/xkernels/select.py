@@ -134,7 +134,7 @@ class HopperBackward:
 
 @dataclass(frozen=True)
 class HopperForward:
-    """The Hopper forward's configs: the dense kernel's, and the persistent kernel's where it has one (D64, D128),
+    """The Hopper forward's configs: the dense kernel's, and the persistent kernel's (D64, D128, D256),
     which serves the shapes `attention_persistent.eligible` accepts. A config override applies to both."""
 
     dense: HopperAttentionConfig

@@ -101,7 +101,12 @@ def test_persistent_descriptor_views():
         cfg.check(d, rec, "persistent")
         if d <= 128:
             cfg.check(d, rec, "varlen_persistent")
-    assert not PERSISTENT_ATTENTION_CONFIGS[256].persistent  # not measured yet: off unless forced
+    cfg256 = PERSISTENT_ATTENTION_CONFIGS[256]
+    assert cfg256.persistent == 1  # the measured rule: D256 up to 2K keys
+    q256 = torch.empty(1, 4, 2048, 256, device="meta", dtype=torch.bfloat16)
+    assert hp.eligible(q256, q256, q256, cfg256, rec, causal=True)
+    assert not hp.eligible(q256, q256[:, :, :1024].repeat(1, 1, 4, 1), q256[:, :, :1024].repeat(1, 1, 4, 1), cfg256,
+                           rec, causal=True)  # 4K keys: the dense kernel
 
 
 @pytest.mark.parametrize("m,n,k,tile,split", [
@@ -202,13 +207,13 @@ def test_persistent_walk_head_chunks():
 
 
 def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off():
-    """D256's persistent config is off: chained=1 is valid for the dense kernel (one Q slot whatever it says) and
-    must not fail on the persistent one, where two Q slots overflow shared memory; turning that one on checks it."""
+    """chained=1 is valid for the dense kernel (one Q slot whatever it says) and must not fail where the override
+    turns the persistent kernel off; at D256, where two Q slots overflow the persistent kernel's shared memory, the
+    override that leaves it on is refused."""
     from xkernels.select import _hopper_forward, parse_backend
 
     bf16 = ATTENTION_RECIPES["bf16"]
-    assert not PERSISTENT_ATTENTION_CONFIGS[256].persistent
-    forward = _hopper_forward(256, bf16, parse_backend("hopper:chained=1"))
+    forward = _hopper_forward(256, bf16, parse_backend("hopper:chained=1,persistent=0"))
     assert forward.dense.chained == 1 and forward.persistent is None
     with pytest.raises(ValueError, match="shared memory"):
-        _hopper_forward(256, bf16, parse_backend("hopper:chained=1,persistent=2"))
+        _hopper_forward(256, bf16, parse_backend("hopper:chained=1"))

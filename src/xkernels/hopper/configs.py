@@ -120,12 +120,12 @@ ATTENTION_CONFIGS = {64: HopperAttentionConfig(128, 3, overlap=0, consumers=3, c
 # 2026-11-30). Two Q slots + O buffers + the K/V ring fill 224 KB at D128.
 # D256: one Q slot (not chained) and O stored through it (o_store=2), so the dense kernel's 64-key tiles in 2
 # stages fit (192 KB; with O buffers only 32-key tiles did, and they lost 15-25 % from 1K keys:
-# benchmarks/results/h200/2026-12-01/16-*); off (persistent=0) until timed against the dense kernel;
-# `hopper:persistent=2` forces it (op_session part `persistent256`).
+# benchmarks/results/h200/2026-12-01/16-*); 0.83-0.95x cuDNN at 512-2K keys against the dense kernel's 0.64-0.94x,
+# O from registers 0.71-0.91x (2026-12-03/73-persistent-d256-o-store).
 PERSISTENT_ATTENTION_CONFIGS = {
     64: HopperAttentionConfig(128, 3, consumers=2, convert_steps=4, persistent=1, chained=1),
     128: HopperAttentionConfig(128, 2, persistent=1, chained=1),
-    256: HopperAttentionConfig(64, 2, convert_steps=4, o_store=2)}
+    256: HopperAttentionConfig(64, 2, convert_steps=4, persistent=1, o_store=2)}
 
 
 @dataclass(frozen=True)
