@@ -26,14 +26,14 @@ def _run(q, k, v, causal, recipe, backend="auto"):
     return o, lse, xkernels.last_backend()
 
 
-def _check(q, k, v, causal, recipe, backend="auto"):
+def _check(q, k, v, causal, recipe, backend="auto", dense_backend="hopper:persistent=0"):
     rec = ATTENTION_RECIPES[recipe]
     o, lse, name = _run(q, k, v, causal, recipe, backend=backend)
     assert "persistent" in name, name
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), rec)
     assert c.passed, c
     assert compare_lse(lse, reference_lse(q, k, is_causal=causal)).passed
-    o_dense, lse_dense, dense = _run(q, k, v, causal, recipe, backend="hopper:persistent=0")
+    o_dense, lse_dense, dense = _run(q, k, v, causal, recipe, backend=dense_backend)
     assert "persistent" not in dense, dense
     assert torch.equal(o, o_dense) and torch.equal(lse, lse_dense), "persistent and dense tiles differ"
     return name
@@ -54,12 +54,27 @@ def test_persistent_matches_float64_and_dense(recipe, causal, hq, hkv, d, sq, sk
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("recipe", ["bf16", "fp16"])
 def test_persistent_d256_forced(recipe, causal, d, sq, skv):
-    """D256's persistent config (one Q slot, 64-key tiles, O through the Q slot: off by default until timed) forced,
-    and the same with O from registers: float64, the LSE, and bitwise against the dense kernel (the same 64-key
+    """D256's persistent config (one Q slot, 64-key tiles, O through the Q slot) forced, and the same with O from
+    registers and through the V ring: float64, the LSE, and bitwise against the dense kernel (the same 64-key
     tiles)."""
     q, k, v = attention_inputs(3, 8, sq, skv, d, ATTENTION_RECIPES[recipe].io_dtype, "cuda", hkv=2, seed=sq + skv)
     assert "BN64-S2-ov-cs4-p2-oq persistent" in _check(q, k, v, causal, recipe, backend="hopper:persistent=2")
     assert "-p2-or persistent" in _check(q, k, v, causal, recipe, backend="hopper:persistent=2,o_store=1")
+    assert "-p2-ovs persistent" in _check(q, k, v, causal, recipe, backend="hopper:persistent=2,o_store=3")
+
+
+@pytest.mark.parametrize("d,b,hq,hkv,sq,skv", [(128, 4, 16, 16, 1024, 1024), (128, 3, 8, 2, 320, 384),
+                                               (128, 8, 8, 8, 192, 64), (64, 4, 16, 4, 1024, 512),
+                                               (64, 5, 6, 3, 128, 64), (256, 6, 8, 4, 64, 128)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_persistent_o_through_the_v_ring(causal, d, b, hq, hkv, sq, skv):
+    """O through the V ring (o_store=3, 64-key tiles): many tiles per program, tiles of one key tile (a stage's last
+    use then lies in an earlier tile), warpgroups past the sequence end (they store nothing but still free their
+    stage), GQA; bitwise equal to the dense kernel on the same 64-key tiles."""
+    q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + skv + d + b)
+    assert "-p2-ovs persistent" in _check(q, k, v, causal, "bf16",
+                                          backend="hopper:persistent=2,chained=0,o_store=3,block_n=64",
+                                          dense_backend="hopper:persistent=0,block_n=64")
 
 
 @pytest.mark.parametrize("d,sq,skv", [(256, 512, 1024), (256, 320, 384)])

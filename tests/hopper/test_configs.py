@@ -95,8 +95,13 @@ def test_persistent_descriptor_views():
     dataclasses.replace(CONFIGS[256], chained=1, persistent=2).check(256, rec)
     with pytest.raises(ValueError, match="o_store=1 is the dense persistent kernel's"):
         dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=1).check(128, rec, "varlen_persistent")
-    with pytest.raises(ValueError, match="o_store=3"):
-        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=3).check(128, rec, "persistent")
+    with pytest.raises(ValueError, match="o_store=4"):
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=4).check(128, rec, "persistent")
+    with pytest.raises(ValueError, match="needs block_n=64"):  # O through the V ring: one O tile per V stage
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=3, chained=0).check(128, rec, "persistent")
+    with pytest.raises(ValueError, match="chained=0"):
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=3, block_n=64).check(128, rec, "persistent")
+    dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], o_store=3).check(256, rec, "persistent")
     for d, cfg in PERSISTENT_ATTENTION_CONFIGS.items():  # the shipped configs fit every kernel that takes them
         cfg.check(d, rec, "persistent")
         if d <= 128:

@@ -28,8 +28,8 @@ n % slots):
            the slot: nobody reads it any more. The window it opens: that Q lands under the rest of this tile (one slot)
            or under the whole next tile (two slots).
 O leaves through a buffer per consumer; its TMA store is waited on only before the next tile's epilogue reuses it.
-Config `o_store` 1 or 2: it leaves from the accumulator's registers or through the tile's Q slot instead, and the
-kernel has no O buffers (`_store_tile`).
+Config `o_store` 1-3: it leaves from the accumulator's registers, through the tile's Q slot, or through the V ring
+instead, and the kernel has no O buffers (`_store_tile`).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from xkernels.hopper.attention_fwd import (
     consumer_registers,
     producer_registers,
 )
-from xkernels.hopper.barriers import kv_rings, q_slot_barriers
+from xkernels.hopper.barriers import kv_rings, o_store_barriers, q_slot_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.softmax import softmax_step
@@ -79,7 +79,7 @@ def _tile(tile, walk):
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ,
+def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
               GROUP, SKV, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
               NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr, O_STORE: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
@@ -110,19 +110,48 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, a
             it += 1
             lo = BLOCK_N
         mbarrier.wait(q_free.index(slot), ((done // Q_SLOTS) & 1) ^ 1)  # each slot's first tile passes at once
-        it = _load_tiles(q_desc, k_desc, v_desc, q_bufs, slot * NUM_WG, q_ready.index(slot), k, v, v_landed,
-                         (b * at[0] + h * at[1] + start_m, h * at[2]), kv_at, hi, it, BLOCK_N, CONVERT_V, NUM_WG,
-                         CONVERT_STEPS, lo)
+        q_at = (b * at[0] + h * at[1] + start_m, h * at[2])
+        if O_STORE == 3:
+            it = _load_tiles_o_in_v(q_desc, k_desc, v_desc, q_bufs, slot * NUM_WG, q_ready.index(slot), k, v,
+                                    o_left, done, q_at, kv_at, hi, it, BLOCK_N, NUM_WG)
+        else:
+            it = _load_tiles(q_desc, k_desc, v_desc, q_bufs, slot * NUM_WG, q_ready.index(slot), k, v, v_landed,
+                             q_at, kv_at, hi, it, BLOCK_N, CONVERT_V, NUM_WG, CONVERT_STEPS, lo)
         done += 1
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ,
+def _load_tiles_o_in_v(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, o_left, done, q_at, kv_at, hi, it,
+                       BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr):
+    """`_load_tiles` for O_STORE 3, where the previous tile's O left through the V stages: the tile's first V load
+    waits until every warpgroup's O store has read its stage (`o_left`, one completion per tile)."""
+    mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(q_first + w))
+    it = gl.to_tensor(it)
+    for start_n in range(0, hi, BLOCK_N):
+        s = k.acquire(it)
+        mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
+        tma.async_load(k_desc, [kv_at[0] + start_n, kv_at[1]], k.ready.index(s), k.bufs.index(s))
+        if start_n == 0 and done > 0:
+            for w in gl.static_range(NUM_WG):
+                mbarrier.wait(o_left.index(w), (done - 1) & 1)
+        s = v.acquire(it)
+        mbarrier.expect(v.ready.index(s), v_desc.block_type.nbytes)
+        tma.async_load(v_desc, [kv_at[0] + start_n, kv_at[1]], v.ready.index(s), v.bufs.index(s))
+        it += 1
+    return it
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ,
               SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
               NUM_WG: gl.constexpr, O_STORE: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     FREE_Q: gl.constexpr = O_STORE != 2  # else the slot frees once O, stored through it, has left
+    gl.static_assert(O_STORE != 3 or (BLOCK_N == WG_ROWS and v.bufs.shape[0] >= NUM_WG),
+                     "O through the V ring: a warpgroup's O tile per V stage")
     q = q_bufs.index(WG)
     it = 0
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
@@ -134,21 +163,33 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free
         acc, m_i, l_i, it = _attend(q, q_ready.index(0), done & 1, q_free.index(0), k, v, it, row0, full_hi, hi,
                                     SKV, 0, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
                                     False, FREE_Q)
-        _store_tile(acc, m_i, l_i, o_desc, q if O_STORE == 2 else o_bufs.index(WG), O, o_rs, LSE, at, bh, row0, HQ,
-                    SQ, q_free.index(0), WRITE_LSE, O_STORE)
+        if O_STORE == 3:
+            # O goes to V stage WG: wait until both warpgroups' P.V on it (its last use, `last`) retired
+            STAGES: gl.constexpr = v.bufs.shape[0]
+            if it - 1 - WG >= 0:
+                last = it - 1 - (it - 1 - WG) % STAGES
+                mbarrier.wait(v.empty.index(WG), (last // STAGES) & 1)
+            _store_tile(acc, m_i, l_i, o_desc, v.bufs.index(WG), O, o_rs, LSE, at, bh, row0, HQ, SQ,
+                        o_left.index(WG), WRITE_LSE, O_STORE)
+        else:
+            _store_tile(acc, m_i, l_i, o_desc, q if O_STORE == 2 else o_bufs.index(WG), O, o_rs, LSE, at, bh, row0,
+                        HQ, SQ, q_free.index(0), WRITE_LSE, O_STORE)
     tma.store_wait(0)
 
 
 @gluon.jit
-def _store_tile(acc, m_i, l_i, o_desc, o_buf, O, o_rs, LSE, at, bh, row0, HQ, SQ, q_free, WRITE_LSE: gl.constexpr,
+def _store_tile(acc, m_i, l_i, o_desc, o_buf, O, o_rs, LSE, at, bh, row0, HQ, SQ, free, WRITE_LSE: gl.constexpr,
                 O_STORE: gl.constexpr):
     """A warpgroup's epilogue: O = acc / l and the LSE; rows past the sequence store nothing (Sq is a multiple of 64
     only, so the last block's last warpgroups may lie past it). O leaves by `O_STORE` (config `o_store`):
       0  through the warpgroup's O buffer `o_buf` and a TMA store left in flight (the buffer's next user waits);
       1  straight from the accumulator's registers, each thread's column pairs as plain global stores;
       2  through the tile's Q slot (`o_buf`: every QK^T reading it has retired) and a TMA store; once the store has
-         read the slot, the warpgroup arrives on `q_free` for the producer to load a later tile's Q there.
-    1 and 2 need no O buffers: at D256 those are what keep 64-key tiles out of the kernel's shared memory."""
+         read the slot, the warpgroup arrives on `free` (q_free) for the producer to load a later tile's Q there;
+      3  through V stage WG (`o_buf`: 64-key tiles are a warpgroup's O tile; the caller waited for its last P.V),
+         then `free` (o_left[WG]) for the producer's next V load, while the next tile's Q, freed after the last
+         QK^T, loads under this epilogue.
+    1-3 need no O buffers: at D256 those are what keep 64-key tiles out of the kernel's shared memory."""
     out, lse = _normalize(acc, m_i, l_i, False)
     if row0 < SQ:
         b = bh // HQ
@@ -168,9 +209,9 @@ def _store_tile(acc, m_i, l_i, o_desc, o_buf, O, o_rs, LSE, at, bh, row0, HQ, SQ
         if WRITE_LSE:
             offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
             gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
-    if O_STORE == 2:
-        tma.store_wait(0)  # the store has read the slot (a warpgroup past the sequence end stored nothing)
-        mbarrier.arrive(q_free)
+    if O_STORE >= 2:
+        tma.store_wait(0)  # the store has read the buffer (a warpgroup past the sequence end stored nothing)
+        mbarrier.arrive(free)
 
 
 @gluon.jit
@@ -184,6 +225,7 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
     before this tile's last P.V, so Q has two slots (q_ready / q_free per slot; tile n of this program uses slot
     n % 2)."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
+    gl.static_assert(O_STORE != 3, "chained tiles keep the next tile's V stages busy through the epilogue")
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
     o_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
     p_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
@@ -261,7 +303,8 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
 
 
 @gluon.jit
-def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ,
+def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ,
+                    SQ,
                     SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                     POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
                     WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_STORE: gl.constexpr):
@@ -270,7 +313,8 @@ def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, 
                           qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
                           O_STORE)
     else:
-        _consumer(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+        _consumer(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ, SQ, SKV,
+                  qk_scale,
                   HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE)
 
 
@@ -295,34 +339,38 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], v_desc.layout)
     k, v, v_landed = kv_rings(k_bufs, v_bufs, CONVERT_V, NUM_WG)
     q_ready, q_free = q_slot_barriers(Q_SLOTS, NUM_WG)
+    if O_STORE == 3:
+        o_left = o_store_barriers(NUM_WG)
+    else:
+        o_left = q_free  # unused
     regs: gl.constexpr = consumer_registers(NUM_WG, CONVERT_V)  # as the dense kernel's partitions
     producer_warps: gl.constexpr = 4 if CONVERT_V else 1
     producer_regs: gl.constexpr = producer_registers(NUM_WG, CONVERT_V, CONVERT_STEPS)
     if NUM_WG == 2:
         gl.warp_specialize([
-            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
-                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_STORE)),
-            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
-                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_STORE)),
-            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
-                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
+            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
+                               HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
+                               HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
+                         GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
             [4, producer_warps], [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
-            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
-                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_STORE)),
-            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
-                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_STORE)),
-            (_consumer_entry, (2, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
-                               qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                               CHAINED, O_STORE)),
-            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, at, walk, HQ, GROUP, SKV,
-                         BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
+            (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
+                               HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+            (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
+                               HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+            (_consumer_entry, (2, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
+                               HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+            (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
+                         GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
             [4, 4, producer_warps], [regs, regs, producer_regs])
 
 

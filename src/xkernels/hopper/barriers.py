@@ -15,8 +15,13 @@ The persistent forward (`attention_persistent.py`) runs the K/V rings across til
 one or two Q slots (two when tiles are chained: the next tile's Q must be resident before this tile's last P.V), each
 with its own pair; tile n of a program uses slot n % slots:
   q_ready[s]   producer's TMA (every consumer's Q bytes of the tile) -> each consumer, once per tile in slot s.
-  q_free[s]    each of NUM_WG consumers, once the last QK^T of its tile in slot s retired -> producer, before loading
-               a later tile's Q into slot s: nobody reads it any more (O leaves through buffers of its own).
+  q_free[s]    each of NUM_WG consumers, once the last QK^T of its tile in slot s retired (o_store 2: once its O
+               store through the slot has read it) -> producer, before loading a later tile's Q into slot s: nobody
+               reads it any more.
+  o_left[w]    o_store 3 (O through the V ring, 64-key tiles: warpgroup w's O in V stage w): consumer w, once its O
+               store has read the stage (it waited on v.empty[w] for both warpgroups' last P.V there first) ->
+               producer, before the next tile's first V load: no V lands on an O still leaving. One completion per
+               tile, waited once per tile, so its parity never skips a lap.
 The persistent varlen forward (`attention_varlen_persistent.py`) has the same Q slots, plus:
   v_zeroed[n % 4]  consumer 0, after zeroing the rows of tile n's last V tile that lie past its sequence (every
                tile arrives, tail or not) -> consumer 1, before its last P.V of tile n: no store into the tile races
@@ -101,6 +106,13 @@ def kv_rings(k_bufs, v_bufs, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr):
 def q_slot_barriers(Q_SLOTS: gl.constexpr, NUM_WG: gl.constexpr):
     """(q_ready, q_free) of the persistent forward, one of each per Q slot, as in the table above."""
     return allocate_barriers(Q_SLOTS, 1), allocate_barriers(Q_SLOTS, NUM_WG)
+
+
+@gluon.jit
+def o_store_barriers(NUM_WG: gl.constexpr):
+    """o_left of the persistent forward with O through the V ring, one per consumer warpgroup, as in the table
+    above."""
+    return allocate_barriers(NUM_WG, 1)
 
 
 @gluon.jit

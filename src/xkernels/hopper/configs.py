@@ -43,7 +43,8 @@ class HopperAttentionConfig:
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
     l2_budget_kib: int = 0  # persistent walk: K/V KiB of the heads walked together; 0: `l2_budget_kib()`
     # the persistent kernel's O path (`attention_persistent._store_tile`): 0, O buffers and TMA stores; 1, from the
-    # accumulator's registers; 2, through the tile's Q slot and TMA (1 and 2: no O buffers in shared memory)
+    # accumulator's registers; 2, through the tile's Q slot and TMA; 3, through the V ring and TMA (64-key tiles,
+    # not chained); 1-3: no O buffers in shared memory
     o_store: int = 0
 
     def check(self, head_dim: int, recipe: AttentionRecipe, kernel: str = "dense") -> None:
@@ -52,15 +53,18 @@ class HopperAttentionConfig:
         configs pass, and `xkernels inspect` compiles them."""
         if self.persistent not in (0, 1, 2):
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2")
-        if self.chained not in (0, 1) or self.o_store not in (0, 1, 2):
-            raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0, 1 or 2")
+        if self.chained not in (0, 1) or self.o_store not in (0, 1, 2, 3):
+            raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0 to 3")
+        if self.o_store == 3 and (self.block_n != WG_ROWS or self.chained or self.stages < self.consumers):
+            raise ValueError(f"config: o_store=3 (O through the V ring) needs block_n={WG_ROWS} (a warpgroup's O tile "
+                             f"per V stage), chained=0 and stages >= consumers ({self})")
         if kernel == "varlen_persistent" and self.o_store:
             raise ValueError(f"config: o_store={self.o_store} is the dense persistent kernel's; the packed (varlen) "
                              "persistent kernel stores O through its O buffers")
         if self.shared_bytes(head_dim, kernel) > SHARED_BYTES:
             raise ValueError(f"config: {self} needs {self.shared_bytes(head_dim, kernel)} bytes of shared memory at "
                              f"head dim {head_dim} in the {kernel} kernel (sm_90 has {SHARED_BYTES}; the persistent "
-                             "kernels' O buffers come on top of Q's unless o_store=1 or 2, and chained tiles hold "
+                             "kernels' O buffers come on top of Q's unless o_store=1-3, and chained tiles hold "
                              "two Q slots)")
         if self.l2_budget_kib < 0:
             raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} must be positive (or 0: by the shape)")
@@ -84,7 +88,7 @@ class HopperAttentionConfig:
     def shared_bytes(self, head_dim: int, kernel: str = "dense") -> int:
         """Shared memory of `kernel`'s buffers (16-bit elements; barriers aside): Q (the dense kernel's one slot, also
         O's; the persistent kernel's two when chained, the packed one's always two), the persistent kernels' O
-        buffers (none with o_store 1 or 2 in the dense persistent kernel), and the K and V rings."""
+        buffers (none with o_store 1-3 in the dense persistent kernel), and the K and V rings."""
         tile = self.block_m * head_dim * 2
         q_slots, o_bufs = {"dense": (1, 0), "persistent": (1 + self.chained, 0 if self.o_store else tile),
                            "varlen_persistent": (2, tile)}[kernel]
@@ -104,7 +108,8 @@ class HopperAttentionConfig:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
-                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "") + ("", "-or", "-oq")[self.o_store])
+                + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
+                + ("", "-or", "-oq", "-ovs")[self.o_store])
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
