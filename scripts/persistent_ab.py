@@ -7,7 +7,8 @@ every variant's output is checked bitwise against the dense kernel's first (the 
 tile order).
 
     python scripts/persistent_ab.py --json persistent_ab.json [--md persistent_ab.md]
-        [--variants hopper:persistent=2 hopper:persistent=2,chained=1] [--lengths 512 1024] [--dims 64 128]
+        [--variants hopper:persistent=2 hopper:persistent=2,chained=1 bf16@auto] [--lengths 512 1024] [--dims 64 128]
+        [--precision bf16io]
 """
 
 from __future__ import annotations
@@ -27,14 +28,17 @@ from xkernels.testing import attention_inputs
 DENSE = "hopper:persistent=0"
 
 
-def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str], rounds: int) -> dict:
+def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str], rounds: int,
+        precision: str = "auto") -> dict:
     b = TOKENS // s
     q, k, v = attention_inputs(b, hq, s, s, d, torch.bfloat16, "cuda", hkv=hkv, seed=s + d)
     gqa = hq != hkv
     out = {"shape": f"B{b} H{hq}/{hkv} S{s} D{d}{' causal' if causal else ''}", "variants": {}}
 
-    def ours(backend):
-        return lambda: xkernels.attention(q, k, v, is_causal=causal, enable_gqa=gqa, backend=backend)
+    def ours(variant):  # "backend", or "precision@backend" for another recipe than the row's
+        prec, _, backend = variant.rpartition("@")
+        return lambda: xkernels.attention(q, k, v, is_causal=causal, enable_gqa=gqa, backend=backend,
+                                          precision=prec or precision)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -83,6 +87,8 @@ def main() -> None:
     ap.add_argument("--dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--variants", nargs="+", default=["hopper:persistent=2"])
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
+    ap.add_argument("--precision", default="auto", help="the recipe of the dense kernel and of every variant that "
+                    "names none (a variant `bf16@auto` runs another)")
     args = ap.parse_args()
     rows = []
     for hq, hkv, d in ((32, 32, 64), (32, 32, 128), (32, 8, 128), (32, 32, 256)):
@@ -90,13 +96,14 @@ def main() -> None:
             continue
         for causal in (True, False):
             for s in args.lengths:
-                r = row(hq, hkv, s, d, causal, args.variants, args.rounds)
+                r = row(hq, hkv, s, d, causal, args.variants, args.rounds, args.precision)
                 rows.append(r)
                 cells = "  ".join(f"{name.removeprefix('hopper:')} " + _cell(x) for name, x in r["variants"].items())
                 print(f"{r['shape']:<28} cudnn {r['cudnn_ms']:.3f} ms  x cuDNN: dense {r['dense_x_cudnn']:.2f}  {cells}"
                       f"  auto: {r['auto_kernel']}", flush=True)
                 torch.cuda.empty_cache()
-    json.dump({"device": torch.cuda.get_device_name(), "variants": args.variants, "rows": rows},
+    json.dump({"device": torch.cuda.get_device_name(), "precision": args.precision, "variants": args.variants,
+               "rows": rows},
               open(args.json, "w"), indent=1)
     if args.md:
         names = [v.removeprefix("hopper:") for v in args.variants]

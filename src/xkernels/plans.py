@@ -191,7 +191,7 @@ class AttentionPlan:
         if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()
                                 | (0 if sinks is None else sinks.data_ptr())) % 16:
             if self.persistent is not None:
-                self.persistent.run(q, k, v, out, lse_arg, qk_scale)
+                self.persistent.run(q, k, self._v(v), out, lse_arg, qk_scale)
                 _record(self.persistent.name)
                 return out, lse
             if self.kernel is None:  # first call of this key: compile against these very tensors

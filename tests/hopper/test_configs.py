@@ -77,7 +77,7 @@ def test_persistent_descriptor_views():
     assert not hp.eligible(q[:, :, :200], q, q, cfg, rec, causal=False)  # Sq not a multiple of 64
     assert not hp.eligible(q, q[:, :, :200], q[:, :, :200], cfg, rec, causal=False)  # Skv not a multiple of 128
     assert not hp.eligible(q, q, q, dataclasses.replace(cfg, persistent=0), rec, causal=False)
-    assert not hp.eligible(q, q, q, cfg, ATTENTION_RECIPES["bf16io"], causal=False)
+    assert hp.eligible(q, q, q, cfg, ATTENTION_RECIPES["bf16io"], causal=False)  # the producer converts V
     assert not hp.eligible(q[:, :0], q[:, :0], q[:, :0], cfg, rec, causal=False)  # empty calls never launch
     assert not hp.eligible(q[:, :, :0], q[:, :, :0], q[:, :, :0], cfg, rec, causal=False)
     long_kv = torch.empty(1, 4, 8192, 128, device="meta", dtype=torch.bfloat16)
@@ -102,6 +102,9 @@ def test_persistent_descriptor_views():
     with pytest.raises(ValueError, match="chained=0"):
         dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=3, block_n=64).check(128, rec, "persistent")
     dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], o_store=3).check(256, rec, "persistent")
+    with pytest.raises(ValueError, match="recipe bf16io needs o_store 0-2"):
+        dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], o_store=3).check(256, ATTENTION_RECIPES["bf16io"],
+                                                                               "persistent")
     for d, cfg in PERSISTENT_ATTENTION_CONFIGS.items():  # the shipped configs fit every kernel that takes them
         cfg.check(d, rec, "persistent")
         if d <= 128:

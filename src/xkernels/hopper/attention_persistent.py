@@ -96,10 +96,10 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_l
         slot = done % Q_SLOTS
         kv_at = (b * at[3] + hk * at[4], hk * at[5])  # K and V share one view geometry (the plan checks)
         lo = 0
-        if O_STORE == 2 and Q_SLOTS == 1:
+        if O_STORE == 2 and Q_SLOTS == 1 and not CONVERT_V:
             # O leaves through the one Q slot, which frees only once the previous tile's O store has read it: issue
-            # this tile's first K and V tiles before waiting, so that only Q's latency stays exposed
-            gl.static_assert(not CONVERT_V, "the persistent kernels do not convert V")
+            # this tile's first K and V tiles before waiting, so that only Q's latency stays exposed (bf16io: its
+            # conversion follows the K loads in `_load_tiles`, which then issues them all)
             it = gl.to_tensor(it)
             s = k.acquire(it)
             mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
@@ -124,7 +124,8 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_l
 def _load_tiles_o_in_v(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, o_left, done, q_at, kv_at, hi, it,
                        BLOCK_N: gl.constexpr, NUM_WG: gl.constexpr):
     """`_load_tiles` for O_STORE 3, where the previous tile's O left through the V stages: the tile's first V load
-    waits until every warpgroup's O store has read its stage (`o_left`, one completion per tile)."""
+    waits until every warpgroup's O store has read its stage (`o_left`, one completion per tile). No V conversion
+    (the config check refuses bf16io here)."""
     mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
     for w in gl.static_range(NUM_WG):
         tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(q_first + w))
@@ -428,7 +429,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAtten
     sq, skv = q.shape[2], k.shape[2]
     if q.numel() == 0 or k.numel() == 0:  # empty calls never launch
         return False
-    if not cfg.persistent or recipe.converts_v or sq % configs.WG_ROWS or skv % cfg.block_n:
+    if not cfg.persistent or sq % configs.WG_ROWS or skv % cfg.block_n:
         return False
     if cfg.persistent == 1 and not prefer_persistent(skv, causal, q.shape[1] // k.shape[1], q.shape[-1]):
         return False
