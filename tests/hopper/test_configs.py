@@ -115,6 +115,9 @@ def test_persistent_descriptor_views():
     assert hp.eligible(q256, q256, q256, cfg256, rec, causal=True)
     assert not hp.eligible(q256, q256[:, :, :1024].repeat(1, 1, 4, 1), q256[:, :, :1024].repeat(1, 1, 4, 1), cfg256,
                            rec, causal=True)  # 4K keys: the dense kernel
+    bf16io = ATTENTION_RECIPES["bf16io"]
+    assert hp.eligible(q256[:, :, :1024], q256[:, :, :1024], q256[:, :, :1024], cfg256, bf16io, causal=True)
+    assert not hp.eligible(q256, q256, q256, cfg256, bf16io, causal=True)  # bf16io at D256: up to 1K keys
 
 
 @pytest.mark.parametrize("m,n,k,tile,split", [

@@ -431,21 +431,25 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAtten
         return False
     if not cfg.persistent or sq % configs.WG_ROWS or skv % cfg.block_n:
         return False
-    if cfg.persistent == 1 and not prefer_persistent(skv, causal, q.shape[1] // k.shape[1], q.shape[-1]):
+    if cfg.persistent == 1 and not prefer_persistent(skv, causal, q.shape[1] // k.shape[1], q.shape[-1],
+                                                     recipe.converts_v):
         return False
     kv = descriptor_view(k)
     return (descriptor_view(q) is not None and kv is not None and descriptor_view(v) is not None
             and descriptor_view(v)[1:] == kv[1:])
 
 
-def prefer_persistent(skv: int, causal: bool, group: int, head_dim: int) -> bool:
+def prefer_persistent(skv: int, causal: bool, group: int, head_dim: int, converts_v: bool = False) -> bool:
     """The measured rule (benchmarks/results/h200/2026-11-30/29-persistent-attention): up to 4K keys the persistent
     walk wins (1.05-1.9x the dense kernel at 512-2K); beyond, the dense grid is level or ahead (0.91-1.02x), except
     causal GQA, whose group's heads share K/V in L2 (1.02-1.07x at 8K-16K). D256 (O through the Q slot, whose
-    reload each tile waits for): up to 2K keys, 1.01-1.30x the dense kernel; at 4K 0.92-0.98x
-    (2026-12-03/73-persistent-d256-o-store)."""
+    reload each tile waits for): up to 2K keys, 1.01-1.33x the dense kernel, at 4K 0.87-0.98x
+    (2026-12-03/73-persistent-d256-o-store, 74-*); bf16io at D256 (the conversion keeps the first K and V loads
+    behind that reload) up to 1K keys: 1.15-1.21x at 512, 0.99-1.08x at 1K, 0.94-0.97x at 2K
+    (2026-12-03/76-persistent-bf16io). bf16io at D64/D128 follows bf16's rule (1.06-2.0x the dense kernel at
+    512-2K, run 76)."""
     if head_dim > 128:
-        return skv <= 2048
+        return skv <= (1024 if converts_v else 2048)
     return skv <= 4096 or (causal and group > 1)
 
 
