@@ -51,8 +51,9 @@ def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str], ro
     for backend in variants:
         try:
             o_p = ours(backend)()
-            out["variants"][backend] = {"kernel": xkernels.last_backend(),
-                                        "bitwise_equal": bool(torch.equal(o_p, o_d))}
+            out["variants"][backend] = {"kernel": xkernels.last_backend()}
+            if "@" not in backend:  # another recipe's output is not comparable bit for bit
+                out["variants"][backend]["bitwise_equal"] = bool(torch.equal(o_p, o_d))
             graph_ms(ours(backend), reps=1, repeats=1)  # it captures (a failure is recorded, not fatal)
             fns[backend] = ours(backend)
         except Exception as e:  # a variant that cannot run this row (config check, compile error) is recorded
@@ -76,7 +77,7 @@ def row(hq: int, hkv: int, s: int, d: int, causal: bool, variants: list[str], ro
 def _cell(x: dict) -> str:
     if "ms" not in x:
         return "error"
-    return f"{x['x_cudnn']:.2f}" + ("" if x["bitwise_equal"] else " (differs)")
+    return f"{x['x_cudnn']:.2f}" + ("" if x.get("bitwise_equal", True) else " (differs)")
 
 
 def main() -> None:

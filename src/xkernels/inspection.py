@@ -388,14 +388,17 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 if recipe.converts_v:  # bf16io: the V ring is typed fp16 (the producer converts the bf16 bits)
                     descs["v_desc"] = (f"tensordesc<fp16[{ac.block_n}, {d}],"
                                        f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
-                # the causal D64/D128 variants reload a few bytes of tile-walk scalars from the stack per tile
-                # (runs 29, 34: measured as they are); D256 reloads 8 bytes once per tile in the epilogue on some
-                # triton versions
+                # causal variants other than D64 bf16/fp16 reload a few bytes from the stack: D128 tile-walk
+                # scalars per tile (runs 29, 34: measured as they are), D256 once per tile in the epilogue; bf16io
+                # D128 causal also one reload and store per key tile in the consumers' loop (measured with it:
+                # 0.77-0.98x cuDNN at 512-2K against the dense kernel's 0.47-0.78, 2026-12-03/76); on untested
+                # tritons (3.9) bf16io spills on full rows too
                 yield KernelConfig(
                     f"hopper.attention persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                     persistent.attention_persistent_kernel, descs | {"LSE": "*fp32", "O": f"*{dt}", "qk_scale": "fp32"},
                     ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True, persistent=True), 4,
-                    gluon=True, spill_free=not causal and (d != 256 or not recipe.converts_v or TRITON_TESTED))
+                    gluon=True, spill_free=(not causal or (d == 64 and not recipe.converts_v))
+                    and (TRITON_TESTED or not recipe.converts_v))
 
     from xkernels.hopper import attention_varlen as hvarlen
 

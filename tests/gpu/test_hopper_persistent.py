@@ -66,16 +66,38 @@ def test_persistent_d256_forced(recipe, causal, d, sq, skv):
 
 @pytest.mark.parametrize("d,b,hq,hkv,sq,skv", [(128, 4, 16, 16, 1024, 1024), (128, 3, 8, 2, 320, 384),
                                                (128, 8, 8, 8, 192, 64), (64, 4, 16, 4, 1024, 512),
-                                               (64, 5, 6, 3, 128, 64), (256, 6, 8, 4, 64, 128)])
+                                               (64, 5, 6, 3, 128, 64), (256, 6, 8, 4, 64, 128),
+                                               (128, 128, 16, 16, 192, 64), (256, 16, 16, 4, 320, 64)])
+@pytest.mark.parametrize("stages", [2, 3])
 @pytest.mark.parametrize("causal", [False, True])
-def test_persistent_o_through_the_v_ring(causal, d, b, hq, hkv, sq, skv):
-    """O through the V ring (o_store=3, 64-key tiles): many tiles per program, tiles of one key tile (a stage's last
-    use then lies in an earlier tile), warpgroups past the sequence end (they store nothing but still free their
-    stage), GQA; bitwise equal to the dense kernel on the same 64-key tiles."""
+def test_persistent_o_through_the_v_ring(causal, stages, d, b, hq, hkv, sq, skv):
+    """O through the V ring (o_store=3, 64-key tiles): tiles of one key tile (a stage's last use then lies in an
+    earlier tile) and warpgroups past the sequence end (they store nothing but still free their stage), both with
+    many tiles per program (128 x 16 x 2 tiles of 192 rows: ~31 per program on 132 SMs, so every o_left and v.empty
+    parity turns over many times), GQA, a ring deeper than the consumers; bitwise equal to the dense kernel on the
+    same 64-key tiles."""
+    if d == 256 and stages == 3:
+        pytest.skip("D256: a third 64-key stage overflows shared memory")
     q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + skv + d + b)
     assert "-p2-ovs persistent" in _check(q, k, v, causal, "bf16",
-                                          backend="hopper:persistent=2,chained=0,o_store=3,block_n=64",
-                                          dense_backend="hopper:persistent=0,block_n=64")
+                                          backend=f"hopper:persistent=2,chained=0,o_store=3,block_n=64,stages={stages}",
+                                          dense_backend=f"hopper:persistent=0,block_n=64,stages={stages}")
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "bf16io"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("d,b,hq,hkv,sq,skv,backend", [
+    (256, 16, 16, 4, 320, 64, "auto"),  # D256's default (O through the one Q slot): ~6 tiles per program, single
+    (256, 64, 8, 8, 128, 128, "auto"),  # key tiles, warpgroups past the end; 512 tiles of two key tiles
+    (128, 8, 16, 16, 768, 768, "auto"),  # chained, ~6 tiles per program: both Q slots' parities turn over
+    (128, 128, 16, 16, 192, 128, "hopper:persistent=2,o_store=2"),  # chained through the Q slots, ~31 per program
+    (128, 128, 16, 16, 192, 128, "hopper:persistent=2,chained=0,o_store=2")])
+def test_persistent_many_tiles_per_program(recipe, causal, d, b, hq, hkv, sq, skv, backend):
+    """Programs that walk many tiles (each slot's q_free and ring barrier waited on at both parities, many times)
+    with the shipped configs and the Q-slot O path, bf16 and bf16io: float64, the LSE, bitwise against the dense
+    kernel."""
+    q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + skv + d + b)
+    assert "persistent" in _check(q, k, v, causal, recipe, backend=backend)
 
 
 @pytest.mark.parametrize("d,sq,skv", [(256, 512, 1024), (256, 320, 384)])

@@ -153,6 +153,7 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free
     FREE_Q: gl.constexpr = O_STORE != 2  # else the slot frees once O, stored through it, has left
     gl.static_assert(O_STORE != 3 or (BLOCK_N == WG_ROWS and v.bufs.shape[0] >= NUM_WG),
                      "O through the V ring: a warpgroup's O tile per V stage")
+    gl.static_assert(O_STORE != 3 or v.bufs.dtype == o_desc.dtype, "O through the V ring: no V conversion")
     q = q_bufs.index(WG)
     it = 0
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):

@@ -55,10 +55,12 @@ class HopperAttentionConfig:
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2")
         if self.chained not in (0, 1) or self.o_store not in (0, 1, 2, 3):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0 to 3")
-        if self.o_store == 3 and recipe.converts_v:
+        # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
+        if kernel == "persistent" and self.o_store == 3 and recipe.converts_v:
             raise ValueError(f"config: o_store=3 (O through the V ring) does not convert V in place: recipe "
                              f"{recipe.name} needs o_store 0-2")
-        if self.o_store == 3 and (self.block_n != WG_ROWS or self.chained or self.stages < self.consumers):
+        if kernel == "persistent" and self.o_store == 3 and (self.block_n != WG_ROWS or self.chained
+                                                             or self.stages < self.consumers):
             raise ValueError(f"config: o_store=3 (O through the V ring) needs block_n={WG_ROWS} (a warpgroup's O tile "
                              f"per V stage), chained=0 and stages >= consumers ({self})")
         if kernel == "varlen_persistent" and self.o_store:
