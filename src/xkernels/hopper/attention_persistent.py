@@ -26,10 +26,14 @@ n % slots):
   q_ready  producer's TMA -> each consumer: the tile's Q rows have landed in the slot.
   q_free   each consumer, once the last QK^T of its tile retired -> producer, before loading a later tile's Q into
            the slot: nobody reads it any more. The window it opens: that Q lands under the rest of this tile (one slot)
-           or under the whole next tile (two slots).
+           or under the whole next tile (two slots). With O stored through the slot (o_store 2), once that store has
+           read it: with one slot the next Q's latency is then exposed, and the producer issues the tile's first K
+           and V before it waits.
+  o_left   (o_store 3, per consumer) once its O store has read its V stage -> producer, before the tile's first V
+           load: the window is the next tile's Q load, already under way.
 O leaves through a buffer per consumer; its TMA store is waited on only before the next tile's epilogue reuses it.
 Config `o_store` 1-3: it leaves from the accumulator's registers, through the tile's Q slot, or through the V ring
-instead, and the kernel has no O buffers (`_store_tile`).
+instead, and the kernel has no O buffers (`_store_tile`; D256 needs that to fit 64-key tiles).
 """
 
 from __future__ import annotations
@@ -315,8 +319,7 @@ def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, 
                           O_STORE)
     else:
         _consumer(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ, SQ, SKV,
-                  qk_scale,
-                  HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE)
+                  qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE)
 
 
 @gluon.jit
