@@ -263,8 +263,7 @@ class PersistentAttention:
         dq, dk, dv, do = self.slots
         self.kernel.launch(self.grid, (*dq.at(q.data_ptr()), *dk.at(k.data_ptr()), *dv.at(v.data_ptr()),
                                        *do.at(out.data_ptr()), lse_arg.data_ptr(), out.data_ptr(), *self.ints,
-                                       qk_scale,
-                                       *self.tail))
+                                       qk_scale, *self.tail))
 
 
 _NOT_DECODE = object()  # a growing-cache key whose call does not take the split-KV kernel: use the full key

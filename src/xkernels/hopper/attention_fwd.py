@@ -83,6 +83,15 @@ def _convert_v(v, v_landed, it, STEPS: gl.constexpr):
 
 
 @gluon.jit
+def _load_q(q_desc, q_bufs, q_first, q_ready, q_at, NUM_WG: gl.constexpr):
+    """Every consumer's Q rows of a row block (into Q buffers q_first, q_first + 1, ...) from q_at = (row, col) of
+    the Q descriptor, all landing on `q_ready`."""
+    mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
+    for w in gl.static_range(NUM_WG):
+        tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(q_first + w))
+
+
+@gluon.jit
 def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, v_landed, q_at, kv_at, hi, it,
                 BLOCK_N: gl.constexpr, CONVERT_V: gl.constexpr, NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr,
                 lo=0):
@@ -90,15 +99,11 @@ def _load_tiles(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, v_landed
     q_at = (row, col) of the Q descriptor, then the key
     tiles [lo, hi) from kv_at = (row, col) of K's and V's, on ring counters from `it`; returns the counter after
     them. For bf16io the producer is a warpgroup that also converts V tile j-1 after issuing K tile j."""
-    mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
-    for w in gl.static_range(NUM_WG):
-        tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(q_first + w))
+    _load_q(q_desc, q_bufs, q_first, q_ready, q_at, NUM_WG)
     it = gl.to_tensor(it)  # a loop-carried counter, also when the caller passes a literal
     first = it
     for start_n in range(lo, hi, BLOCK_N):
-        s = k.acquire(it)
-        mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
-        tma.async_load(k_desc, [kv_at[0] + start_n, kv_at[1]], k.ready.index(s), k.bufs.index(s))
+        k.load(k_desc, [kv_at[0] + start_n, kv_at[1]], it)
         if CONVERT_V:
             if it > first:
                 # V(it-1) was issued a tile ago: converting it before waiting for V(it)'s stage starts it as early as

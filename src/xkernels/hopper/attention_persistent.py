@@ -53,6 +53,7 @@ from xkernels.hopper import configs, tma
 from xkernels.hopper.attention_fwd import (
     _attend,
     _key_steps,
+    _load_q,
     _load_tiles,
     _normalize,
     _scores,
@@ -105,12 +106,8 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_l
             # this tile's first K and V tiles before waiting, so that only Q's latency stays exposed (bf16io: its
             # conversion follows the K loads in `_load_tiles`, which then issues them all)
             it = gl.to_tensor(it)
-            s = k.acquire(it)
-            mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
-            tma.async_load(k_desc, [kv_at[0], kv_at[1]], k.ready.index(s), k.bufs.index(s))
-            s = v.acquire(it)
-            mbarrier.expect(v.ready.index(s), v_desc.block_type.nbytes)
-            tma.async_load(v_desc, [kv_at[0], kv_at[1]], v.ready.index(s), v.bufs.index(s))
+            k.load(k_desc, [kv_at[0], kv_at[1]], it)
+            v.load(v_desc, [kv_at[0], kv_at[1]], it)
             it += 1
             lo = BLOCK_N
         mbarrier.wait(q_free.index(slot), ((done // Q_SLOTS) & 1) ^ 1)  # each slot's first tile passes at once
@@ -130,20 +127,14 @@ def _load_tiles_o_in_v(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, o
     """`_load_tiles` for O_STORE 3, where the previous tile's O left through the V stages: the tile's first V load
     waits until every warpgroup's O store has read its stage (`o_left`, one completion per tile). No V conversion
     (the config check refuses bf16io here)."""
-    mbarrier.expect(q_ready, NUM_WG * q_desc.block_type.nbytes)
-    for w in gl.static_range(NUM_WG):
-        tma.async_load(q_desc, [q_at[0] + w * WG_ROWS, q_at[1]], q_ready, q_bufs.index(q_first + w))
+    _load_q(q_desc, q_bufs, q_first, q_ready, q_at, NUM_WG)
     it = gl.to_tensor(it)
     for start_n in range(0, hi, BLOCK_N):
-        s = k.acquire(it)
-        mbarrier.expect(k.ready.index(s), k_desc.block_type.nbytes)
-        tma.async_load(k_desc, [kv_at[0] + start_n, kv_at[1]], k.ready.index(s), k.bufs.index(s))
+        k.load(k_desc, [kv_at[0] + start_n, kv_at[1]], it)
         if start_n == 0 and done > 0:
             for w in gl.static_range(NUM_WG):
                 mbarrier.wait(o_left.index(w), (done - 1) & 1)
-        s = v.acquire(it)
-        mbarrier.expect(v.ready.index(s), v_desc.block_type.nbytes)
-        tma.async_load(v_desc, [kv_at[0] + start_n, kv_at[1]], v.ready.index(s), v.bufs.index(s))
+        v.load(v_desc, [kv_at[0] + start_n, kv_at[1]], it)
         it += 1
     return it
 

@@ -194,7 +194,6 @@ ATTENTION_DQ_CONFIGS = {64: HopperAttentionDqConfig(128, 2), 128: HopperAttentio
                         256: HopperAttentionDqConfig(32, 2)}
 
 
-
 @dataclass(frozen=True)
 class HopperGemmConfig:
     block_m: int = 128

@@ -13,6 +13,8 @@ from triton.experimental.gluon._runtime import constexpr_function
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from triton.language.core import _aggregate as aggregate
 
+from xkernels.hopper import tma
+
 # A barrier of the calling partition's warps (bar.sync over its threads): Triton 3.7 renamed Gluon's
 # `thread_barrier` to `barrier`; both take no argument here.
 partition_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
@@ -45,6 +47,15 @@ class Ring:
         STAGES: gl.constexpr = self.bufs.shape[0]
         s = it % STAGES
         mbarrier.wait(self.empty.index(s), ((it // STAGES) & 1) ^ 1)
+        return s
+
+    @gluon.jit
+    def load(self, desc, coord, it):
+        """Producer: acquire stage `it % STAGES`, then TMA `desc`'s box at `coord` into it, landing on its ready
+        barrier; return the stage's index."""
+        s = self.acquire(it)
+        mbarrier.expect(self.ready.index(s), desc.block_type.nbytes)
+        tma.async_load(desc, coord, self.ready.index(s), self.bufs.index(s))
         return s
 
     @gluon.jit
