@@ -5,7 +5,7 @@ reference first.
 
     python scripts/decode_paged_ab.py --json decode_paged_ab.json [--md decode_paged_ab.md]
         [--dim 64] [--caches dense paged16seq] [--configs 128,8,3 128,4,3] [--split-scales 1 2] [--fused]
-        [--preload 1024]
+        [--preload 1024] [--stream] [--selected]
 
 A cache named with "seq" after it (paged16seq) holds its pages in order, behind an identity block table: against
 the shuffled table of the same page size, what the random placement costs.
@@ -30,7 +30,8 @@ from xkernels.testing.cases import DecodeCase
 
 
 def variant(case: DecodeCase, inputs, cfg, split_scale: int):
-    """(the call, its output, its key splits): the heuristic's splits times `split_scale`."""
+    """(the call, its output, its launch: "splits=N" or stream-K's grid): the heuristic's splits times
+    `split_scale`."""
     q, k, v, table = inputs
     out = torch.empty_like(q)
     lengths = torch.full((case.b,), case.s, dtype=torch.int32, device=q.device)
@@ -41,7 +42,8 @@ def variant(case: DecodeCase, inputs, cfg, split_scale: int):
         decode._PLANS.clear()
         plan = decode.kvcache_plan(q, k, v, out, table, splits=plan.splits * split_scale, **kwargs)
     decode._PLANS.clear()
-    return (lambda: plan.run(q, k, v, out, None, lengths, table, None)), out, plan.splits
+    launch = plan.name.rstrip("]").split(" BM", 1)[1].split(" ", 1)[1]  # "splits=N" or "stream-K grid=G ..."
+    return (lambda: plan.run(q, k, v, out, None, lengths, table, None)), out, launch
 
 
 def main() -> None:
@@ -56,15 +58,32 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="each config also with the fused merge (no combine kernel)")
     ap.add_argument("--preload", nargs="+", type=int, default=[],
                     help="each config also with a split's block ids read before its loop (DecodeConfig.preload_ids)")
+    ap.add_argument("--stream", action="store_true",
+                    help="each config also with stream-K (DecodeConfig.stream_k; where the rule takes it)")
+    ap.add_argument("--selected", action="store_true",
+                    help="per row the config the selection picks for its pairs (not --configs or the defaults)")
     args = ap.parse_args()
-    shipped = decode_config(args.dim, select._target(torch.device("cuda")))
-    cfgs = ([DecodeConfig(*map(int, c.split(","))) for c in args.configs] if args.configs else
-            [shipped, dataclasses.replace(shipped, num_stages=4), DecodeConfig(64, 4, 4), DecodeConfig(64, 8, 4)])
-    if args.fused:
-        cfgs += [dataclasses.replace(c, fused_combine=True) for c in cfgs]
-    cfgs += [dataclasses.replace(c, preload_ids=n) for n in args.preload for c in list(cfgs)]
+    target = select._target(torch.device("cuda"))
+    shipped = decode_config(args.dim, target)
+
+    def configs(pairs: int) -> list[DecodeConfig]:
+        if args.selected:
+            cfgs = [decode_config(args.dim, target, interpret=False, pairs=pairs,
+                                  sms=torch.cuda.get_device_properties(0).multi_processor_count)]
+        elif args.configs:
+            cfgs = [DecodeConfig(*map(int, c.split(","))) for c in args.configs]
+        else:
+            cfgs = [shipped, dataclasses.replace(shipped, num_stages=4), DecodeConfig(64, 4, 4), DecodeConfig(64, 8, 4)]
+        if args.fused:
+            cfgs += [dataclasses.replace(c, fused_combine=True) for c in cfgs]
+        cfgs += [dataclasses.replace(c, preload_ids=n) for n in args.preload for c in list(cfgs)]
+        if args.stream:
+            cfgs += [dataclasses.replace(c, stream_k=not c.stream_k) for c in list(cfgs)]
+        return cfgs
+
     rows, lines = [], ["| shape | variant | us | TB/s | x SDPA | check |", "|---|---|---|---|---|---|"]
     for (b, hq, hkv, s), cache in [(r, c) for r in DECODE_ROWS for c in args.caches]:
+        cfgs = configs(b * hkv)
         sequential = cache.endswith("seq")  # pages in order (an identity table): what the random order costs
         case = DecodeCase(b, hq, hkv, s, args.dim, cache=cache.removesuffix("seq"), sync_checks=False)
         inputs = case.inputs("cuda")
@@ -80,7 +99,7 @@ def main() -> None:
         for cfg in cfgs:
             for scale in args.split_scales:
                 fn, out, splits = variant(case, inputs, cfg, scale)
-                name = f"{cfg} splits={splits}"
+                name = f"{cfg} {splits}"
                 fn()
                 ok[name] = bool(compare_attention(out.transpose(1, 2), ref, ATTENTION_RECIPES["bf16"]).passed)
                 fns[name] = fn
