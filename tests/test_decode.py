@@ -153,30 +153,3 @@ def test_resize_variants_follow_what_triton_specializes():
     assert wide.variant is not wider.variant
     odd = plan.resize(4097, (2 * 4097 * 129, 129, 4097 * 129), contiguous(4097))
     assert odd.variant is not plan.launch.variant and odd.variant is not huge.variant
-
-
-@pytest.mark.parametrize("grid,slots,tiles,want", [(128, 132, 8192, True), (264, 264, 8192, False),
-                                                   (512, 264, 32768, True), (8 * 16, 132, 8192, True),
-                                                   (131, 132, 8192, False), (3, 4, 2, False)])
-def test_stream_k_replaces_split_grids_that_leave_slots_idle(grid, slots, tiles, want):
-    """128 programs on 132 SMs (3 % idle) or 512 on 264 slots (two waves, the second 6 % short) take stream-K;
-    a full wave, 1 % idle, or fewer tiles than slots keep the split grid."""
-    assert decode.stream_k_wins(grid, slots, tiles) is want
-
-
-@pytest.mark.parametrize("units,tiles,slots", [(64, 128, 132), (512, 64, 264), (8, 1024, 132), (3, 4, 4),
-                                               (7, 1, 4), (1, 3, 4), (5, 9, 7), (130, 2, 132), (1000, 3, 264)])
-def test_stream_k_ranges_cover_each_tile_once_within_the_piece_bound(units, tiles, slots):
-    """The kernel's ranges [p * T // P, (p + 1) * T // P) cover every tile once, its owner formula (`_owner`)
-    names the range holding a tile, and no unit meets more ranges than the plan's partial slots."""
-    grid, bound = decode.stream_k_grid(units, tiles, slots)
-    total = units * tiles
-    assert grid <= total and grid >= min(units, total)
-    starts = [p * total // grid for p in range(grid + 1)]
-    owner = [p for p in range(grid) for _ in range(starts[p], starts[p + 1])]
-    assert len(owner) == total and owner == sorted(owner)
-    assert all(((g + 1) * grid - 1) // total == owner[g] for g in range(total))
-    pieces = [owner[u * tiles + tiles - 1] - owner[u * tiles] + 1 for u in range(units)]
-    assert max(pieces) <= bound and min(starts[p + 1] - starts[p] for p in range(grid)) >= 1
-    assert max(starts[p + 1] - starts[p] for p in range(grid)) <= tiles  # two units at most (two segments)
-    assert grid % slots == 0 or grid == total  # whole waves

@@ -21,18 +21,15 @@ def poisoned_output(monkeypatch):
     monkeypatch.setattr(varlen, "output_like", lambda q: real(q).fill_(float("nan")))
 
 
-@pytest.fixture(params=["combine kernel", "fused merge", "stream-K"])
+@pytest.fixture(params=["combine kernel", "fused merge"])
 def merge(request, monkeypatch):
-    """How a split call's partials are made and merged: key splits merged by the combine kernel (the shipped
-    configs), or by the last split to finish each row block (`DecodeConfig.fused_combine`, opt-in), whose arrival
-    counters must be back at zero for the next call; or stream-K (`DecodeConfig.stream_k`: calls without a forced
-    split count or window take it where the split grid leaves slots idle), a unit's pieces merged by the combine
-    kernel. The partials' workspace starts as NaN, so a slot the merge reads unwritten shows."""
-    real = portable_configs.decode_config
-    field = {"fused merge": "fused_combine", "stream-K": "stream_k"}.get(request.param)
-    if field:
+    """How a split call's partials are merged: by the combine kernel (the shipped configs), or by the last split
+    to finish each row block (`DecodeConfig.fused_combine`, opt-in), whose arrival counters must be back at zero
+    for the next call. The partials' workspace starts as NaN, so a slot the merge reads unwritten shows."""
+    if request.param == "fused merge":
+        real = portable_configs.decode_config
         monkeypatch.setattr(portable_configs, "decode_config",
-                            lambda *a, **k: dataclasses.replace(real(*a, **k), **{field: True}))
+                            lambda *a, **k: dataclasses.replace(real(*a, **k), fused_combine=True))
     monkeypatch.setattr(decode, "_partials", lambda words, device: torch.full((words,), float("nan"), device=device))
     caches = (plans._PLANS, decode._PLANS, kvcache._RESOLVED)  # they hold the config
     for c in caches:
@@ -308,8 +305,6 @@ def test_split_kv_paged_and_dense_match_float64(device, page, splits, causal, sq
     assert c.passed, c.reason
     assert xkernels.last_backend().startswith("portable.decode")
     assert ("-fc" in xkernels.last_backend()) == (merge == "fused merge")  # the config's name
-    if "stream-K" in xkernels.last_backend():  # where the split grid leaves slots idle (`test_stream_k_*`)
-        assert merge == "stream-K" and not splits
     if splits:
         assert f"splits={splits}" in xkernels.last_backend()
 
@@ -635,61 +630,3 @@ def test_block_ids_read_before_or_inside_the_key_loop_agree(device, monkeypatch,
     assert c.passed, c.reason
     for o in (broken, broken_loop):
         assert o[2].isnan().all() and torch.equal(o[[0, 1, 3]], good[[0, 1, 3]])
-
-
-@pytest.mark.parametrize("page", [None, 16])
-@pytest.mark.parametrize("batch,hq,hkv,sq,lengths", [(3, 4, 1, 1, (128, 0, 77)), (1, 12, 3, 1, (101,)),
-                                                     (3, 8, 1, 5, (128, 64, 7)), (5, 2, 2, 2, (1, 128, 33, 0, 96))])
-def test_stream_k_pieces_match_float64(device, monkeypatch, page, batch, hq, hkv, sq, lengths):
-    """Stream-K (`DecodeConfig.stream_k`): whole waves of programs over the units' key tiles end to end, so a program
-    finishes one (sequence, kv head, row block) and starts the next, and units have different piece counts (the
-    slots past a unit's pieces are marked empty, never read: the workspace starts as NaN), taken whatever the rule
-    (`stream_k_wins`, tested on its own) says: GQA, several row blocks (5 x 8 packed rows), empty and full
-    sequences, sinks, bottom-right causal; O and the LSE against float64, and equal to a forced-split call's O
-    within the recipe's bounds."""
-    real = portable_configs.decode_config
-    monkeypatch.setattr(portable_configs, "decode_config",
-                        lambda *a, **k: dataclasses.replace(real(*a, **k), stream_k=True))
-    monkeypatch.setattr(decode, "_partials", lambda words, device: torch.full((words,), float("nan"), device=device))
-    monkeypatch.setattr(decode, "stream_k_wins", lambda grid, slots, tiles: True)  # the GPU's waves differ
-    for c in (plans._PLANS, decode._PLANS, kvcache._RESOLVED):
-        c.clear()
-    s_max = 128 if device == "cpu" else 4096
-    lengths = tuple(min(n * s_max // 128, s_max) for n in lengths)
-    q, k_cache, v_cache, _, _, seqlens = setup(device, batch=batch, sq=sq, new=0, s_max=s_max, hq=hq, hkv=hkv,
-                                               lengths=lengths, seed=4)
-    for b, n in enumerate(lengths):
-        k_cache[b, n:] = float("nan")
-        v_cache[b, n:] = float("nan")
-    table, kc, vc = None, k_cache, v_cache
-    if page is not None:
-        g = torch.Generator().manual_seed(6)
-        kc, table = paged_copy(k_cache, page, g)
-        vc = paged_copy(v_cache, page, g)[0]
-        vc[table.long()] = v_cache.view(batch, -1, page, *v_cache.shape[2:])
-    o, lse = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, return_lse=True)
-    assert "stream-K" in xkernels.last_backend(), xkernels.last_backend()
-    want = reference(q, k_cache, v_cache, list(lengths), causal=True).to(o.device)
-    seen = [b for b, n in enumerate(lengths) if n > 0]
-    c = compare_attention(o[seen], want[seen], ATTENTION_RECIPES["fp16"])
-    assert c.passed, c.reason
-    for b, n in enumerate(lengths):
-        if n == 0:
-            assert torch.equal(o[b], torch.zeros_like(o[b])) and torch.isinf(lse[b]).all()
-            continue
-        q64 = q[b].double().permute(1, 0, 2)  # (Hq, Sq, D)
-        k64 = k_cache[b, :n].double().permute(1, 0, 2).repeat_interleave(hq // hkv, 0)
-        scores = q64 @ k64.transpose(1, 2) / q.shape[-1] ** 0.5
-        keys, rows = torch.arange(n), torch.arange(sq)[:, None] + n - sq
-        scores = scores.masked_fill(keys > rows, float("-inf"))  # bottom-right causal
-        torch.testing.assert_close(lse[b].double().cpu(), scores.logsumexp(-1).cpu(), rtol=1e-4, atol=2e-3)
-    split = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, num_splits=3)
-    assert "stream-K" not in xkernels.last_backend()
-    assert compare_attention(o[seen], split[seen].double(), ATTENTION_RECIPES["fp16"]).passed
-    sinks = torch.linspace(-1, 2, hq, device=device)
-    o_sink = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, sinks=sinks)
-    assert "stream-K" in xkernels.last_backend()
-    forced = xkernels.attention_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, sinks=sinks,
-                                             num_splits=3)
-    assert compare_attention(o_sink[seen], forced[seen].double(), ATTENTION_RECIPES["fp16"]).passed
-    assert not torch.equal(o_sink[seen], o[seen])  # the sink counted (once: the forced call agrees)

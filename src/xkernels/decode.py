@@ -47,23 +47,6 @@ def _partials(words: int, device: torch.device) -> torch.Tensor:
     return torch.empty(words, dtype=torch.float32, device=device)
 
 
-def stream_k_wins(grid: int, slots: int, tiles: int) -> bool:
-    """Whether stream-K should replace a split launch of `grid` programs over `tiles` key tiles in all: where the
-    split grid's waves leave more than 1 % of their slots idle and there is at least a tile per slot."""
-    waves = _cdiv(grid, slots)
-    return grid < 0.99 * waves * slots and tiles >= slots
-
-
-def stream_k_grid(units: int, tiles: int, slots: int) -> tuple[int, int]:
-    """(programs, most pieces of a unit) of a stream-K launch over `units` units of `tiles` key tiles each: whole
-    waves of `slots` programs, as few as give each program at most `tiles` tiles (so a program's range meets at most
-    two units: the kernel runs two straight-line segments), each an equal range (at least `per` tiles) of the units'
-    tiles end to end; a unit meets at most cdiv(tiles, per) + 1 ranges (the kernel marks the slots it leaves)."""
-    grid = min(slots * _cdiv(units, slots), units * tiles)
-    per = units * tiles // grid
-    return grid, min(grid, _cdiv(tiles, per) + 1)
-
-
 @dataclass(frozen=True)
 class Geometry:
     """A call's shapes as the kernel sees them. q, O: (B, SQ, HQ, D) by (batch, token, head) strides; K, V: key n
@@ -182,31 +165,24 @@ class DecodePlan:
         tiles = _cdiv(max(span, 1), cfg.block_n)
         split_keys = _cdiv(tiles, min(splits, tiles)) * cfg.block_n
         splits = _cdiv(max(span, 1), split_keys)
-        grid = self.programs * splits
-        stream = (cfg.stream_k and not windowed and not cfg.fused_combine and self.forced_splits <= 0
-                  and stream_k_wins(grid, self.slots, self.programs * tiles))
-        if stream:  # whole waves over the units' tiles end to end; a unit's pieces are at most `splits`
-            grid, splits = stream_k_grid(self.programs, tiles, self.slots)
-            split_keys = min(tiles, _cdiv(self.programs * tiles, grid)) * cfg.block_n  # a piece's most keys
         ints = (*g.q_strides, *k_strides, *v_strides, *g.o_strides, g.table_stride, g.sq, g.hkv, self.group,
                 capacity, split_keys, self.rows, splits)
         # Triton types each int argument i64 from 2^31 up and specializes strides on being 1 or a multiple of 16:
         # variants of their own (a dense cache's strides keep theirs as it grows: D is a multiple of 16)
         page_ids = cfg.page_ids(g.page, split_keys)
         key = (splits > 1, tuple(x >= 2**31 for x in ints),
-               tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)), windowed, page_ids, stream)
+               tuple((s == 1, s % 16 == 0) for s in (*k_strides, *v_strides)), windowed, page_ids)
         variant = self._variants.get(key)
         if variant is None:
             constexprs = cfg.constexprs(g.head_dim, self.recipe, split=key[0], windowed=windowed, page_ids=page_ids,
-                                        stream=stream, **self._flags)
+                                        **self._flags)
             variant = self._variants[key] = _Variant(constexprs,
                                                      launch.constexpr_tail(kernel.attention_decode_kernel, constexprs))
-        name = (f"portable.decode[{self.recipe.name} {cfg} BM{self.block_m} "
-                + (f"stream-K grid={grid} pieces<={splits}" if stream else f"splits={splits}")
+        name = (f"portable.decode[{self.recipe.name} {cfg} BM{self.block_m} splits={splits}"
                 + (f" window={window[0]},{window[1]}" if windowed else "") + softcap_name(self.softcap)
                 + " sinks" * self._flags["sinks"] + "]")
         tail = (g.num_blocks, *(NO_WINDOW if side < 0 else side for side in window))
-        return Launch(splits, grid, ints, (*g.o_strides, self.rows, g.sq, g.hq, splits), variant,
+        return Launch(splits, self.programs * splits, ints, (*g.o_strides, self.rows, g.sq, g.hq, splits), variant,
                       name, tail)
 
     def run(self, q, k, v, out, lse, seqlens, block_table, scale: float | None, key_start=None,

@@ -8,9 +8,7 @@ most SMs idle and put one row in a 64-128-row tile. So a program owns one (seque
   * key split: the program reads keys [split * SPLIT_KEYS, (split + 1) * SPLIT_KEYS) of its sequence and writes an
     fp32 partial O and its LSE; `combine_kernel` merges the splits through their LSEs, or (FUSED_COMBINE) the
     program that finishes a row block's splits last does (`_merge_splits`: an arrival counter per row block, as the
-    few-row GEMM's). With one split the program writes O and the LSE directly;
-  * stream-K (STREAM): whole waves of programs, each taking an equal range of all units' key tiles laid end to
-    end, so no SM idles behind a split count that does not divide a wave; a unit's pieces merge as splits do.
+    few-row GEMM's). With one split the program writes O and the LSE directly.
 Keys are addressed through a page table: key n of sequence b sits in row n % PAGE of cache block
 BLOCK_TABLE[b, n // PAGE]. A dense cache is the same with one page per sequence (block b, PAGE = 0 here), so the
 dense API's (B, H, S, D) and the cache's (B, S, H, D) differ only in strides. K/V are read with masked pointer loads
@@ -209,25 +207,36 @@ def _merge_splits(O_PART, LSE_PART, O, LSE, part_rows, b, t, h, cols, in_q, o_sb
         tl.store(LSE + (b.to(tl.int64) * hq + h) * SQ + t, lse, mask=in_q)
 
 
-@triton.jit
-def _unit(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, ARRIVALS,
-          q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
-          SQ, HKV, GROUP, SKV, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right, qk_scale, SINKS,
-          u, key_lo, key_hi, slot, pieces, arrival,
-          HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-          PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
-          CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
-          PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
-          FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-          SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, PAGE_IDS: tl.constexpr, STREAM: tl.constexpr):
-    """Keys [key_lo, key_hi) (from the window's aligned first tile when WINDOWED) of work unit u = (sequence, kv
-    head, row block), row blocks innermost: its partial O and LSE into split slot `slot` (SPLIT), or O and LSE.
-    `key_lo == 0` marks the unit's first piece, which counts the sinks; with STREAM it also marks the slots from
-    `pieces` up to SPLITS empty (LSE -inf), so the combine reads the unit's pieces only. `arrival`: the unit's
-    arrival counter (FUSED_COMBINE)."""
+@triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW", "NUM_BLOCKS"])
+def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, ARRIVALS,
+                            q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
+                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right,
+                            qk_scale, SINKS,
+                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
+                            CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
+                            PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
+                            FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
+                            SOFTCAP: tl.constexpr = 0.0, HAS_SINKS: tl.constexpr = False, PAGE_IDS: tl.constexpr = 0):
+    """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
+    SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
+    SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
+    the first KEY_START[b] (a left-padded dense cache: its keys are rows KEY_START[b] .. SEQLENS[b] + NEW);
+    ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to O_PART (splits, B, SQ, HQ, D) and
+    LSE_PART (splits, B, SQ, HQ), contiguous (and with FUSED_COMBINE, the last of a row block's splits to arrive,
+    counted in ARRIVALS[(b, kv head, row block)] (int32, zero between launches: the last arriver resets it), merges
+    them into O and LSE); else O (strides o_*) and LSE (B, HQ, SQ) contiguous. With
+    SEQ_LENGTHS (a cache call) the program checks the values it trusts, its sequence's length (0 <= SEQLENS[b],
+    SEQLENS[b] + NEW <= SKV), left pad (0 <= KEY_START[b] <= SEQLENS[b]) and each block id it reads
+    ([0, NUM_BLOCKS)); a bad one reads no key (or block 0 for a bad id) and writes NaN to its O and LSE (partial
+    ones when split: the merge then gives NaN), so every output that depends on a bad value is NaN (a bad block id:
+    the rows of the programs that would read its page) and the others are untouched."""
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
-    start_r = (u % m_blocks) * BLOCK_M
-    bh = u // m_blocks
+    pid = tl.program_id(0)
+    per_split = tl.num_programs(0) // SPLITS
+    split = pid // per_split
+    start_r = (pid % m_blocks) * BLOCK_M
+    bh = (pid % per_split) // m_blocks
     b = bh // HKV
     hk = bh % HKV
     if SEQ_LENGTHS:  # a bad sequence reads no key
@@ -246,7 +255,7 @@ def _unit(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, AR
     q = tl.load(Q + b.to(tl.int64) * q_sb + t.to(tl.int64)[:, None] * q_ss + h[:, None] * q_sh + cols[None, :],
                 mask=in_q[:, None], other=0.0)
 
-    # keys this program visits: its piece, cut at the sequence end and (causal) at the block's last row's limit
+    # keys this program visits: its split, cut at the sequence end and (causal) at the block's last row's limit
     offset = L - SQ if BOTTOM_RIGHT else 0
     limit = t + offset  # row t sees keys j <= limit[t]
     t_last = min(start_r + BLOCK_M - 1, SQ * GROUP - 1) // GROUP
@@ -257,8 +266,8 @@ def _unit(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, AR
         # in their pages)
         floor = max(start_r // GROUP + offset - win_left, 0)
         base = (floor // BLOCK_N) * BLOCK_N
-    lo = base + key_lo
-    hi = max(min(base + key_hi, L), lo)
+    lo = base + split * SPLIT_KEYS
+    hi = max(min(lo + SPLIT_KEYS, L), lo)
     full_hi = hi
     if CAUSAL:
         hi = max(min(hi, t_last + offset + 1), lo)
@@ -270,15 +279,15 @@ def _unit(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, AR
         full_hi = lo
 
     sink = 0.0
-    if HAS_SINKS:  # each row's head's sink logit (gpt-oss), in the first piece only: the merge counts a sink once
-        sink = tl.where(key_lo == 0, tl.load(SINKS + h, mask=in_q, other=0.0).to(tl.float32), float("-inf"))
+    if HAS_SINKS:  # each row's head's sink logit (gpt-oss), in split 0 only: the merge counts a split's sink once
+        sink = tl.where(split == 0, tl.load(SINKS + h, mask=in_q, other=0.0).to(tl.float32), float("-inf"))
     m_i, l_i = start_rows(sink, BLOCK_M, HAS_SINKS)
     if HAS_SINKS:
-        l_i = tl.where(key_lo == 0, l_i, 0.0)
+        l_i = tl.where(split == 0, l_i, 0.0)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     split_ids = 0
     bad_ids = 0
-    if PAGE_IDS > 0:  # the piece's block ids, once (pages of at most BLOCK_N keys, PAGE_IDS >= its keys / PAGE)
+    if PAGE_IDS > 0:  # the split's block ids, once (pages of at most BLOCK_N keys, PAGE_IDS >= SPLIT_KEYS / PAGE)
         split_ids, bad_ids = _split_ids(BLOCK_TABLE, bt_sb, b, lo, floor, hi, NUM_BLOCKS, PAGE, PAGE_IDS)
     k_base = K + hk.to(tl.int64) * k_sh
     v_base = V + hk.to(tl.int64) * v_sh
@@ -305,99 +314,22 @@ def _unit(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, AR
 
     hq = HKV * GROUP
     if SPLIT:
-        row = (b.to(tl.int64) * SQ + t) * hq + h  # (splits, B, SQ, HQ)
-        at = slot.to(tl.int64) * ROWS + row
-        tl.store(O_PART + at[:, None] * HEAD_DIM + cols[None, :], o, mask=in_q[:, None])
-        tl.store(LSE_PART + at, lse, mask=in_q)
-        if STREAM:
-            if key_lo == 0:  # the unit's slots past its pieces hold nothing
-                for s in range(pieces, SPLITS):
-                    tl.store(LSE_PART + s * ROWS + row, tl.full([BLOCK_M], float("-inf"), tl.float32), mask=in_q)
+        row = split.to(tl.int64) * ROWS + (b.to(tl.int64) * SQ + t) * hq + h  # (splits, B, SQ, HQ)
+        tl.store(O_PART + row[:, None] * HEAD_DIM + cols[None, :], o, mask=in_q[:, None])
+        tl.store(LSE_PART + row, lse, mask=in_q)
         if FUSED_COMBINE:  # memory order as the few-row GEMM's (gemm_skinny.py): stores, barrier, acq_rel arrival
             tl.debug_barrier()
-            arrived = tl.atomic_add(ARRIVALS + arrival, 1, sem="acq_rel", scope="gpu")
+            arrived = tl.atomic_add(ARRIVALS + pid % per_split, 1, sem="acq_rel", scope="gpu")
             if arrived == SPLITS - 1:  # the row block's last split: merge them all
                 tl.debug_barrier()
-                _merge_splits(O_PART, LSE_PART, O, LSE, row, b, t, h, cols, in_q, o_sb,
+                _merge_splits(O_PART, LSE_PART, O, LSE, row - split.to(tl.int64) * ROWS, b, t, h, cols, in_q, o_sb,
                               o_ss, o_sh, ROWS, SQ, hq, SPLITS, BLOCK_M, HEAD_DIM, WRITE_LSE)
-                tl.atomic_xchg(ARRIVALS + arrival, 0, sem="relaxed", scope="gpu")  # reusable counters
+                tl.atomic_xchg(ARRIVALS + pid % per_split, 0, sem="relaxed", scope="gpu")  # reusable counters
     else:
         tl.store(O + b.to(tl.int64) * o_sb + t.to(tl.int64)[:, None] * o_ss + h[:, None] * o_sh + cols[None, :],
                  o.to(O.dtype.element_ty), mask=in_q[:, None])
         if WRITE_LSE:
             tl.store(LSE + (b.to(tl.int64) * hq + h) * SQ + t, lse, mask=in_q)
-
-
-@triton.jit
-def _owner(g, total, programs):
-    """The program whose stream-K range [p * total // programs, (p + 1) * total // programs) holds global tile g."""
-    return (((g + 1) * programs - 1) // total).to(tl.int32)
-
-
-@triton.jit(do_not_specialize=["SQ", "HKV", "GROUP", "SKV", "SPLIT_KEYS", "ROWS", "SPLITS", "NEW", "NUM_BLOCKS"])
-def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, ARRIVALS,
-                            q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
-                            SQ, HKV, GROUP, SKV, SPLIT_KEYS, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right,
-                            qk_scale, SINKS,
-                            HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            PAGE: tl.constexpr, SEQ_LENGTHS: tl.constexpr, KEY_STARTS: tl.constexpr,
-                            CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
-                            PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
-                            FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-                            SOFTCAP: tl.constexpr = 0.0, HAS_SINKS: tl.constexpr = False, PAGE_IDS: tl.constexpr = 0,
-                            STREAM: tl.constexpr = False):
-    """Work units u = (sequence b, kv head, row block), row blocks innermost (they share their K/V in L2). Without
-    STREAM, one program per (split, unit): SPLITS key splits of SPLIT_KEYS keys per unit. With STREAM (stream-K) the
-    grid is whole waves of programs, at least one per unit, and the units' key tiles, laid end to end (each unit
-    cdiv(SKV, BLOCK_N) tiles, SKV the capacity, never the lengths on the device), are cut into one equal range per
-    program: a program may finish one unit's last tiles and start the next's, and a unit's pieces are numbered by
-    program from its first tile's owner (at most SPLITS of them; the combine merges them). q is (B, SQ, HKV * GROUP, D)
-    by its strides; sequence b has SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or
-    SKV, of which KEY_STARTS skips the first KEY_START[b] (a left-padded dense cache: its keys are rows KEY_START[b] ..
-    SEQLENS[b] + NEW); ROWS = B * SQ * HQ. SPLIT: write the partial O (fp32) and LSE of the split to O_PART (splits, B,
-    SQ, HQ, D) and LSE_PART (splits, B, SQ, HQ), contiguous (and with FUSED_COMBINE, the last of a row block's splits to
-    arrive, counted in ARRIVALS[(b, kv head, row block)] (int32, zero between launches: the last arriver resets it),
-    merges them into O and LSE); else O (strides o_*) and LSE (B, HQ, SQ) contiguous. With SEQ_LENGTHS (a cache call)
-    the program checks the values it trusts, its sequence's length (0 <= SEQLENS[b], SEQLENS[b] + NEW <= SKV), left pad
-    (0 <= KEY_START[b] <= SEQLENS[b]) and each block id it reads ([0, NUM_BLOCKS)); a bad one reads no key (or block 0
-    for a bad id) and writes NaN to its O and LSE (partial ones when split: the merge then gives NaN), so every output
-    that depends on a bad value is NaN (a bad block id: the rows of the programs that would read its page) and the
-    others are untouched."""
-    pid = tl.program_id(0)
-    if STREAM:  # a range of at most n tiles (the host makes the grid at least the units) meets at most two units;
-        # two straight-line segments, not a loop: a loop around the key loops keeps their invariants live (~75
-        # more registers on sm_90, which at D64 halves the programs per SM)
-        n = tl.cdiv(SKV, BLOCK_N)  # key tiles per unit
-        units = (ROWS // (SQ * HKV * GROUP)) * HKV * tl.cdiv(SQ * GROUP, BLOCK_M)
-        total = units.to(tl.int64) * n
-        programs = tl.num_programs(0)
-        g = pid.to(tl.int64) * total // programs
-        end = (pid + 1).to(tl.int64) * total // programs
-        for _segment in tl.static_range(2):
-            if g < end:
-                u = (g // n).to(tl.int32)
-                first = u.to(tl.int64) * n
-                t0 = (g - first).to(tl.int32)
-                t1 = tl.minimum(end - first, n).to(tl.int32)
-                owner = _owner(first, total, programs)
-                pieces = _owner(first + n - 1, total, programs) - owner + 1
-                _unit(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, ARRIVALS,
-                      q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
-                      SQ, HKV, GROUP, SKV, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right, qk_scale, SINKS,
-                      u, t0 * BLOCK_N, t1 * BLOCK_N, pid - owner, pieces, u,
-                      HEAD_DIM, BLOCK_M, BLOCK_N, PAGE, SEQ_LENGTHS, KEY_STARTS, CAUSAL, BOTTOM_RIGHT, WINDOWED,
-                      PV_DTYPE, WRITE_LSE, True, False, WIDE_ROWS, INTERPRET, SOFTCAP, HAS_SINKS, PAGE_IDS, True)
-                g = first + t1
-    else:
-        per_split = tl.num_programs(0) // SPLITS
-        split = pid // per_split
-        u = pid % per_split
-        _unit(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TABLE, KEY_START, ARRIVALS,
-              q_sb, q_ss, q_sh, k_sp, k_ss, k_sh, v_sp, v_ss, v_sh, o_sb, o_ss, o_sh, bt_sb,
-              SQ, HKV, GROUP, SKV, ROWS, SPLITS, NEW, NUM_BLOCKS, win_left, win_right, qk_scale, SINKS,
-              u, split * SPLIT_KEYS, split * SPLIT_KEYS + SPLIT_KEYS, split, SPLITS, u,
-              HEAD_DIM, BLOCK_M, BLOCK_N, PAGE, SEQ_LENGTHS, KEY_STARTS, CAUSAL, BOTTOM_RIGHT, WINDOWED,
-              PV_DTYPE, WRITE_LSE, SPLIT, FUSED_COMBINE, WIDE_ROWS, INTERPRET, SOFTCAP, HAS_SINKS, PAGE_IDS, False)
 
 
 @triton.jit(do_not_specialize=["ROWS", "SQ", "HQ", "SPLITS"])
@@ -406,8 +338,7 @@ def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPL
     """One program per row r = (b, t, h) of O_PART (SPLITS, ROWS = B * SQ * HQ, D): merge its splits through their
     LSEs, O = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), CHUNK splits per load. Splits that saw no
     key (lse_s = -inf) weigh 0; a row no split saw gets O = 0 and LSE = -inf; a NaN partial LSE (a split that found
-    a bad cache value) makes O and the LSE NaN (max() would skip it). A slot of LSE -inf is not read: a stream-K
-    unit has fewer pieces than SPLITS and marks the others so, leaving their O unwritten."""
+    a bad cache value) makes O and the LSE NaN (max() would skip it)."""
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
     chunk = tl.arange(0, CHUNK)
@@ -424,8 +355,8 @@ def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPL
         inside = s0 + chunk < SPLITS
         w = tl.math.exp2((tl.load(LSE_PART + (s0 + chunk) * ROWS + row, mask=inside, other=float("-inf")) - m_safe)
                          * (1.0 / LN2))
-        o_s = tl.load(O_PART + ((s0 + chunk) * ROWS + row)[:, None] * HEAD_DIM + cols[None, :],
-                      mask=(inside & (w > 0))[:, None], other=0.0)  # a slot of weight 0 may hold anything
+        o_s = tl.load(O_PART + ((s0 + chunk) * ROWS + row)[:, None] * HEAD_DIM + cols[None, :], mask=inside[:, None],
+                      other=0.0)
         acc += tl.sum(w[:, None] * o_s, 0)
         total += tl.sum(w, 0)
     seen = total > 0

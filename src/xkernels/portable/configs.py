@@ -86,9 +86,6 @@ class DecodeConfig:
     # pages of at most block_n keys: a split's block ids read once before its key loop (at most this many; 0: each
     # tile's ids one tile ahead, in the loop)
     preload_ids: int = 0
-    # stream-K: whole waves of programs over the units' key tiles end to end, equal ranges (unwindowed calls whose
-    # split count leaves slots of the wave idle; `decode.DecodePlan.resize`)
-    stream_k: bool = False
 
     def page_ids(self, page: int, split_keys: int) -> int:
         """PAGE_IDS of a split of `split_keys` keys on pages of `page` keys: the power of two that holds its ids,
@@ -106,13 +103,12 @@ class DecodeConfig:
     def constexprs(self, head_dim: int, recipe: AttentionRecipe, *, rows: int, page: int, seq_lengths: bool,
                    causal: bool, bottom_right: bool, write_lse: bool, split: bool, key_starts: bool = False,
                    windowed: bool = False, wide_rows: bool = False, softcap: float = 0.0, sinks: bool = False,
-                   page_ids: int = 0, stream: bool = False, interpret: bool = INTERPRET) -> dict[str, object]:
+                   page_ids: int = 0, interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m(rows), BLOCK_N=self.block_n, PAGE=page,
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
                     FUSED_COMBINE=split and self.fused_combine, WIDE_ROWS=wide_rows, INTERPRET=interpret,
-                    SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks, PAGE_IDS=page_ids,
-                    STREAM=stream)
+                    SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks, PAGE_IDS=page_ids)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -120,7 +116,7 @@ class DecodeConfig:
     def __str__(self) -> str:
         per_sm = f"-P{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
         return (f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}{per_sm}" + "-fc" * self.fused_combine
-                + (f"-ids{self.preload_ids}" if self.preload_ids else "") + "-sk" * self.stream_k)
+                + (f"-ids{self.preload_ids}" if self.preload_ids else ""))
 
 
 @dataclass(frozen=True)
