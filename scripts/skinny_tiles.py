@@ -3,7 +3,7 @@ layers at M = 1, 16, 128 (B as [N, K], bf16), device time from CUDA-graph replay
 process; each candidate's output is checked against torch's first. Reports GB/s of A + B + C and the best config
 per shape.
 
-    python scripts/skinny_tiles.py --json skinny_tiles.json
+    python scripts/skinny_tiles.py --json skinny_tiles.json [--ms 1 16 128]
 """
 
 from __future__ import annotations
@@ -47,12 +47,13 @@ def run(a, b, out, cfg: SkinnyGemmConfig, sms: int):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
+    ap.add_argument("--ms", type=int, nargs="+", default=list(MS), help="row counts (default: 1, 16, 128)")
     args = ap.parse_args()
     sms = sm_count(0)
     res: dict = {"device": torch.cuda.get_device_name(), "sms": sms, "rows": []}
     for n, k in SHAPES:
         b = (torch.rand(n, k, device="cuda") - 0.5).bfloat16()
-        for m in MS:
+        for m in args.ms:
             a = (torch.rand(m, k, device="cuda") - 0.5).bfloat16()
             want = a @ b.T
             nbytes = 2 * (m * k + n * k + m * n)

@@ -174,15 +174,17 @@ def portable_configs(target: Target) -> Iterator[KernelConfig]:
 
 def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
     """The few-row GEMM, bf16, at 1 and 32 rows (16- and 32-row tiles), one K slice and several (the arrival
-    counter and the ordered sum), both B layouts. On sm_90 a 16-row tile takes mma.sync (wgmma needs 64 rows)."""
+    counter and the ordered sum), both B layouts; and the target's config for more rows (`skinny_rows`) at 9 and 32.
+    On sm_90 a 16-row tile takes mma.sync (wgmma needs 64 rows)."""
     from xkernels.portable import configs, gemm_skinny
     from xkernels.portable.configs import skinny_gemm_config, table_for
 
-    cfg = skinny_gemm_config(target, interpret=False)
     p = POINTER_TYPE[torch.bfloat16]
     types = {"A": p, "B": p, "C": p, "PARTIALS": "*fp32", "ARRIVALS": "*i32"}
     divisible = ("A", "B", "C", "PARTIALS", "ARRIVALS", "N", "K", "a_sm", "b_s0", "c_sm", "k_slice")
-    for m in (1, configs.SKINNY_MAX_M):
+    rows = table_for(target).skinny_rows  # more rows against a K-split weight, where the target has its own
+    for cfg, m in [(skinny_gemm_config(target, interpret=False), m) for m in (1, configs.SKINNY_MAX_M)] + (
+            [(rows, m) for m in (configs.SKINNY_FEW_ROWS + 1, configs.SKINNY_MAX_M)] if rows else []):
         bm = gemm_skinny.block_m(m)
         matrix = "HMMA" if target.name == "sm_90" and bm < 64 else "target"
         for slices in (1, 4):

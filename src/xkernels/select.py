@@ -315,7 +315,9 @@ def select_matmul(device: torch.device, problems: int, rows: int, dtype: torch.d
     with a 16-bit output on sm_90, its tile and K split from the `rows` x `cols` x `depth` problem and the SM count
     (`hopper.configs.gemm_config`; an override's fields apply on top); batched and fp32-output calls portable."""
     if override.layer != "hopper" and problems == 1 and rows <= portable_configs.SKINNY_MAX_M and walk == "auto":
-        return Choice("portable", portable_configs.skinny_gemm_config(_target(device)), "skinny")
+        sms = sm_count(device_index(device)) if device.type == "cuda" else 0
+        return Choice("portable", portable_configs.skinny_gemm_config(_target(device), rows=rows, n=cols, k=depth,
+                                                                      sms=sms), "skinny")
     fits_hopper = hopper_available(device) and problems == 1 and out_dtype != torch.float32
     if override.layer == "hopper" and not fits_hopper:
         raise ValueError("backend: 'hopper' was forced, but this call needs sm_90, a tested triton, one 2-D problem "

@@ -88,3 +88,35 @@ def test_checks_fail_on_a_broken_slice_sum(device):
     stale = _launch_raw(a, b, poisoned_like(a, shape=(m, n)), slices=4, k_slice=cfg.block_k,
                         arrivals=torch.full((2,), 4, dtype=torch.int32, device=device))
     assert not compare_gemm(stale, want, k).passed
+
+
+@pytest.mark.parametrize("rows,n,k,wide", [(16, 4096, 4096, True), (32, 6144, 4096, True), (9, 4096, 14336, True),
+                                           (8, 4096, 4096, False), (1, 4096, 4096, False),
+                                           (16, 28672, 4096, False), (32, 28672, 4096, False)])
+def test_more_rows_take_the_deeper_steps_where_k_is_split(rows, n, k, wide):
+    """On sm_90, more than SKINNY_FEW_ROWS rows against a weight whose column blocks alone do not fill the SMs (K
+    split) take `skinny_rows` (64 x 256-deep steps); fewer rows, or a weight wide enough for one slice, the
+    default; other targets and symbolic sizes the default; the interpreter its own."""
+    from xkernels.common.targets import TARGETS
+
+    hopper = TARGETS["sm_90"]
+    table = configs.table_for(hopper)
+    got = configs.skinny_gemm_config(hopper, interpret=False, rows=rows, n=n, k=k, sms=132)
+    assert got is (table.skinny_rows if wide else table.skinny)
+    assert (table.skinny.slices(n, k, 132) > 1) is wide or rows <= configs.SKINNY_FEW_ROWS
+    assert configs.skinny_gemm_config(hopper, interpret=False, rows=rows, n=n, k=k) is table.skinny  # no SM count
+    ampere = TARGETS["sm_80"]
+    assert configs.skinny_gemm_config(ampere, interpret=False, rows=rows, n=n, k=k, sms=108) is \
+        configs.table_for(ampere).skinny
+    assert configs.skinny_gemm_config(hopper, interpret=True, rows=rows, n=n, k=k, sms=132) is \
+        configs.SKINNY_INTERPRETED
+    symbolic = type("SymLike", (), {"__gt__": lambda self, other: True})()  # stands in for a SymInt
+    assert configs.skinny_gemm_config(hopper, interpret=False, rows=symbolic, n=n, k=k, sms=132) is table.skinny
+
+
+def test_slices_match_the_launch_spec():
+    cfg = configs.SkinnyGemmConfig(64, 256, 4, 3, programs_per_sm=2)
+    for n, k in ((4096, 4096), (28672, 4096), (4096, 14336), (64, 64)):
+        assert gemm_skinny.slices(n, k, cfg, 132) == cfg.slices(n, k, 132)
+        grid, parts, k_slice, _, _ = gemm_skinny.launch_spec(16, n, k, b_layout="nk", cfg=cfg, sms=132)
+        assert parts <= cfg.slices(n, k, 132) and parts * k_slice >= k and grid == -(-n // 64) * parts

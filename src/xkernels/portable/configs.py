@@ -160,6 +160,15 @@ class SkinnyGemmConfig:
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
+    def slices(self, n: int, k: int, sms: int) -> int:
+        """K slices per column block: as many as keep every (column block, slice) program resident at once
+        (`programs_per_sm` per SM: a second, partial wave would leave most SMs idle at the end), each slice at least
+        `min_k_steps` BLOCK_K steps, at most `max_slices`; 1 when the column blocks alone fill the SMs."""
+        blocks = -(-n // self.block_n)
+        fit = (self.programs_per_sm * sms) // blocks
+        most = max(1, -(-k // self.block_k) // self.min_k_steps)
+        return int(max(1, min(fit, most, self.max_slices)))
+
     def __str__(self) -> str:
         return f"skinny-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
 
@@ -168,6 +177,7 @@ class SkinnyGemmConfig:
 # the H200 (scripts/skinny_tiles.py, run 23 of 2026-11-30): 0.91-0.95x torch.matmul's device time at 1 and 16 rows
 # with the best tile, 0.49-0.99x at 128 rows, where the K-slice partials and one warpgroup per tile cost too much.
 SKINNY_MAX_M = 32
+SKINNY_FEW_ROWS = 8  # up to this many rows the table's `skinny` config serves every weight shape
 
 
 @dataclass(frozen=True)
@@ -185,6 +195,8 @@ class ConfigTable:
     decode_many: dict[int, DecodeConfig] = dataclasses.field(default_factory=dict)
     # few-row GEMMs; the default's ring (2 stages of a 32 x 64 A tile and a 64 x 64 B tile) fits every family
     skinny: SkinnyGemmConfig = SkinnyGemmConfig(64, 64, 4, 2)
+    # few-row GEMMs of more than SKINNY_FEW_ROWS rows where `skinny` would split K (`skinny_gemm_config`); None: skinny
+    skinny_rows: SkinnyGemmConfig | None = None
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "<kernel>-<head
     # dim>" (attention, attention_acc16, attention_varlen, attention_bwd, attention_bwd_varlen, attention_bwd_softcap:
     # the soft-capped backward's variants), "gemm-<output element size>" or "gemm_skinny-2"
@@ -216,6 +228,7 @@ HOPPER = ConfigTable(
     decode_many={64: DecodeConfig(64, 4, 3, programs_per_sm=3),
                  128: DecodeConfig(64, 4, 4, programs_per_sm=2, preload_ids=1024)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
+    skinny_rows=SkinnyGemmConfig(64, 256, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
                                 "attention_bwd_varlen-256", "attention_bwd_softcap-64", "attention_bwd_softcap-128",
                                 "attention_bwd_softcap-256", "gemm_skinny-2", "decode-128", "decode-256"}))
@@ -348,8 +361,22 @@ def decode_config(head_dim: int, target: Target | None = None, interpret: bool =
     return many if many is not None and 0 < sms * cfg.programs_per_sm < pairs else cfg
 
 
-def skinny_gemm_config(target: Target | None = None, interpret: bool = INTERPRET) -> SkinnyGemmConfig:
-    return SKINNY_INTERPRETED if interpret else table_for(target).skinny
+def skinny_gemm_config(target: Target | None = None, interpret: bool = INTERPRET, *, rows: int = 1, n: int = 0,
+                       k: int = 0, sms: int = 0) -> SkinnyGemmConfig:
+    """The few-row GEMM's config for a `rows` x `n` x `k` call on `sms` SMs: the table's `skinny_rows` where there are
+    more than SKINNY_FEW_ROWS rows and `skinny` would split K (the weight's column blocks alone do not fill the
+    SMs), else `skinny`. Measured on the H200 (benchmarks/results/h200/2026-12-04/81-skinny-rows): at 16 and 32 rows
+    against Llama-8B's 4096 x 4096, 6144 x 4096 and 4096 x 14336 weights, 64 x 256-deep steps gave 0.84-0.96x
+    torch.matmul where 128 x 128 gave 0.74-0.92x; at 1-8 rows, and against the 28672-wide weight (no K split),
+    128 x 128 stays ahead. Symbolic sizes (a traced call) take `skinny`; the real call resolves again."""
+    if interpret:
+        return SKINNY_INTERPRETED
+    table = table_for(target)
+    concrete = all(type(x) is int for x in (rows, n, k))  # a traced call's symbolic sizes add no guard here
+    if (table.skinny_rows is not None and concrete and rows > SKINNY_FEW_ROWS and sms > 0
+            and table.skinny.slices(n, k, sms) > 1):
+        return table.skinny_rows
+    return table.skinny
 
 
 def gemm_config(out_dtype: torch.dtype, target: Target | None = None, interpret: bool = INTERPRET) -> GemmConfig:

@@ -81,13 +81,8 @@ def block_m(m: int) -> int:
 
 
 def slices(n: int, k: int, cfg: SkinnyGemmConfig, sms: int) -> int:
-    """K slices per column block: as many as keep every (column block, slice) program resident at once
-    (`cfg.programs_per_sm` per SM: a second, partial wave would leave most SMs idle at the end), each slice at least
-    `cfg.min_k_steps` BLOCK_K steps, at most `cfg.max_slices`; 1 when the column blocks alone fill the SMs."""
-    blocks = triton.cdiv(n, cfg.block_n)
-    fit = (cfg.programs_per_sm * sms) // blocks
-    most = max(1, triton.cdiv(k, cfg.block_k) // cfg.min_k_steps)
-    return int(max(1, min(fit, most, cfg.max_slices)))
+    """K slices per column block (`SkinnyGemmConfig.slices`)."""
+    return cfg.slices(n, k, sms)
 
 
 def launch_spec(m: int, n: int, k: int, *, b_layout: str, cfg: SkinnyGemmConfig,
