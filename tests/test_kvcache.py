@@ -630,3 +630,27 @@ def test_block_ids_read_before_or_inside_the_key_loop_agree(device, monkeypatch,
     assert c.passed, c.reason
     for o in (broken, broken_loop):
         assert o[2].isnan().all() and torch.equal(o[[0, 1, 3]], good[[0, 1, 3]])
+
+
+def test_an_append_refuses_arguments_that_alias_the_caches(device):
+    """The append writes k_cache and v_cache in place, so a cache passed as both, an expanded cache (several rows
+    in one memory), new k/v or q that live inside a cache are refused by name, and nothing is written; without an
+    append the same caches are only read and are accepted."""
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=1, new=2)
+    expanded = k_cache[:, :1].expand(k_cache.shape)
+    cases = {"v_cache: overlaps k_cache": (q, k_cache, k_cache, k, v),
+             "k_cache: several of its elements": (q, expanded, v_cache, k, v),
+             "k: overlaps the cache": (q, k_cache, v_cache, k_cache[:, 4:6], v),
+             "v: overlaps the cache": (q, k_cache, v_cache, k, v_cache[:, 4:6])}
+    # q inside a cache: a view of the cache's rows with q's shape (hq = 2 * hkv here)
+    cases["q: overlaps the cache"] = (k_cache.view(k_cache.shape[0], -1, k_cache.shape[-1])[:, None, :q.shape[2]],
+                                      k_cache, v_cache, k, v)
+    for match, (qq, kc, vc, kk, vv) in cases.items():
+        before = (kc.clone(), vc.clone(), kk.clone())
+        with pytest.raises(ValueError, match=match):
+            xkernels.attention_with_kvcache(qq, kc, vc, cache_seqlens=lengths, k=kk, v=vv)
+        assert torch.equal(kc, before[0]) and torch.equal(vc, before[1]) and torch.equal(kk, before[2])
+    o = xkernels.attention_with_kvcache(q, k_cache, k_cache, cache_seqlens=lengths)  # read only: fine
+    want = reference(q, k_cache, k_cache, lengths.tolist(), causal=True).to(o.device)
+    good = [b for b, n in enumerate(lengths.tolist()) if n > 0]
+    assert compare_attention(o[good], want[good], ATTENTION_RECIPES["fp16"]).passed

@@ -164,3 +164,64 @@ def test_self_overlap_check_accepts_ordinary_layouts():
     for t in (x, x.transpose(1, 2), x[:, :, 1:4], x.permute(3, 0, 2, 1), x[..., ::2]):
         assert not self_overlaps(t)
     assert self_overlaps(x[:1].expand(3, 3, 5, 8))
+
+
+def _packed(t):  # (1, H, S, D) -> (S, H, D)
+    return t[0].transpose(0, 1).contiguous()
+
+
+def test_a_non_finite_score_gives_nan_on_every_path(device):
+    """A NaN in k (or an inf in q) makes the rows that see it NaN in O and the LSE, as SDPA does, on every kernel:
+    the dense one, the split-KV one (few query rows), a window's band, varlen and the KV cache; a row that sees no
+    key still gets O = 0 and LSE -inf. (These kernels mark a row that saw no key by its row sum: a NaN sum must not
+    count as empty.)"""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(1, 1, 20, 64, generator=g).half().to(device)
+    k = torch.randn(1, 1, 30, 64, generator=g).half().to(device)
+    v = torch.randn(1, 1, 30, 64, generator=g).half().to(device)
+    k[0, 0, 2, 5] = float("nan")
+    cu = lambda n: torch.tensor([0, n], dtype=torch.int32, device=device)  # noqa: E731
+    calls = {"dense": lambda: xkernels.attention(q, k, v, return_lse=True),
+             "few rows": lambda: xkernels.attention(q[:, :, :4], k, v, return_lse=True),
+             "window": lambda: xkernels.attention(q, k, v, window_size=(40, 40), return_lse=True),
+             "varlen": lambda: xkernels.attention_varlen(_packed(q), _packed(k), _packed(v), cu(20), cu(30), 20, 30,
+                                                         return_lse=True),
+             "kvcache": lambda: xkernels.attention_with_kvcache(q[:, :, :2].transpose(1, 2), k.transpose(1, 2),
+                                                                v.transpose(1, 2), return_lse=True,
+                                                                cache_seqlens=cu(30)[1:])}
+    for name, call in calls.items():
+        o, lse = call()
+        assert o.isnan().all() and lse.isnan().all(), name
+    q_inf = q.clone()
+    q_inf[0, 0, 1, 0] = float("inf")  # one row's scores infinite: that row NaN, the others finite
+    k[0, 0, 2, 5] = 0.0
+    for o in (xkernels.attention(q_inf[:, :, :4], k, v), xkernels.attention(q_inf, k, v, window_size=(40, 40))):
+        assert o[0, 0, 1].isnan().all() and not o[0, 0, [0, 2, 3]].isnan().any()
+    o, lse = xkernels.attention(q[:, :, :4], k, v, window_size=(0, 0), return_lse=True, is_causal=False)
+    assert not o.isnan().any()  # windows that hold a key are finite
+    empty, lse = xkernels.attention_varlen(_packed(q), _packed(k)[:0], _packed(v)[:0], cu(20),
+                                           torch.tensor([0, 0], dtype=torch.int32, device=device), 20, 0,
+                                           return_lse=True)
+    assert torch.equal(empty, torch.zeros_like(empty)) and torch.isinf(lse).all()  # no key: 0 and -inf
+
+
+def test_sinks_are_inputs_too(device):
+    """`out` may not overlap the sinks (they are read while O is written); a sparse sinks tensor is refused by name
+    on every API."""
+    q = torch.randn(1, 2, 20, 64).half().to(device)
+    k, v = torch.randn(1, 2, 30, 64).half().to(device), torch.randn(1, 2, 30, 64).half().to(device)
+    buf = torch.zeros(1, 2, 20, 64, dtype=torch.float16, device=device)
+    sinks = buf.view(-1).view(torch.float32)[:2]
+    with pytest.raises(ValueError, match="out: overlaps the memory of sinks"):
+        xkernels.attention(q, k, v, sinks=sinks, out=buf)
+    sparse = torch.tensor([1.0, 2.0]).to_sparse().to(device)
+    cu = lambda n: torch.tensor([0, n], dtype=torch.int32, device=device)  # noqa: E731
+    for call in (lambda: xkernels.attention(q, k, v, sinks=sparse),
+                 lambda: xkernels.attention(q[:, :, :2], k, v, sinks=sparse),
+                 lambda: xkernels.attention_varlen(_packed(q), _packed(k), _packed(v), cu(20), cu(30), 20, 30,
+                                                   sinks=sparse),
+                 lambda: xkernels.attention_with_kvcache(q[:, :, :1].transpose(1, 2), k.transpose(1, 2),
+                                                         v.transpose(1, 2), cache_seqlens=cu(30)[1:],
+                                                         sinks=sparse)):
+        with pytest.raises(ValueError, match="sinks: layout"):
+            call()

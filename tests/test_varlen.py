@@ -220,3 +220,17 @@ def test_persistent_varlen_rule():
     assert varlen._persistent(q, kv, kv, 4096, False, bf16, dataclasses.replace(cfg, persistent=2))
     assert not varlen._persistent(q, kv, kv, 2048, True, bf16, dataclasses.replace(cfg, persistent=0))
     assert not varlen._persistent(q, kv, kv, 2048, True, ATTENTION_RECIPES["bf16io"], cfg)
+
+
+def test_a_max_seqlen_past_the_total_is_an_upper_bound_like_any_other(device):
+    """flash_attn's max_seqlen is an upper bound; one near 2^31 (past the packed total) gives the exact bound's O,
+    LSE and gradients and launches no more work than the total holds (the grid follows the smaller)."""
+    q, k, v, cq, ck = packed([5, 12], [9, 3], 4, 2, 64, torch.float16, device)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    runs = []
+    for mq, mk in ((12, 9), (2**31 - 1, 2**31 - 1)):
+        o, lse = xkernels.attention_varlen(q, k, v, cq, ck, mq, mk, is_causal=True, return_lse=True)
+        runs.append((o, lse, *torch.autograd.grad((o.float() * o.float()).sum() + lse.sum(), (q, k, v))))
+    for exact, huge in zip(*runs, strict=True):
+        assert torch.equal(exact, huge)

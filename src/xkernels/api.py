@@ -133,8 +133,8 @@ def _extras(window_size: object, softcap: object, is_causal: bool, sinks: object
     for their defaults (no window, soft cap or sinks: the common call passes three cheap tests)."""
     if window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0 and sinks is None:
         return ()
-    if sinks is not None and not isinstance(sinks, torch.Tensor):
-        raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
+    if sinks is not None:  # the layout too: the dispatcher would refuse a sparse tensor with its own error
+        tensor(sinks, "sinks")
     return (*check_window(window_size, is_causal), check_softcap(softcap), sinks)
 
 

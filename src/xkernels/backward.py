@@ -177,7 +177,9 @@ def attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_
     picks. The cu_seqlens are checked on the device (`cu_seqlens.checked_on_device`), as the forward's
     `sync_checks=False` does (the forward already raised on bad values with `sync_checks`; the saved tensors cannot
     change in between without autograd refusing, but a direct op caller may pass any): a bad call writes nothing
-    and returns NaN gradients. The call's plan (`VarlenBackwardPlan`) is found by its key."""
+    and returns NaN gradients. The call's plan (`VarlenBackwardPlan`) is found by its key. The max_seqlen bounds
+    are cut at the packed totals, as the forward's."""
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, q.shape[0]), min(max_seqlen_k, k.shape[0])
     key = ("attention_varlen_backward", *(None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in
                                           (grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k)),
            max_seqlen_q, max_seqlen_k, is_causal, precision, backend, window, softcap)

@@ -12,6 +12,7 @@ from xkernels import decode, plans, select, varlen
 from xkernels.common import launch
 from xkernels.common.runtime import unit_last_stride
 from xkernels.portable.kv_cache import cache_append_kernel, cache_check_kernel
+from xkernels.validation import check_cache_writes
 
 
 def check_values(k_cache, cache_seqlens, block_table, new: int, cache_leftpad=None) -> None:
@@ -96,6 +97,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, k, v, block_table
                               backend)
     batch, sq, hq, d = q.shape
     new = 0 if k is None else k.shape[1]
+    if new:  # the append writes the caches in place: nothing else may live in their memory
+        check_cache_writes(k_cache, v_cache, {"k": k, "v": v, "q": q, "cache_seqlens": cache_seqlens,
+                                              "block_table": block_table, "cache_leftpad": cache_leftpad,
+                                              "sinks": sinks})
     cache_seqlens = cache_seqlens.contiguous()  # the kernels read it (and the block table's rows) with unit stride
     if block_table is not None and block_table.stride(-1) != 1:
         block_table = block_table.contiguous()

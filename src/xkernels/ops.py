@@ -134,7 +134,7 @@ def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, wi
 
 def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1,
                    window_right=-1, softcap=0.0, sinks=None):
-    check_out_memory(out, {"q": q, "k": k, "v": v})
+    check_out_memory(out, {"q": q, "k": k, "v": v} | ({} if sinks is None else {"sinks": sinks}))
     lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                           precision=precision, return_lse=return_lse, backend=backend,
                           window=_dense_window(is_causal, window_left, window_right, q, k),

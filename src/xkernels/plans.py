@@ -276,7 +276,7 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
     window_size (`validation.check_window`), `softcap` a checked soft cap (0: none), `sinks` checked (Hq,) sink
     logits or None."""
     has_sinks = sinks is not None
-    if has_sinks and not sinks.is_contiguous():
+    if has_sinks and sinks.layout == torch.strided and not sinks.is_contiguous():  # (a sparse one fails its check)
         sinks = sinks.contiguous()
     positive = scale is None or scale > 0
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape

@@ -204,6 +204,7 @@ def check_sinks(sinks: object, heads: int, device: torch.device) -> None:
         return
     if not isinstance(sinks, torch.Tensor):
         raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
+    tensor(sinks, "sinks")  # dense (strided)
     if sinks.dtype not in (torch.float32, torch.float16, torch.bfloat16):
         raise TypeError(f"sinks: expected float32, float16 or bfloat16, got {sinks.dtype}")
     if tuple(sinks.shape) != (heads,):
@@ -407,6 +408,43 @@ def check_out_storage(out: torch.Tensor | None, inputs: dict[str, torch.Tensor])
     for name, t in inputs.items():
         if t.numel() and StorageWeakRef(t.untyped_storage()) == ref:
             raise ValueError(f"out: overlaps the memory of {name}; inputs are never overwritten")
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the address ranges of two non-empty tensors meet."""
+    a_lo, a_hi = _span(a)
+    b_lo, b_hi = _span(b)
+    return a.numel() > 0 and b.numel() > 0 and a_lo < b_hi and b_lo < a_hi
+
+
+_CHECKED_CACHES: dict = {}  # (address, shape, strides, element size) of a checked cache pair -> their spans
+
+
+def check_cache_writes(k_cache: torch.Tensor, v_cache: torch.Tensor, others: dict[str, torch.Tensor | None]) -> None:
+    """An append writes k_cache and v_cache in place: each must give every element its own memory (not an
+    expanded view), they must not share memory, and no other argument (the new k and v, q, the lengths, the block
+    table) may lie in their memory, which the append would overwrite before, or while, it is read. The pair's own
+    checks depend only on its addresses and layouts, so a decoding loop's caches are checked once (keyed by
+    numbers: no tensor is kept)."""
+    key = (k_cache.data_ptr(), k_cache.shape, k_cache.stride(), v_cache.data_ptr(), v_cache.shape, v_cache.stride(),
+           k_cache.element_size(), v_cache.element_size())
+    spans = _CHECKED_CACHES.get(key)
+    if spans is None:
+        for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+            if self_overlaps(cache):
+                raise ValueError(f"{name}: several of its elements share memory (an expanded or overlapping view); "
+                                 "appending k and v writes it in place")
+        if _overlap(k_cache, v_cache):
+            raise ValueError("v_cache: overlaps k_cache's memory; appending k and v writes both in place")
+        spans = (_span(k_cache), _span(v_cache)) if k_cache.numel() and v_cache.numel() else ()
+        if len(_CHECKED_CACHES) >= 64:
+            _CHECKED_CACHES.clear()
+        _CHECKED_CACHES[key] = spans
+    for name, t in others.items():
+        if t is not None and t.numel():
+            lo, hi = _span(t)
+            if any(lo < c_hi and c_lo < hi for c_lo, c_hi in spans):
+                raise ValueError(f"{name}: overlaps the cache's memory, which appending k and v writes in place")
 
 
 def check_out_memory(out: torch.Tensor | None, inputs: dict[str, torch.Tensor]) -> None:

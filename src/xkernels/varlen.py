@@ -47,6 +47,9 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
                                                      is_causal=is_causal, window=window, softcap=softcap,
                                                      sinks=sinks)
     total_q, hq, d = q.shape
+    # an upper bound past the packed total holds no more than the total: the grid follows the smaller (a bound
+    # near 2^31 would otherwise launch ~2^31 / 64 empty row blocks per head and sequence)
+    max_seqlen_q, max_seqlen_k = min(max_seqlen_q, total_q), min(max_seqlen_k, k.shape[0])
     out = output_like(q)
     lse = torch.empty((hq, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
     if sync_checks and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):

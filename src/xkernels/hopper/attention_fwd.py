@@ -245,12 +245,13 @@ def _attend(q, q_ready, q_phase, q_free, k, v, it, start_m, full_hi, hi, SKV, di
 
 @gluon.jit
 def _normalize(acc, m_i, l_i, EMPTY_ROWS: gl.constexpr):
-    """(O = acc / l in fp32, natural-log LSE) of the rows; EMPTY_ROWS: rows that saw no key get O = 0, LSE = -inf."""
+    """(O = acc / l in fp32, natural-log LSE) of the rows; EMPTY_ROWS: rows that saw no key (row sum exactly 0) get
+    O = 0, LSE = -inf; a NaN row sum (a NaN or infinite score) stays NaN, as in SDPA."""
     rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     l_o = gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
     if EMPTY_ROWS:
-        out = gl.where(l_o > 0, acc.to(gl.float32) / gl.where(l_o > 0, l_o, 1.0), 0.0)
-        lse = gl.where(l_i > 0, (m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        out = gl.where(l_o != 0, acc.to(gl.float32) / gl.where(l_o != 0, l_o, 1.0), 0.0)
+        lse = gl.where(l_i != 0, (m_i + gl.log2(gl.where(l_i != 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     else:
         out = acc.to(gl.float32) / l_o
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453

@@ -196,7 +196,7 @@ def _merge_splits(O_PART, LSE_PART, O, LSE, part_rows, b, t, h, cols, in_q, o_sb
                       cache_modifier=".cg")
         acc += w[:, None] * o_s
         total += w
-    seen = total > 0
+    seen = total != 0  # NaN (an infinite partial LSE) stays NaN
     o = tl.where(seen[:, None], acc / tl.where(seen, total, 1.0)[:, None], 0.0)
     lse = tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     o = tl.where(poisoned[:, None] > 0, float("nan"), o)
@@ -359,7 +359,7 @@ def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPL
                       other=0.0)
         acc += tl.sum(w[:, None] * o_s, 0)
         total += tl.sum(w, 0)
-    seen = total > 0
+    seen = total != 0  # NaN (an infinite partial LSE) stays NaN
     o = tl.where(seen, acc / tl.where(seen, total, 1.0), 0.0)
     lse = tl.where(seen, m_safe + tl.log(tl.where(seen, total, 1.0)), float("-inf"))
     o = tl.where(poisoned > 0, float("nan"), o)

@@ -82,9 +82,10 @@ def online_step(s, m_i, l_i, acc, EMPTY_ROWS: tl.constexpr):
 
 @triton.jit
 def finish(acc, l_i, m_i, EMPTY_ROWS: tl.constexpr):
-    """(O in fp32, natural-log LSE of the scaled scores). EMPTY_ROWS: rows that saw no key get O = 0, LSE = -inf."""
+    """(O in fp32, natural-log LSE of the scaled scores). EMPTY_ROWS: rows that saw no key (row sum exactly 0) get
+    O = 0, LSE = -inf; a NaN row sum (a NaN or infinite score) stays NaN in O and the LSE, as in SDPA."""
     if EMPTY_ROWS:
-        seen = l_i > 0
+        seen = l_i != 0
         o = tl.where(seen[:, None], acc / tl.where(seen, l_i, 1.0)[:, None], 0.0)
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
         return o, lse
