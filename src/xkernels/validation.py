@@ -410,11 +410,14 @@ def check_out_storage(out: torch.Tensor | None, inputs: dict[str, torch.Tensor])
             raise ValueError(f"out: overlaps the memory of {name}; inputs are never overwritten")
 
 
+def _meets(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    """Whether two address ranges [lo, hi) (`_span`) share a byte."""
+    return a[0] < b[1] and b[0] < a[1]
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the address ranges of two non-empty tensors meet."""
-    a_lo, a_hi = _span(a)
-    b_lo, b_hi = _span(b)
-    return a.numel() > 0 and b.numel() > 0 and a_lo < b_hi and b_lo < a_hi
+    return a.numel() > 0 and b.numel() > 0 and _meets(_span(a), _span(b))
 
 
 _CHECKED_CACHES: dict = {}  # (address, shape, strides, element size) of a checked cache pair -> their spans
@@ -442,8 +445,8 @@ def check_cache_writes(k_cache: torch.Tensor, v_cache: torch.Tensor, others: dic
         _CHECKED_CACHES[key] = spans
     for name, t in others.items():
         if t is not None and t.numel():
-            lo, hi = _span(t)
-            if any(lo < c_hi and c_lo < hi for c_lo, c_hi in spans):
+            span = _span(t)
+            if any(_meets(span, cache) for cache in spans):
                 raise ValueError(f"{name}: overlaps the cache's memory, which appending k and v writes in place")
 
 
@@ -454,9 +457,6 @@ def check_out_memory(out: torch.Tensor | None, inputs: dict[str, torch.Tensor]) 
         return
     if self_overlaps(out):
         raise ValueError("out: several of its elements share memory (an expanded or overlapping strided view)")
-    lo, hi = _span(out)
     for name, t in inputs.items():
-        if t.numel():
-            t_lo, t_hi = _span(t)
-            if t_lo < hi and lo < t_hi:
-                raise ValueError(f"out: overlaps the memory of {name}; inputs are never overwritten")
+        if _overlap(out, t):
+            raise ValueError(f"out: overlaps the memory of {name}; inputs are never overwritten")
