@@ -234,3 +234,25 @@ def test_a_max_seqlen_past_the_total_is_an_upper_bound_like_any_other(device):
         runs.append((o, lse, *torch.autograd.grad((o.float() * o.float()).sum() + lse.sum(), (q, k, v))))
     for exact, huge in zip(*runs, strict=True):
         assert torch.equal(exact, huge)
+
+
+@pytest.mark.parametrize("sync_checks", [True, False])
+def test_a_batch_without_keys(device, sync_checks):
+    """No key in the whole batch (total_k = 0): every row is 0 with LSE -inf, or its sink with sinks; the gradients
+    are 0; a bad cu_seqlens_q checked on the device still gives NaN."""
+    q, k, v, cq, ck = packed([5, 12], [0, 0], 4, 2, 64, torch.float16, device)
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    o, lse = xkernels.attention_varlen(q, k, v, cq, ck, 12, 0, return_lse=True, sync_checks=sync_checks)
+    assert torch.equal(o, torch.zeros_like(o)) and torch.isneginf(lse).all()
+    dq, dk, dv = torch.autograd.grad(o.float().sum(), (q, k, v))
+    assert torch.equal(dq, torch.zeros_like(dq)) and dk.numel() == dv.numel() == 0
+    sinks = torch.tensor([0.5, -1.0, 2.0, 0.0], device=device)
+    o, lse = xkernels.attention_varlen(q.detach(), k.detach(), v.detach(), cq, ck, 12, 0, return_lse=True,
+                                       sinks=sinks, sync_checks=sync_checks)
+    assert torch.equal(o, torch.zeros_like(o)) and torch.equal(lse, sinks[:, None].expand(4, 17))
+    if not sync_checks:
+        bad = torch.tensor([0, 9, 5], dtype=torch.int32, device=device)  # decreasing
+        o, lse = xkernels.attention_varlen(q.detach(), k.detach(), v.detach(), bad, ck, 12, 0, return_lse=True,
+                                           sync_checks=False)
+        assert o.isnan().all() and lse.isnan().all()

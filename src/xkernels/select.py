@@ -144,16 +144,28 @@ class HopperForward:
         return str(self.dense)
 
 
+# fields of HopperAttentionConfig that only the persistent kernel reads (the dense kernel ignores them)
+PERSISTENT_FIELDS = frozenset({"persistent", "chained", "l2_budget_kib", "o_store"})
+
+
 def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) -> HopperForward:
     """The Hopper forward's configs with the override's fields, checked; the persistent one is dropped where the head
-    dim has none or the override turns it off."""
+    dim has none, the override turns it off, or the override's fields do not fit the persistent kernel while the
+    override names none of the persistent kernel's own fields ("hopper:stages=3" at D128: three stages fit beside
+    one Q slot, not beside the persistent kernel's two and its O buffers; the dense kernel then serves every shape).
+    An override of a field only the persistent kernel reads (`PERSISTENT_FIELDS`) gets its error instead."""
     cfg = _configured(ATTENTION_CONFIGS[head_dim], override.config)
     cfg.check(head_dim, recipe)
     persistent = None
     if head_dim in PERSISTENT_ATTENTION_CONFIGS:
         persistent = _configured(PERSISTENT_ATTENTION_CONFIGS[head_dim], override.config)
         if persistent.persistent:  # a config that stays off is not checked: the override targets the dense one
-            persistent.check(head_dim, recipe, "persistent")
+            try:
+                persistent.check(head_dim, recipe, "persistent")
+            except ValueError:
+                if PERSISTENT_FIELDS & set(dict(override.config)):
+                    raise
+                persistent = None
     return HopperForward(cfg, persistent if persistent and persistent.persistent else None)
 
 

@@ -52,6 +52,15 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
     max_seqlen_q, max_seqlen_k = min(max_seqlen_q, total_q), min(max_seqlen_k, k.shape[0])
     out = output_like(q)
     lse = torch.empty((hq, total_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    # no key in the batch: every row's O is 0 and its LSE its sink (or -inf), written here, before the checks (a bad
+    # call's NaN comes over them), with no launch (a TMA descriptor cannot describe an empty tensor)
+    no_keys = k.shape[0] == 0
+    if no_keys:
+        out.zero_()
+        if return_lse and sinks is not None:
+            lse.copy_(sinks.float()[:, None].expand(hq, total_q))
+        elif return_lse:
+            lse.fill_(float("-inf"))
     if sync_checks and not (q.is_cuda and torch.cuda.is_current_stream_capturing()):
         check_cu_seqlens(cu_seqlens_q.tolist(), total_q, max_seqlen_q, "cu_seqlens_q", "max_seqlen_q")
         check_cu_seqlens(cu_seqlens_k.tolist(), k.shape[0], max_seqlen_k, "cu_seqlens_k", "max_seqlen_k")
@@ -59,7 +68,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max
         cu_seqlens_q, cu_seqlens_k = checked_on_device(cu_seqlens_q, cu_seqlens_k, total_q, k.shape[0],
                                                        max_seqlen_q, max_seqlen_k, (out, lse))
     batch = cu_seqlens_q.shape[0] - 1
-    if total_q == 0 or batch == 0 or max_seqlen_q == 0:
+    if total_q == 0 or batch == 0 or max_seqlen_q == 0 or no_keys:
         plans._record("empty")
     else:
         plans._record(run(q, k, v, out, lse if return_lse else None, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,

@@ -228,3 +228,18 @@ def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off()
     assert forward.dense.chained == 1 and forward.persistent is None
     with pytest.raises(ValueError, match="shared memory"):
         _hopper_forward(256, bf16, parse_backend("hopper:chained=1"))
+
+
+def test_an_override_the_persistent_kernel_cannot_take_leaves_the_dense_kernel():
+    """"hopper:stages=3" at D128 fits the dense kernel (one Q slot) but not the persistent one (two Q slots and O
+    buffers): the forward runs the dense kernel for every shape rather than refusing the call; an override that
+    also names a persistent-only field still gets the persistent kernel's error."""
+    from xkernels.select import _hopper_forward, parse_backend
+
+    bf16 = ATTENTION_RECIPES["bf16"]
+    forward = _hopper_forward(128, bf16, parse_backend("hopper:stages=3"))
+    assert forward.dense.stages == 3 and forward.persistent is None
+    assert _hopper_forward(128, bf16, parse_backend("hopper:overlap=0")).persistent is not None
+    for fields in ("stages=3,persistent=2", "stages=3,chained=1"):
+        with pytest.raises(ValueError, match="shared memory"):
+            _hopper_forward(128, bf16, parse_backend("hopper:" + fields))
