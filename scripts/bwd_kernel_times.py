@@ -43,7 +43,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--fused", type=int, default=1, help="the fused variant (`fused_dq`: 1 to 4)")
+    ap.add_argument("--fused", type=int, default=1, help="the fused variant's wgmma order (`fused_dq`: 1 or 2)")
     args = ap.parse_args()
     res = {"device": torch.cuda.get_device_name(), "rows": []}
     for b, h, s, d, causal in BWD_ROWS:

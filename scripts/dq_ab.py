@@ -41,7 +41,7 @@ def variants(cfg, d: int) -> dict:
            "gluon_dq": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d]),
            "gluon_dq_concurrent": select.HopperBackward(plain, cfg.portable, ATTENTION_DQ_CONFIGS[d], True)}
     if not plain.split_d:  # D256's head-dim split takes the separate dQ kernel
-        for n in (1, 2, 3, 4):  # the fused step's wgmma orders and dK operands (`HopperAttentionBwdConfig.fused_dq`)
+        for n in (1, 2):  # the two wgmma orders of the fused step (`HopperAttentionBwdConfig.fused_dq`)
             out[f"fused_dq{n}"] = select.HopperBackward(dataclasses.replace(plain, fused_dq=n), cfg.portable, None)
     return out
 

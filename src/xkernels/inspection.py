@@ -466,7 +466,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 "dq_desc": f"tensordesc<fp32[{dq_box[0]}, {dq_box[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32)}>"}
             variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=n), fused_types)
-                                                                for n in (1, 2, 3, 4)])
+                                                                for n in (1, 2)])
             variants.append((bc, types, True))  # the packed batches' variant
             for fused, cfg_types, *packed in variants:
                 varlen = bool(packed)
@@ -476,10 +476,10 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     and not varlen else ())
                 for causal, band in ((False, None), (True, None)) + bands:
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal. The fused-dQ variants (not selected) spill at D128 (72-112 bytes on triton 3.6);
-                    # so does the packed causal variant at D128 (56-64 bytes, mostly around the loops; one value per
-                    # query block inside), and the D128 band (24-32 bytes: the causal window's four values stored
-                    # before the query loop, reloaded after it)
+                    # D128 causal. The fused-dQ variant (not selected) spills; so does the packed causal variant at
+                    # D128 (56-64 bytes, mostly around the loops; one value per query block inside), and the D128
+                    # band (24-32 bytes: the causal window's four values stored before the query loop, reloaded
+                    # after it)
                     mode = " causal" * causal + " varlen" * varlen + str(band or "")
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,

@@ -17,8 +17,7 @@ FUSED_DQ (FA3's plan): each warpgroup also writes its dS^T rows to a shared [128
 with one stage per Q/dO stage, released with it), waits for the other warpgroup's half, and computes its half of the
 head dim of dQ's partial over the program's 128 keys, dQ[:, half] = dS K[:, half], besides dK += dS^T Q from its own
 rows (FUSED_DQ = 1: dK issued before the handshake, dQ after it; 2: dQ first, so dK stays in flight while dQ's
-partial is staged; 3 and 4: the orders of 1 and 2 with dK's A operand, dS^T, from registers rather than from the
-shared tile). The fp32 partial goes to one of two `dq` slots of the warpgroup; a 1-warp writer partition
+partial is staged). The fp32 partial goes to one of two `dq` slots of the warpgroup; a 1-warp writer partition
 reduce-adds it into an fp32 buffer by TMA and hands the slot back once the reduce has read it, so the consumers never
 wait on a reduce. The additions from different key blocks land in any order, so dQ is not bitwise repeatable; the
 separate dQ kernel is.
@@ -232,26 +231,17 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 if FUSED_DQ:
                     d = ds.acquire(it)  # both warpgroups' dQ and dK products of STAGES steps ago have retired
                     ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
-                    ds_lo = ds_t.to(dtype)
-                    ds_w.store(ds_lo)
+                    ds_w.store(ds_t.to(dtype))
                     fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
                     mbarrier.arrive(ds.ready.index(d))
-                    DK_REGS: gl.constexpr = FUSED_DQ > 2  # dK's A operand: dS^T from registers, else from ds_w
-                    if DK_REGS:
-                        ds_a = gl.convert_layout(ds_lo, op_layout)
-                    else:
-                        ds_a = ds_w
-                    if FUSED_DQ % 2 == 1:
-                        dk_tok = warpgroup_mma(ds_a, q, dk, is_async=True)  # dK += dS^T Q
+                    if FUSED_DQ == 1:
+                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
                         # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
                         ds.wait(it)
                         dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
                                                gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
                                                is_async=True)  # dQ[:, half] = dS K[:, half] over the program's keys
-                        if DK_REGS:  # the register operands stay live until their wgmmas retire
-                            dv, dk, dq, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op, ds_a])
-                        else:
-                            dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
+                        dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
                         _stage_dq(dq_out, it, dq)
                     else:
                         # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's
@@ -260,15 +250,12 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                         dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
                                                gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
                                                is_async=True)
-                        dk_tok = warpgroup_mma(ds_a, q, dk, is_async=True)
+                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)
                         # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while
                         # dQ's partial goes to shared memory for the writer warp
                         dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
                         _stage_dq(dq_out, it, dq)
-                        if DK_REGS:
-                            dk, _ = warpgroup_mma_wait(0, deps=[dk_tok, ds_a])
-                        else:
-                            dk = warpgroup_mma_wait(0, deps=[dk_tok])
+                        dk = warpgroup_mma_wait(0, deps=[dk_tok])
                     qdo.release(it)  # also frees dS^T stage it % STAGES (the ds ring's empty barriers are qdo's)
                 else:
                     ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
@@ -320,7 +307,6 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
-    gl.static_assert((FUSED_DQ >= 0) and (FUSED_DQ <= 4), "FUSED_DQ: 0 (off), 1, 2, 3 or 4")
     gl.static_assert(not (SPLIT_D and FUSED_DQ), "SPLIT_D takes the separate dQ kernel")
     gl.static_assert(not (VARLEN and FUSED_DQ), "packed batches take the separate dQ kernel")
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)

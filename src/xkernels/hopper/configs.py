@@ -147,8 +147,7 @@ class HopperAttentionBwdConfig:
     block_n: int = 128
     stages: int = 2
     # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable): 1, dK's wgmma issued before the
-    # dS^T handshake and dQ's after it; 2, dQ's issued first and dK's left in flight while dQ's partial is staged;
-    # 3 and 4, the orders of 1 and 2 with dK's A operand (dS^T) from registers rather than shared memory
+    # dS^T handshake and dQ's after it; 2, dQ's issued first and dK's left in flight while dQ's partial is staged
     fused_dq: int = 0
     # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
