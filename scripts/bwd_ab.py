@@ -11,7 +11,6 @@ events behind a GPU-side sleep, `time_cuda`), median of 30.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 import torch
@@ -21,12 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import xkernels
 from xkernels import backward, select
 from xkernels.bench.timing import time_cuda
-from xkernels.hopper.configs import (
-    ATTENTION_BWD_CONFIGS,
-    ATTENTION_DQ_CONFIGS,
-    HopperAttentionBwdConfig,
-    HopperAttentionDqConfig,
-)
+from xkernels.hopper.configs import HopperAttentionBwdConfig, HopperAttentionDqConfig
 from xkernels.portable import attention_bwd as portable_bwd
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
@@ -35,14 +29,6 @@ ROWS = {256: ((1, 16, 8192, False), (1, 16, 8192, True), (2, 16, 4096, False), (
         128: ((1, 32, 8192, False), (1, 32, 8192, True), (2, 16, 4096, True)),
         64: ((4, 32, 4096, False), (4, 32, 4096, True))}
 CHECKS = ((1, 4, 2, 777, 777, False), (1, 4, 2, 300, 777, True), (2, 2, 2, 130, 65, False), (1, 4, 4, 1, 200, True))
-
-
-def lpt_variants(d: int, portable_cfg, groups: list[int]) -> dict:
-    """The shipped dK/dV and dQ configs (concurrent dQ) with each `lpt_heads` of `groups` (0: the pair-by-pair
-    walk)."""
-    return {f"lpt{n}": select.HopperBackward(dataclasses.replace(ATTENTION_BWD_CONFIGS[d], lpt_heads=n), portable_cfg,
-                                             dataclasses.replace(ATTENTION_DQ_CONFIGS[d], lpt_heads=n), True)
-            for n in groups}
 
 
 def variants(d: int, portable_cfg) -> dict:
@@ -110,18 +96,14 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
     ap.add_argument("--dims", type=int, nargs="+", default=[256], choices=sorted(ROWS))
-    ap.add_argument("--lpt", type=int, nargs="+", default=[],
-                    help="instead of the tile variants: the shipped configs with these lpt_heads (0: off)")
-    ap.add_argument("--rows", choices=("all", "causal"), default="all")
     args = ap.parse_args()
-    pick = (lambda d, p: lpt_variants(d, p, args.lpt)) if args.lpt else variants
     res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
     recipe = ATTENTION_RECIPES["bf16"]
     for d in args.dims:
         for b, hq, hkv, sq, skv, causal in CHECKS:
             q, k, v, do, o, lse, pcfg = setup(b, hq, hkv, sq, skv, d, causal, seed=sq + skv)
             refs = reference_attention_grads(q, k, v, do, is_causal=causal)
-            for name, cfg in pick(d, pcfg).items():
+            for name, cfg in variants(d, pcfg).items():
                 grads = run(q, k, v, do, o, lse, cfg, causal, pcfg, poison=True)
                 torch.cuda.synchronize()
                 for g, ref, which in zip(grads, refs, "qkv", strict=True):
@@ -132,8 +114,6 @@ def main() -> None:
                         print("FAILED", res["check"][-1], flush=True)
         print(f"checks: {sum(c['passed'] for c in res['check'])}/{len(res['check'])} passed", flush=True)
         for b, h, s, causal in ROWS[d]:
-            if args.rows == "causal" and not causal:
-                continue
             q, k, v, do, o, lse, pcfg = setup(b, h, h, s, s, d, causal)
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -142,7 +122,7 @@ def main() -> None:
             flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
             row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "cudnn_ms": cudnn_ms,
                    "cudnn_tflops": flops / cudnn_ms / 1e9, "ms": {}, "x_cudnn": {}}
-            for name, cfg in pick(d, pcfg).items():
+            for name, cfg in variants(d, pcfg).items():
                 t = ms(lambda c=cfg: run(q, k, v, do, o, lse, c, causal, pcfg))  # noqa: B023
                 row["ms"][name], row["x_cudnn"][name] = t, cudnn_ms / t
             res["rows"].append(row)

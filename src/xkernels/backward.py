@@ -114,13 +114,13 @@ class BackwardPlan:
                               dict(num_warps=pre_cfg.num_warps))
         pre_ints = (*out.stride()[:3], *grad_out.stride()[:3], 0, hq, sq)
         dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, kv_cfg),
-                               kv_cfg.constexprs(d, causal=self.is_causal, band=self.band, pairs=b * hkv), {},
+                               kv_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
                                {0: flat(q, kv_cfg.block_m), 1: flat(k, kv_cfg.block_n), 2: flat(v, kv_cfg.block_n),
                                 3: flat(grad_out, kv_cfg.block_m), 4: flat(q, kv_cfg.block_m)})
         # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
         dkdv_ints = (*dk.stride()[:3], *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv)
         dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq),
-                              dq_cfg.constexprs(d, causal=self.is_causal, band=self.band, pairs=b * hq), {},
+                              dq_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
                               {0: flat(q, 64), 1: flat(k, dq_cfg.block_n), 2: flat(v, dq_cfg.block_n),
                                3: flat(grad_out, 64)})
         dq_ints = (*dq.stride()[:3], 0, hq, hq // hkv, sq, skv)
@@ -267,16 +267,14 @@ class VarlenBackwardPlan:
                               dict(num_warps=pre_cfg.num_warps))
         pre_ints = (0, out.stride(1), out.stride(0), 0, grad_out.stride(1), grad_out.stride(0), total_q, hq, max_q)
         dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(batch, hkv, max_k, kv_cfg),
-                               kv_cfg.constexprs(d, causal=self.band.causal, varlen=True, band=self.band,
-                                                 pairs=batch * hkv), {},
+                               kv_cfg.constexprs(d, causal=self.band.causal, varlen=True, band=self.band), {},
                                {0: packed(q, kv_cfg.block_m), 1: packed(k, kv_cfg.block_n),
                                 2: packed(v, kv_cfg.block_n), 3: packed(grad_out, kv_cfg.block_m),
                                 4: packed(q, kv_cfg.block_m)})
         dkdv_ints = (0, dk.stride(1), dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, hq // hkv, max_q,
                      max_k)
         dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(batch, hq, max_q),
-                              dq_cfg.constexprs(d, causal=self.band.causal, varlen=True, band=self.band,
-                                                pairs=batch * hq), {},
+                              dq_cfg.constexprs(d, causal=self.band.causal, varlen=True, band=self.band), {},
                               {0: packed(q, 64), 1: packed(k, dq_cfg.block_n), 2: packed(v, dq_cfg.block_n),
                                3: packed(grad_out, 64)})
         dq_ints = (0, dq.stride(1), dq.stride(0), total_q, hq, hq // hkv, max_q, max_k)
@@ -351,7 +349,7 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
                 dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, *ints[1:])
         launch.run(hopper_bwd.attention_dkdv_kernel,
                    hopper_bwd.grid(packed.batch, hkv, packed.max_seqlen_k, cfg.dkdv), args,
-                   cfg.dkdv.constexprs(d, causal=is_causal, varlen=True, band=band, pairs=packed.batch * hkv), {})
+                   cfg.dkdv.constexprs(d, causal=is_causal, varlen=True, band=band), {})
 
     def dq_kernel() -> None:
         dq_descs = [hopper_bwd.packed_descriptor(t, rows) for t, rows in ((qp, 64), (kp, cfg.dq.block_n),
@@ -359,7 +357,7 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
         args = (*dq_descs, lse, delta, dq, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dq.stride(1), dq.stride(0),
                 total_q, *ints)
         launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(packed.batch, hq, packed.max_seqlen_q),
-                   args, cfg.dq.constexprs(d, causal=is_causal, varlen=True, band=band, pairs=packed.batch * hq), {})
+                   args, cfg.dq.constexprs(d, causal=is_causal, varlen=True, band=band), {})
 
     _dkdv_then_dq(q.device, dkdv, dq_kernel, concurrent=cfg.concurrent_dq and q.is_cuda)
 
@@ -413,7 +411,7 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
 
     def dkdv() -> None:
         launch.run(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
-                   cfg.constexprs(d, causal=is_causal, band=band, pairs=b * hkv), {})
+                   cfg.constexprs(d, causal=is_causal, band=band), {})
 
     if dq_cfg is not None and dq_accum is None:
         _dkdv_then_dq(q.device, dkdv, lambda: _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal,
@@ -439,4 +437,4 @@ def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float,
     args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, lse, lse, *dq.stride()[:3], 0, hq,
             hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq), args,
-               dq_cfg.constexprs(d, causal=is_causal, band=band, pairs=b * hq), {})
+               dq_cfg.constexprs(d, causal=is_causal, band=band), {})

@@ -100,32 +100,3 @@ def test_concurrent_dq_equals_the_sequential_backward(causal):
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(static, want, strict=True))
 
-
-
-@pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("b,hq,hkv", [(2, 8, 2), (1, 6, 6), (3, 5, 1)])
-@pytest.mark.parametrize("lpt", [2, 4, 32])
-def test_lpt_walks_give_the_same_bits(d, b, hq, hkv, lpt):
-    """The grouped longest-first walk (`lpt_heads`) only moves which program computes which block: causal dQ, dK
-    and dV equal the pair-by-pair walk's bitwise, on pair counts the group does not divide (6, 5 and 3 pairs take
-    the largest power of two that does) and groups larger than the pairs."""
-    q, k, v = attention_inputs(b, hq, 333, 777, d, torch.bfloat16, "cuda", hkv=hkv, seed=d + lpt)
-    do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
-    import xkernels
-
-    o, lse = xkernels.attention(q, k, v, is_causal=True, enable_gqa=True, return_lse=True)
-    _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=True, precision="auto",
-                                                  backend="auto")
-    base = dataclasses.replace(choice.config, dq=ATTENTION_DQ_CONFIGS[d], concurrent_dq=False)
-    walked = dataclasses.replace(base, dkdv=dataclasses.replace(base.dkdv, lpt_heads=lpt),
-                                 dq=dataclasses.replace(base.dq, lpt_heads=lpt))
-
-    def run(cfg):
-        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        backward._hopper(q, k, v, o.detach(), lse.detach(), do, *grads, None, is_causal=True,
-                         scale=q.shape[-1] ** -0.5, cfg=cfg)
-        return grads
-
-    want, got = run(base), run(walked)
-    assert not any(t.isnan().any() for t in want)
-    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

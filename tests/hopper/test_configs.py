@@ -243,17 +243,3 @@ def test_an_override_the_persistent_kernel_cannot_take_leaves_the_dense_kernel()
     for fields in ("stages=3,persistent=2", "stages=3,chained=1"):
         with pytest.raises(ValueError, match="shared memory"):
             _hopper_forward(128, bf16, parse_backend("hopper:" + fields))
-
-
-def test_lpt_group_divides_the_pairs():
-    """The backward's grouped walk takes whole groups: the largest power of two up to `lpt_heads` dividing the
-    grid's pairs; 0 stays off, and an unknown pair count (inspect's compile) keeps the config's value; the walk is
-    a causal (or windowed) one only."""
-    from xkernels.hopper.configs import HopperAttentionBwdConfig, HopperAttentionDqConfig, lpt_group
-
-    assert [lpt_group(8, p) for p in (32, 12, 6, 5, 1)] == [8, 4, 2, 1, 1]
-    assert lpt_group(6, 32) == 4 and lpt_group(0, 32) == 0 and lpt_group(8, 0) == 8
-    for cfg in (HopperAttentionBwdConfig(lpt_heads=8), HopperAttentionDqConfig(lpt_heads=8)):
-        assert cfg.constexprs(128, causal=True, pairs=12)["LPT_HEADS"] == 4
-        assert cfg.constexprs(128, causal=False, pairs=12)["LPT_HEADS"] == 0
-        assert str(cfg).endswith("-lpt8")

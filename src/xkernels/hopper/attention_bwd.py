@@ -303,8 +303,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                           dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
-                          VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr,
-                          LPT_HEADS: gl.constexpr):
+                          VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
@@ -312,14 +311,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.static_assert(not (VARLEN and FUSED_DQ), "packed batches take the separate dQ kernel")
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)
-    if LPT_HEADS > 0:  # causal: key block 0 walks the most queries; groups of LPT_HEADS pairs (a divisor of the
-        # pairs), each group's block 0s first, then its 1s, ...
-        pid = gl.program_id(0)
-        start_n = ((pid % (LPT_HEADS * n_blocks)) // LPT_HEADS) * BLOCK_N
-        bhk = ((pid // (LPT_HEADS * n_blocks)) * LPT_HEADS + pid % LPT_HEADS).to(gl.int64)
-    else:  # one (batch, kv head) pair's key blocks after another
-        start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
-        bhk = (gl.program_id(0) // n_blocks).to(gl.int64)
+    start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
+    bhk = (gl.program_id(0) // n_blocks).to(gl.int64)
     b = bhk // HKV
     hk = bhk % HKV
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)

@@ -118,19 +118,14 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
 def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, CU_K, dq_sb, dq_sh, dq_ss, lse_sh, HQ,
                         GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
                         STAGES: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr,
-                        BAND: gl.constexpr, LPT_HEADS: gl.constexpr):
+                        BAND: gl.constexpr):
     BLOCK_M: gl.constexpr = 2 * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)
-    if LPT_HEADS > 0:  # groups of LPT_HEADS (batch, head) pairs (a divisor of the pairs), query block by block
-        pid = gl.program_id(0)
-        m_block = (pid % (LPT_HEADS * m_blocks)) // LPT_HEADS
-        bh = ((pid // (LPT_HEADS * m_blocks)) * LPT_HEADS + pid % LPT_HEADS).to(gl.int64)
-    else:  # one pair's query blocks after another
-        m_block = gl.program_id(0) % m_blocks
-        bh = (gl.program_id(0) // m_blocks).to(gl.int64)
+    m_block = gl.program_id(0) % m_blocks
     if CAUSAL:
         m_block = m_blocks - 1 - m_block  # longest rows first, as the forward
     start_m = m_block * BLOCK_M
+    bh = (gl.program_id(0) // m_blocks).to(gl.int64)
     b = bh // HQ
     h = bh % HQ
     hk = h // GROUP

@@ -138,17 +138,6 @@ PERSISTENT_ATTENTION_CONFIGS = {
     256: HopperAttentionConfig(64, 2, convert_steps=4, persistent=1, o_store=2)}
 
 
-def lpt_group(lpt_heads: int, pairs: int) -> int:
-    """LPT_HEADS of a backward launch over `pairs` (batch, head) pairs: the largest power of two up to `lpt_heads`
-    that divides `pairs` (the kernels' walk takes whole groups), or `lpt_heads` where the pairs are unknown (0)."""
-    if lpt_heads <= 0 or pairs <= 0:
-        return max(lpt_heads, 0)
-    g = 1 << (lpt_heads.bit_length() - 1)
-    while pairs % g:
-        g //= 2
-    return g
-
-
 @dataclass(frozen=True)
 class HopperAttentionBwdConfig:
     """The dK/dV kernel's tiles: BLOCK_N keys per program (two consumer warpgroups of 64 keys each, or with split_d
@@ -163,21 +152,15 @@ class HopperAttentionBwdConfig:
     # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
     split_d: int = 0
-    # causal (or windowed) calls: programs walk groups of this many (batch, kv head) pairs, key block by key block
-    # across the group, so every pair's longest blocks run before any pair's shortest (0: one pair after another)
-    lpt_heads: int = 0
 
-    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, band: Band | None = None,
-                   pairs: int = 0) -> dict[str, object]:
-        """`pairs`: the grid's (batch, kv head) pairs (0: unknown, as `inspect` compiles)."""
-        lpt = lpt_group(self.lpt_heads, pairs) if causal or band is not None else 0
+    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
+                   band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen,
-                    LPT_HEADS=lpt) | band_constexprs(band, causal)
+                    FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
         return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq) + (
-            f"-sd{self.split_d}" if self.split_d else "") + (f"-lpt{self.lpt_heads}" if self.lpt_heads else "")
+            f"-sd{self.split_d}" if self.split_d else "")
 
 
 # D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns over
@@ -195,17 +178,14 @@ class HopperAttentionDqConfig:
 
     block_n: int = 64
     stages: int = 2
-    lpt_heads: int = 0  # as HopperAttentionBwdConfig's, over (batch, head) pairs and query blocks
 
-    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, band: Band | None = None,
-                   pairs: int = 0) -> dict[str, object]:
-        """`pairs`: the grid's (batch, head) pairs (0: unknown, as `inspect` compiles)."""
-        lpt = lpt_group(self.lpt_heads, pairs) if causal or band is not None else 0
+    def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
+                   band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
-                    VARLEN=varlen, LPT_HEADS=lpt) | band_constexprs(band, causal)
+                    VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
-        return f"BM128-BN{self.block_n}-S{self.stages}" + (f"-lpt{self.lpt_heads}" if self.lpt_heads else "")
+        return f"BM128-BN{self.block_n}-S{self.stages}"
 
 
 # run on the H200 (runs 20, 21, 26 of 2026-11-30): passes its float64 tests, 3-29 % faster than the portable dQ
