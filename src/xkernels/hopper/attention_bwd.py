@@ -165,7 +165,7 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
 @gluon.jit
 def _stage_dq(dq_out, it, dq):
     """FUSED_DQ: hand step `it`'s fp32 dQ partial to the writer warp through slot it % 2 of this consumer's ring."""
-    slot = dq_out.acquire(it)  # the writer's reduce of two steps ago has read this slot
+    slot = dq_out.acquire(it, True)  # the writer's reduce of two steps ago has read this slot
     dq_out.bufs.index(slot).store(dq)
     fence_async_shared()  # generic-proxy stores -> the writer's TMA reduce (async proxy)
     mbarrier.arrive(dq_out.ready.index(slot))
@@ -201,7 +201,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     it = 0
     for _g in range(GROUP):
         for start_m in range(lo, q_end, BLOCK_M):
-            s = qdo.wait(it)
+            s = qdo.wait(it, FUSED_DQ > 0)  # FUSED_DQ: masked stage index (`pipeline.ring_slot`)
             q = qdo.bufs.index(s)
             do = do_bufs.index(s)
             if SPLIT_D:  # the columns of Q and dO that this warpgroup's dK and dV columns take
@@ -229,7 +229,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                 dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
                 ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
                 if FUSED_DQ:
-                    d = ds.acquire(it)  # both warpgroups' dQ and dK products of STAGES steps ago have retired
+                    d = ds.acquire(it, True)  # both warpgroups' dQ and dK products of STAGES steps ago have retired
                     ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
                     ds_w.store(ds_t.to(dtype))
                     fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
@@ -237,7 +237,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                     if FUSED_DQ == 1:
                         dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
                         # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
-                        ds.wait(it)
+                        ds.wait(it, True)
                         dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
                                                gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
                                                is_async=True)  # dQ[:, half] = dS K[:, half] over the program's keys
@@ -246,7 +246,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                     else:
                         # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's
                         # rows land
-                        ds.wait(it)
+                        ds.wait(it, True)
                         dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
                                                gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
                                                is_async=True)
@@ -256,7 +256,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                         dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
                         _stage_dq(dq_out, it, dq)
                         dk = warpgroup_mma_wait(0, deps=[dk_tok])
-                    qdo.release(it)  # also frees dS^T stage it % STAGES (the ds ring's empty barriers are qdo's)
+                    qdo.release(it, MASK=True)  # also frees dS^T stage it % STAGES (the ds ring empties are qdo's)
                 else:
                     ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
                     dk_tok = warpgroup_mma(ds_op, q_w, dk, is_async=True)  # dK += dS^T Q

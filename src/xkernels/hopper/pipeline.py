@@ -29,6 +29,18 @@ def allocate_barriers(STAGES: gl.constexpr, COUNT: gl.constexpr):
     return bars
 
 
+@gluon.jit
+def ring_slot(it, STAGES: gl.constexpr, MASK: gl.constexpr = False):
+    """Stage `it % STAGES`. MASK (a power-of-two ring, `it` >= 0): `it & (STAGES - 1)`, which LLVM cannot rewrite as
+    `it - STAGES * (it / STAGES)` and so cannot strength-reduce into one `it * stride` induction variable per derived
+    shared-memory address (each a loop-carried register: the FUSED_DQ backward consumer spilled them)."""
+    if MASK:
+        gl.static_assert((STAGES & (STAGES - 1)) == 0, "MASK takes a power-of-two ring")
+        return it & (STAGES - 1)
+    else:
+        return it % STAGES
+
+
 @aggregate
 class Ring:
     bufs: gl.shared_memory_descriptor  # [STAGES, ...] tiles
@@ -42,10 +54,10 @@ class Ring:
         self.empty = empty
 
     @gluon.jit
-    def acquire(self, it):
+    def acquire(self, it, MASK: gl.constexpr = False):
         """Producer: wait until stage `it % STAGES` was released by every consumer; return its index."""
         STAGES: gl.constexpr = self.bufs.shape[0]
-        s = it % STAGES
+        s = ring_slot(it, STAGES, MASK)
         mbarrier.wait(self.empty.index(s), ((it // STAGES) & 1) ^ 1)
         return s
 
@@ -59,15 +71,15 @@ class Ring:
         return s
 
     @gluon.jit
-    def wait(self, it):
+    def wait(self, it, MASK: gl.constexpr = False):
         """Consumer: wait until stage `it % STAGES` is ready; return its index."""
         STAGES: gl.constexpr = self.bufs.shape[0]
-        s = it % STAGES
+        s = ring_slot(it, STAGES, MASK)
         mbarrier.wait(self.ready.index(s), (it // STAGES) & 1)
         return s
 
     @gluon.jit
-    def release(self, it, pred=True):
+    def release(self, it, pred=True, MASK: gl.constexpr = False):
         """Consumer: hand stage `it % STAGES` back to the producer (arrive on its empty barrier)."""
         STAGES: gl.constexpr = self.bufs.shape[0]
-        mbarrier.arrive(self.empty.index(it % STAGES), pred=pred)
+        mbarrier.arrive(self.empty.index(ring_slot(it, STAGES, MASK)), pred=pred)
