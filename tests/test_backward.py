@@ -288,3 +288,41 @@ def test_a_repeated_backward_reuses_its_plan(device):
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
     backward.attention_backward(do, q, k, v, o, lse, torch.zeros_like(lse), **args)
     assert len(backward_plans()) == 2
+
+
+def test_deterministic_false_reaches_the_backward_and_its_plan(device):
+    """flash_attn's `deterministic`: the API hands it through the forward op to the backward op, whose plan keys on
+    it (a deterministic call after a fused one must not reuse the fused plan); the forward is the same either way,
+    and so are the portable backward's gradients (it has no fused variant; the Hopper selection's is in
+    tests/hopper/test_configs.py, its kernel's float64 checks in tests/gpu/test_hopper_dq.py); eager and compiled;
+    a non-bool is refused by name."""
+    from xkernels import plans
+
+    q, k, v = attention_inputs(1, 4, 33, 47, 64, torch.bfloat16, device, hkv=2, seed=12)
+    do = _grad_out(q.shape, torch.bfloat16, device)
+    seen = []
+    real = backward.attention_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    def run(det, fn=xkernels.attention):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = fn(*leaves, is_causal=True, enable_gqa=True, deterministic=det)
+        return (o, *torch.autograd.grad(o, leaves, do))
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(backward, "attention_backward", spy):
+        plans._PLANS.clear()
+        fast, exact = run(False), run(True)
+    assert seen == [False, True]
+    assert sum(key[0] == "attention_backward" and key[-1] is det for key in plans._PLANS for det in (True, False)) == 2
+    for a, b in zip(fast, exact, strict=True):
+        assert torch.equal(a, b)
+    compiled = torch.compile(lambda *t, **kw: xkernels.attention(*t, **kw), fullgraph=True)
+    for a, b in zip(run(False, compiled), exact, strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(TypeError, match="deterministic: expected a Python bool"):
+        xkernels.attention(q, k, v, deterministic=None)

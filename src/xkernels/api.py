@@ -66,6 +66,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
               scale: float | None = None, enable_gqa: bool = False, precision: str = "auto",
               return_lse: bool = False, out: torch.Tensor | None = None,
               window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks: torch.Tensor | None = None,
+              deterministic: bool = True,
               backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, like F.scaled_dot_product_attention without a mask or dropout.
 
@@ -90,6 +91,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     includes it (a row that sees no key: O = 0, LSE = sink); differentiable in the sinks too. The forward runs
     where a sinkless call's would (on Hopper the Gluon kernel), and so does the backward, which needs nothing
     of them (the LSE holds the sink).
+    `deterministic` (flash_attn's): True, bitwise-repeatable gradients (the Hopper backward's dQ kernel runs
+    beside dK/dV); False lets the Hopper backward fuse dQ into the dK/dV kernel at D64 and D128 without a window
+    (fp32 partials reduce-added in any order: not bitwise repeatable; 2-8 % faster at D128 8K and D64 4K, slower
+    at B2 H16 4K causal: `benchmarks/README.md`); the forward is deterministic either way.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
@@ -106,7 +111,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
-    extras = _extras(window_size, softcap, is_causal, sinks)
+    extras = _extras(window_size, softcap, is_causal, sinks, deterministic)
     if out is None:
         q, k, v = _autocast((q, k, v))
     if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
@@ -128,21 +133,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                  *extras)
 
 
-def _extras(window_size: object, softcap: object, is_causal: bool, sinks: object) -> tuple:
-    """The ops' trailing (window_left, window_right, softcap, sinks), checked (the sinks' metadata by the op), or ()
-    for their defaults (no window, soft cap or sinks: the common call passes three cheap tests)."""
-    if window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0 and sinks is None:
+def _extras(window_size: object, softcap: object, is_causal: bool, sinks: object, deterministic: object) -> tuple:
+    """The ops' trailing (window_left, window_right, softcap, sinks, deterministic), checked (the sinks' metadata by
+    the op), or () for their defaults (no window, soft cap or sinks, deterministic: the common call passes four
+    cheap tests)."""
+    if (window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0 and sinks is None
+            and deterministic is True):
         return ()
+    flag(deterministic, "deterministic")
     if sinks is not None:  # the layout too: the dispatcher would refuse a sparse tensor with its own error
         tensor(sinks, "sinks")
-    return (*check_window(window_size, is_causal), check_softcap(softcap), sinks)
+    return (*check_window(window_size, is_causal), check_softcap(softcap), sinks, deterministic)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
                      scale: float | None = None, precision: str = "auto", return_lse: bool = False,
                      sync_checks: bool = True, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
-                     sinks: torch.Tensor | None = None,
+                     sinks: torch.Tensor | None = None, deterministic: bool = True,
                      backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a packed batch of variable-length sequences, like flash_attn_varlen_func.
 
@@ -163,14 +171,15 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     forward saves O and the LSE, and the backward recomputes the attention matrix tile by tile, checking the
     cu_seqlens on the device (bad values give NaN gradients); its kernels are the Gluon backward's packed variants on
     sm_90, the portable ones elsewhere or with backend="portable"; bf16io's backward is the bf16 recipe's, as for
-    `attention`.
+    `attention`. `deterministic` is flash_attn_varlen_func's argument: the packed backward has no fused-dQ variant,
+    so its gradients are bitwise repeatable either way.
     """
     tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), tensor(cu_seqlens_q, "cu_seqlens_q")
     tensor(cu_seqlens_k, "cu_seqlens_k"), check_max_seqlen(max_seqlen_q, "max_seqlen_q")
     check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
-    extras = _extras(window_size, softcap, is_causal, sinks)
+    extras = _extras(window_size, softcap, is_causal, sinks, deterministic)
     q, k, v = _autocast((q, k, v))
     # differentiable: the backward needs the LSE, so the op returns it whatever the caller asked
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad

@@ -29,20 +29,21 @@ def grad_like(t: torch.Tensor) -> torch.Tensor:
 
 def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, scale: float | None,
                        enable_gqa: bool, precision: str, backend: str, window: tuple[int, int] = NO_WINDOW,
-                       softcap: float = 0.0):
+                       softcap: float = 0.0, deterministic: bool = True):
     """(dQ, dK, dV) of O = attention(q, k, v) for the upstream gradients dO (and dLSE, or None): dK and dV summed
-    over each GQA group, in the inputs' dtypes; `window` and `softcap` the forward's, checked. The call's plan
-    (`BackwardPlan`) is found by its key."""
+    over each GQA group, in the inputs' dtypes; `window` and `softcap` the forward's, checked; `deterministic`
+    False lets the selection take the fused-dQ kernel (not bitwise repeatable). The call's plan (`BackwardPlan`)
+    is found by its key."""
     key = ("attention_backward", grad_out.shape, grad_out.stride(), grad_out.dtype, grad_out.device, q.shape,
            q.stride(), q.dtype, q.device, k.shape, k.stride(), k.dtype, k.device, v.shape, v.stride(), v.dtype,
            v.device, out.shape, out.stride(), out.dtype, out.device, lse.shape, lse.stride(), lse.dtype, lse.device,
            None if grad_lse is None else (grad_lse.shape, grad_lse.stride(), grad_lse.dtype, grad_lse.device),
-           is_causal, enable_gqa, precision, backend, window, softcap)
+           is_causal, enable_gqa, precision, backend, window, softcap, deterministic)
     plan = plans._PLANS.get(key)
     if plan is None:
         plan = plans._remember(key, BackwardPlan(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal,
                                                  enable_gqa=enable_gqa, precision=precision, backend=backend,
-                                                 window=window, softcap=softcap))
+                                                 window=window, softcap=softcap, deterministic=deterministic))
     return plan.run(grad_out, q, k, v, out, lse, grad_lse, scale)
 
 
@@ -57,11 +58,12 @@ class BackwardPlan:
     is and launches through `launch.run`. A plan holds numbers and compiled kernels, never a tensor."""
 
     def __init__(self, grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, enable_gqa: bool, precision: str,
-                 backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0):
+                 backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
+                 deterministic: bool = True):
         _, self.choice = select.resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse,
                                                            enable_gqa=enable_gqa, precision=precision,
                                                            backend=backend, is_causal=is_causal, window=window,
-                                                           softcap=softcap)
+                                                           softcap=softcap, deterministic=deterministic)
         self.band, self.softcap = Band.of(is_causal, window), softcap
         self.is_causal = self.band.causal
         self.empty = q.numel() == 0 or k.numel() == 0

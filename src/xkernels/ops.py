@@ -22,9 +22,9 @@ decorator's Python wrapper costs ~15 us of host time per call, more than the who
   xkernels::matmul(a, b, b_layout, walk, out_dtype, backend) -> C
   xkernels::matmul_out(a, b, out!, b_layout, walk, out_dtype, backend) -> ()
 Every dense and varlen attention op (forward and backward) ends with `window_left=-1, window_right=-1,
-softcap=0.0` (flash_attn's window_size and softcap), and every forward one with `sinks=None` ((Hq,) attention
-sinks; their gradient is computed here from O, dO and the LSE): defaults, so calls without them keep their
-positional form.
+softcap=0.0` (flash_attn's window_size and softcap), every forward one with `sinks=None` ((Hq,) attention sinks;
+their gradient is computed here from O, dO and the LSE), and all of them with `deterministic=True` (flash_attn's;
+the forward ops hand it to their backward): defaults, so calls without them keep their positional form.
 LSE is (B, H, Sq) fp32; attention_out returns an empty fp32 tensor for it unless `return_lse`. Each op returns one
 fixed type; the LSE-less op allocates nothing for an LSE.
 
@@ -64,20 +64,24 @@ _lib = torch.library.Library("xkernels", "DEF")
 _ATTN_ARGS = "bool is_causal, float? scale, bool enable_gqa, str precision, str backend"
 # flash_attn's window_size and softcap, last and with defaults, so calls without them keep their positional form
 _WINDOW = "int window_left=-1, int window_right=-1, float softcap=0.0"
+# flash_attn's deterministic, after everything else (the forward ops take it only to hand it to their backward)
+_DETERMINISTIC = "bool deterministic=True"
 _SINKS = "Tensor? sinks=None"  # the forward ops' attention sinks (gpt-oss): (Hq,) logits; the backward needs none
 _MM_ARGS = "str b_layout, str walk, ScalarType? out_dtype, str backend"
-_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}, {_SINKS}) -> Tensor")
-_lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}, {_SINKS}) -> (Tensor, Tensor)")
+_lib.define(f"attention(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}, {_SINKS}, {_DETERMINISTIC}) -> Tensor")
+_lib.define(f"attention_lse(Tensor q, Tensor k, Tensor v, {_ATTN_ARGS}, {_WINDOW}, {_SINKS}, {_DETERMINISTIC}) "
+            "-> (Tensor, Tensor)")
 _lib.define(f"attention_out(Tensor q, Tensor k, Tensor v, Tensor(a!) out, {_ATTN_ARGS}, bool return_lse, {_WINDOW}, "
-            f"{_SINKS}) -> Tensor")
+            f"{_SINKS}, {_DETERMINISTIC}) -> Tensor")
 _lib.define("attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-            f"Tensor? grad_lse, {_ATTN_ARGS}, {_WINDOW}) -> (Tensor, Tensor, Tensor)")
+            f"Tensor? grad_lse, {_ATTN_ARGS}, {_WINDOW}, {_DETERMINISTIC}) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_varlen(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
             "SymInt max_seqlen_q, SymInt max_seqlen_k, bool is_causal, float? scale, str precision, bool return_lse, "
-            f"bool sync_checks, str backend, {_WINDOW}, {_SINKS}) -> (Tensor, Tensor)")
+            f"bool sync_checks, str backend, {_WINDOW}, {_SINKS}, {_DETERMINISTIC}) -> (Tensor, Tensor)")
 _lib.define("attention_varlen_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             "Tensor? grad_lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, SymInt max_seqlen_q, SymInt max_seqlen_k, "
-            f"bool is_causal, float? scale, str precision, str backend, {_WINDOW}) -> (Tensor, Tensor, Tensor)")
+            f"bool is_causal, float? scale, str precision, str backend, {_WINDOW}, {_DETERMINISTIC}) "
+            "-> (Tensor, Tensor, Tensor)")
 _lib.define("attention_with_kvcache(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cache_seqlens, "
             "Tensor? k, Tensor? v, Tensor? block_table, Tensor? cache_leftpad, bool is_causal, float? scale, "
             "str precision, bool return_lse, int num_splits, bool sync_checks, int window_left, int window_right, "
@@ -117,7 +121,7 @@ def _softcap(softcap: float) -> float:
 
 
 def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
-               softcap=0.0, sinks=None):
+               softcap=0.0, sinks=None, deterministic=True):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=False, backend=backend,
                            window=_dense_window(is_causal, window_left, window_right, q, k),
@@ -125,7 +129,7 @@ def _attention(q, k, v, is_causal, scale, enable_gqa, precision, backend, window
 
 
 def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1,
-                   softcap=0.0, sinks=None):
+                   softcap=0.0, sinks=None, deterministic=True):
     return plans.attention(q, k, v, None, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                            precision=precision, return_lse=True, backend=backend,
                            window=_dense_window(is_causal, window_left, window_right, q, k),
@@ -133,7 +137,7 @@ def _attention_lse(q, k, v, is_causal, scale, enable_gqa, precision, backend, wi
 
 
 def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1,
-                   window_right=-1, softcap=0.0, sinks=None):
+                   window_right=-1, softcap=0.0, sinks=None, deterministic=True):
     check_out_memory(out, {"q": q, "k": k, "v": v} | ({} if sinks is None else {"sinks": sinks}))
     lse = plans.attention(q, k, v, out, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
                           precision=precision, return_lse=return_lse, backend=backend,
@@ -143,15 +147,16 @@ def _attention_out(q, k, v, out, is_causal, scale, enable_gqa, precision, backen
 
 
 def _attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend,
-                        window_left=-1, window_right=-1, softcap=0.0):
+                        window_left=-1, window_right=-1, softcap=0.0, deterministic=True):
     return backward.attention_backward(grad_out, q, k, v, out, lse, grad_lse, is_causal=is_causal, scale=scale,
                                        enable_gqa=enable_gqa, precision=precision, backend=backend,
                                        window=_dense_window(is_causal, window_left, window_right, q, k),
-                                       softcap=_softcap(softcap))
+                                       softcap=_softcap(softcap), deterministic=deterministic)
 
 
 def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision,
-                      return_lse, sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+                      return_lse, sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0,
+                      sinks=None, deterministic=True):
     return varlen.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                    is_causal=is_causal, scale=scale, precision=precision, return_lse=return_lse,
                                    sync_checks=sync_checks, backend=backend,
@@ -161,7 +166,8 @@ def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 def _attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                max_seqlen_k, is_causal, scale, precision, backend, window_left=-1, window_right=-1,
-                               softcap=0.0):
+                               softcap=0.0, deterministic=True):
+    # (the packed backward is deterministic whatever `deterministic` says: it has no fused-dQ variant)
     return backward.attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                               max_seqlen_q, max_seqlen_k, is_causal=is_causal, scale=scale,
                                               precision=precision, backend=backend,
@@ -215,21 +221,21 @@ def _fake_lse(q):
 
 @torch.library.register_fake("xkernels::attention")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
-      sinks=None):
+      sinks=None, deterministic=True):
     _resolve_fake(q, k, v, None, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
     return q.new_empty(q.shape)
 
 
 @torch.library.register_fake("xkernels::attention_lse")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
-      sinks=None):
+      sinks=None, deterministic=True):
     _resolve_fake(q, k, v, None, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
     return q.new_empty(q.shape), _fake_lse(q)
 
 
 @torch.library.register_fake("xkernels::attention_out")
 def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse, window_left=-1, window_right=-1,
-      softcap=0.0, sinks=None):
+      softcap=0.0, sinks=None, deterministic=True):
     _resolve_fake(q, k, v, out, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
     check_out_storage(out, {"q": q, "k": k, "v": v})
     return _fake_lse(q) if return_lse else q.new_empty(0, dtype=torch.float32)
@@ -237,17 +243,17 @@ def _(q, k, v, out, is_causal, scale, enable_gqa, precision, backend, return_lse
 
 @torch.library.register_fake("xkernels::attention_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, is_causal, scale, enable_gqa, precision, backend, window_left=-1,
-      window_right=-1, softcap=0.0):
+      window_right=-1, softcap=0.0, deterministic=True):
     window = _window(is_causal, window_left, window_right, q.shape[-2] + k.shape[-2])
     resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa, precision=precision,
-                               backend=backend, is_causal=is_causal,
-                               window=window, softcap=_softcap(softcap))
+                               backend=backend, is_causal=is_causal, window=window, softcap=_softcap(softcap),
+                               deterministic=deterministic)
     return backward.grad_like(q), backward.grad_like(k), backward.grad_like(v)
 
 
 @torch.library.register_fake("xkernels::attention_varlen")
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, return_lse,
-      sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+      sync_checks, backend, window_left=-1, window_right=-1, softcap=0.0, sinks=None, deterministic=True):
     window = _window(is_causal, window_left, window_right, max_seqlen_q + max_seqlen_k)
     resolve_attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                              precision=precision, backend=backend, is_causal=is_causal,
@@ -259,7 +265,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal
 
 @torch.library.register_fake("xkernels::attention_varlen_backward")
 def _(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale,
-      precision, backend, window_left=-1, window_right=-1, softcap=0.0):
+      precision, backend, window_left=-1, window_right=-1, softcap=0.0, deterministic=True):
     window = _window(is_causal, window_left, window_right, max_seqlen_q + max_seqlen_k)
     resolve_attention_varlen_backward(grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q, cu_seqlens_k,
                                       max_seqlen_q, max_seqlen_k, precision=precision, backend=backend,
@@ -310,10 +316,10 @@ def _sink_grad(sinks, out, lse, grad_out, grad_lse, *, packed: bool):
 
 
 def _split_sinks(ctx, flags: list) -> list:
-    """The forward op's trailing flags without its sinks (the backward op needs the LSE only); `ctx.sinks` keeps them
-    for save_for_backward."""
-    *flags, ctx.sinks = flags
-    return flags
+    """The forward op's trailing flags (..., sinks, deterministic) without its sinks, as the backward op takes them
+    (it needs the LSE only); `ctx.sinks` keeps them for save_for_backward."""
+    *flags, ctx.sinks, deterministic = flags
+    return [*flags, deterministic]
 
 
 def _saved_sinks(ctx) -> tuple:
@@ -324,23 +330,23 @@ def _saved_sinks(ctx) -> tuple:
 
 def _save_lse(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
-    ctx.flags = _split_sinks(ctx, flags)  # is_causal, scale, enable_gqa, precision, backend, window, softcap
+    ctx.flags = _split_sinks(ctx, flags)  # is_causal, ..., backend, window, softcap, deterministic
     ctx.save_for_backward(q, k, v, *output, *_saved_sinks(ctx))
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensor to build and read
 
 
 def _backward_lse(ctx, grad_out, grad_lse):
     q, k, v, out, lse, *sinks = ctx.saved_tensors
-    nones = (None,) * len(ctx.flags)
+    nones = (None,) * (len(ctx.flags) - 1)  # the flags before the sinks (deterministic comes after them)
     if grad_out is None and grad_lse is None:
-        return None, None, None, *nones, None
+        return None, None, None, *nones, None, None
     if grad_out is None:  # only the LSE reached the loss
         grad_out = torch.zeros_like(out)
     dq, dk, dv = _gradient_op(attention_backward_op, grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
     dsinks = None
     if sinks and ctx.needs_input_grad[-1]:
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=False)
-    return dq, dk, dv, *nones, dsinks
+    return dq, dk, dv, *nones, dsinks, None
 
 
 def _save_inputs(ctx, inputs, output) -> None:
@@ -351,12 +357,13 @@ def _save_inputs(ctx, inputs, output) -> None:
 
 def _backward_recompute(ctx, grad_out):
     q, k, v, *sinks = ctx.saved_tensors
-    out, lse = _gradient_op(attention_lse_op, q, k, v, *ctx.flags, *sinks)
+    *flags, deterministic = ctx.flags
+    out, lse = _gradient_op(attention_lse_op, q, k, v, *flags, sinks[0] if sinks else None, deterministic)
     dq, dk, dv = _gradient_op(attention_backward_op, grad_out, q, k, v, out, lse, None, *ctx.flags)
     dsinks = None
     if sinks and ctx.needs_input_grad[-1]:
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, None, packed=False)
-    return dq, dk, dv, *(None,) * len(ctx.flags), dsinks
+    return dq, dk, dv, *(None,) * (len(ctx.flags) - 1), dsinks, None
 
 
 def _save_varlen(ctx, inputs, output) -> None:
@@ -369,9 +376,10 @@ def _save_varlen(ctx, inputs, output) -> None:
 
 def _backward_varlen(ctx, grad_out, grad_lse):
     q, k, v, cu_seqlens_q, cu_seqlens_k, out, lse, *sinks = ctx.saved_tensors
-    nones = (None,) * (len(ctx.flags) + 4)  # cu_seqlens, lengths and flags (return_lse and sync_checks too)
+    # cu_seqlens, lengths and flags (return_lse and sync_checks too) before the sinks; deterministic after them
+    nones = (None,) * (len(ctx.flags) + 3)
     if grad_out is None and grad_lse is None:
-        return None, None, None, *nones, None
+        return None, None, None, *nones, None, None
     if lse.dim() != 2:  # the (0,) placeholder of a call without return_lse
         raise RuntimeError("xkernels::attention_varlen: the backward needs the LSE; call the op with return_lse=True "
                            "when an input requires grad (xkernels.attention_varlen does)")
@@ -382,7 +390,7 @@ def _backward_varlen(ctx, grad_out, grad_lse):
     dsinks = None
     if sinks and ctx.needs_input_grad[-1]:
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=True)
-    return dq, dk, dv, *nones, dsinks
+    return dq, dk, dv, *nones, dsinks, None
 
 
 def _gradient_op(op, *args):

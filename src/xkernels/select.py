@@ -204,19 +204,39 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
                                backend: str, is_causal: bool = False, window: tuple[int, int] = NO_WINDOW,
-                               softcap: float = 0.0):
+                               softcap: float = 0.0, deterministic: bool = True):
     """The backward's checks and kernel choice, for the real and the fake kernel alike: on sm_90 with a tested triton
     the Hopper dK/dV and dQ kernels (every head dim: D256 splits dK's and dV's columns across the warpgroups), else
     the portable kernels. `backend` "portable" forces those; "hopper" where the Hopper backward has no kernel (other
     GPUs, an untested triton) runs the portable one (`last_backend()` names it), and config overrides
     ("hopper:stages=3") apply to the forward only; a soft cap runs the portable kernels (also where "hopper" is
-    forced), a sliding window the Hopper kernels' band. Returns (recipe, Choice)."""
+    forced), a sliding window the Hopper kernels' band. `deterministic` False: the Hopper dK/dV kernel with dQ
+    fused in where it has that variant (`hopper_backward`). Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
-    return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap)
+    if type(deterministic) is not bool:
+        raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
+    fused = not deterministic and window == NO_WINDOW
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused)
 
 
-def _backward_choice(q, backend: str, *, hopper_by_default: bool, softcap: float = 0.0) -> Choice:
+# Head dims whose Hopper dK/dV kernel has the fused-dQ variant (D256 splits its head dim across the warpgroups)
+FUSED_DQ_HEAD_DIMS = (64, 128)
+
+
+def hopper_backward(head_dim: int, portable: portable_configs.AttentionBwdConfig, *,
+                    fused_dq: bool = False) -> HopperBackward:
+    """The Hopper backward's configs at `head_dim`: the dK/dV kernel and the Gluon dQ kernel beside it (bitwise
+    repeatable), or with `fused_dq` where the head dim has it, dQ reduce-added by the dK/dV kernel (not bitwise
+    repeatable: the partials of different key blocks land in any order; 2-8 % faster at D128 8K and D64 4K,
+    slower at B2 H16 4K causal: benchmarks/results/h200/2026-12-04/88-*)."""
+    if fused_dq and head_dim in FUSED_DQ_HEAD_DIMS:
+        return HopperBackward(dataclasses.replace(ATTENTION_BWD_CONFIGS[head_dim], fused_dq=1), portable, None)
+    return HopperBackward(ATTENTION_BWD_CONFIGS[head_dim], portable, ATTENTION_DQ_CONFIGS.get(head_dim))
+
+
+def _backward_choice(q, backend: str, *, hopper_by_default: bool, softcap: float = 0.0,
+                     fused_dq: bool = False) -> Choice:
     """The backward kernels: the Hopper dK/dV and dQ kernels (windows included: their band) on sm_90 with a tested
     triton where "hopper" is forced, or with `hopper_by_default` where no layer is, but for soft caps; else the
     portable ones."""
@@ -231,7 +251,7 @@ def _backward_choice(q, backend: str, *, hopper_by_default: bool, softcap: float
     portable = portable_configs.attention_bwd_config(d, _target(q.device))
     wanted = not portable_only and (override.layer == "hopper" or (hopper_by_default and override.layer is None))
     if wanted and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
-        return Choice("hopper", HopperBackward(ATTENTION_BWD_CONFIGS[d], portable, ATTENTION_DQ_CONFIGS.get(d)))
+        return Choice("hopper", hopper_backward(d, portable, fused_dq=fused_dq))
     return Choice("portable", portable)
 
 

@@ -100,3 +100,30 @@ def test_concurrent_dq_equals_the_sequential_backward(causal):
     torch.cuda.synchronize()
     assert all(torch.equal(a, b) for a, b in zip(static, want, strict=True))
 
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
+    """`xkernels.attention(..., deterministic=False)`'s backward is the fused-dQ kernel (its name says -dq1) and
+    passes the float64 checks with GQA and a tail; deterministic=True's (the default) is the split one, bitwise
+    the same on a second call."""
+    import xkernels
+
+    q, k, v = attention_inputs(2, 8, 777, 777, d, torch.bfloat16, "cuda", hkv=2, seed=d)
+    do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
+    refs = reference_attention_grads(q, k, v, do, is_causal=causal)
+
+    def grads(det):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        o = xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, deterministic=det)
+        out = torch.autograd.grad(o, leaves, do)
+        return out, xkernels.last_backend()
+
+    fused, name = grads(False)
+    assert "-dq1" in name, name
+    for g, ref in zip(fused, refs, strict=True):
+        c = compare_grad(g, ref, ATTENTION_RECIPES["bf16"])
+        assert c.passed, c.reason
+    (first, name), (second, _) = grads(True), grads(True)
+    assert "-dq1" not in name and all(torch.equal(a, b) for a, b in zip(first, second, strict=True))

@@ -243,3 +243,32 @@ def test_an_override_the_persistent_kernel_cannot_take_leaves_the_dense_kernel()
     for fields in ("stages=3,persistent=2", "stages=3,chained=1"):
         with pytest.raises(ValueError, match="shared memory"):
             _hopper_forward(128, bf16, parse_backend("hopper:" + fields))
+
+
+def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeypatch):
+    """The backward's choice on a (pretended) sm_90: deterministic=False fuses dQ into the dK/dV kernel at D64 and
+    D128 without a window; deterministic=True, a window, D256 (its head-dim split has no fused variant) and the
+    packed backward keep the Gluon dQ kernel beside dK/dV (bitwise repeatable); a soft cap the portable kernels."""
+    from xkernels import select
+
+    monkeypatch.setattr(select, "hopper_available", lambda device: True)
+    bf16 = torch.bfloat16
+
+    def choice(d, **kw):
+        q = torch.zeros(1, 2, 8, d, dtype=bf16)
+        k = torch.zeros(1, 2, 8, d, dtype=bf16)
+        o, lse = torch.zeros_like(q), torch.zeros(1, 2, 8)
+        return select.resolve_attention_backward(torch.zeros_like(q), q, k, k, o, lse, None, enable_gqa=False,
+                                                 precision="auto", backend="auto", **kw)[1]
+
+    for d in (64, 128):
+        fused = choice(d, deterministic=False)
+        assert fused.layer == "hopper" and fused.config.dkdv.fused_dq == 1 and fused.config.dq is None
+        for kw in ({}, {"deterministic": True}, {"deterministic": False, "window": (16, 0), "is_causal": True}):
+            split = choice(d, **kw)
+            assert split.config.dkdv.fused_dq == 0 and split.config.dq is not None, kw
+    assert choice(256, deterministic=False).config.dkdv.split_d
+    assert choice(128, deterministic=False, softcap=30.0).layer == "portable"
+    with pytest.raises(TypeError, match="deterministic"):
+        choice(128, deterministic=0)
+    assert select.hopper_backward(128, select.portable_configs.attention_bwd_config(128, None)).dq is not None
