@@ -48,12 +48,14 @@ class AttentionCase:
     window: tuple[int, int] = NO_WINDOW  # window_size (left, right), top-left as the causal mask
     softcap: float = 0.0  # the scores' soft cap (Gemma 2's); 0: none
     sinks: bool = False  # attention sinks (gpt-oss's): a logit per query head, the inputs' last tensor
+    deterministic: bool = True  # False: the backward may fuse dQ (`xkernels.attention`'s deterministic)
 
     @property
     def shape(self) -> str:
         heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
         window = f" window {self.window[0]},{self.window[1]}" if self.window != NO_WINDOW else ""
-        extra = f"{f' softcap {self.softcap:g}' if self.softcap else ''}{' sinks' if self.sinks else ''}"
+        extra = (f"{f' softcap {self.softcap:g}' if self.softcap else ''}{' sinks' if self.sinks else ''}"
+                 f"{'' if self.deterministic else ' nondeterministic'}")
         return (f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
                 f"{window}{extra}{_forced(self.backend)}")
 
@@ -109,7 +111,8 @@ class AttentionCase:
         q, k, v = inputs[:3]
         return xkernels.attention(q, k, v, is_causal=self.causal, enable_gqa=self.hq != self.hkv,
                                   precision=self.recipe, out=out, return_lse=return_lse, backend=self.backend,
-                                  window_size=self.window, softcap=self.softcap, sinks=self._sinks(inputs))
+                                  window_size=self.window, softcap=self.softcap, sinks=self._sinks(inputs),
+                                  deterministic=self.deterministic)
 
     def check(self, inputs) -> Comparison:
         """Run on a NaN-poisoned output and compare O and the LSE with their float64 references."""
