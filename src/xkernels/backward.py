@@ -50,9 +50,11 @@ def attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool
 class BackwardPlan:
     """What a dense backward call's key fixes: the checks (run once per key, as the forward's plans do), the kernels'
     choice and, on the direct path, each launch's argument kinds, integer arguments and descriptor geometry
-    (`launch.Prepared`), so a repeated call costs its allocations (dQ, dK, dV, delta) and four direct launches.
+    (`launch.Prepared`), so a repeated call costs its allocations (dQ, dK, dV, delta; the fused-dQ variant's fp32
+    dQ buffer) and three direct launches (preprocess, dK/dV, then dQ or, fused, the scaling of the dQ buffer).
 
-    The direct path serves the Hopper kernels with the Gluon dQ kernel on inputs laid out as their flat descriptors
+    The direct path serves the Hopper kernels with the Gluon dQ kernel, or with dQ fused into dK/dV, on inputs laid
+    out as their flat descriptors
     read them (q, k, v, dO contiguous; O with a unit last stride; LSE and dLSE contiguous) at 16-byte aligned
     addresses (checked per call). Anything else takes `_general`, which copies what the kernels cannot read as it
     is and launches through `launch.run`. A plan holds numbers and compiled kernels, never a tensor."""
@@ -72,8 +74,8 @@ class BackwardPlan:
         cfg = self.choice.config
         from xkernels.common import launch
 
-        self.direct = (self.choice.layer == "hopper" and not self.empty and cfg.dq is not None
-                       and not cfg.dkdv.fused_dq and launch.direct_launch_available(q.device)
+        self.direct = (self.choice.layer == "hopper" and not self.empty
+                       and (cfg.dq is not None or bool(cfg.dkdv.fused_dq)) and launch.direct_launch_available(q.device)
                        and all(t.is_contiguous() for t in (q, k, v, grad_out, lse))
                        and out.stride(-1) == 1 and (grad_lse is None or grad_lse.is_contiguous()))
         self.name = f"{self.choice.layer}.attention_backward[{cfg}{self.band}{softcap_name(softcap)}]"
@@ -111,16 +113,26 @@ class BackwardPlan:
         def flat(t, rows: int) -> tuple:  # a (B * H * S, D) descriptor of [rows, D] boxes over a contiguous tensor
             return [t.numel() // d, d], [d, 1], [rows, d], smem_layout((rows, d), t.dtype)
 
-        pre = launch.Prepared(portable_bwd.preprocess_kernel, triton.cdiv(sq, pre_cfg.q_m) * b * hq,
-                              dict(HEAD_DIM=d, BLOCK_M=pre_cfg.q_m, HAS_DLSE=has_dlse, ZERO_DQ=False, VARLEN=False),
+        fused = bool(kv_cfg.fused_dq)
+        row_blocks = triton.cdiv(sq, pre_cfg.q_m) * b * hq
+        # fused: the preprocess also zeroes the fp32 dQ buffer, which the dK/dV kernel reduces into
+        pre = launch.Prepared(portable_bwd.preprocess_kernel, row_blocks,
+                              dict(HEAD_DIM=d, BLOCK_M=pre_cfg.q_m, HAS_DLSE=has_dlse, ZERO_DQ=fused, VARLEN=False),
                               dict(num_warps=pre_cfg.num_warps))
         pre_ints = (*out.stride()[:3], *grad_out.stride()[:3], 0, hq, sq)
+        # argument 4: the fp32 dQ buffer's [BLOCK_M, D / 2] boxes where fused, else a stand-in (Q's descriptor)
+        accum = ([b * hq * sq, d], [d, 1], [kv_cfg.block_m, d // 2], smem_layout((kv_cfg.block_m, d // 2),
+                                                                                 torch.float32))
         dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, kv_cfg),
                                kv_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
                                {0: flat(q, kv_cfg.block_m), 1: flat(k, kv_cfg.block_n), 2: flat(v, kv_cfg.block_n),
-                                3: flat(grad_out, kv_cfg.block_m), 4: flat(q, kv_cfg.block_m)})
+                                3: flat(grad_out, kv_cfg.block_m), 4: accum if fused else flat(q, kv_cfg.block_m)})
         # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
         dkdv_ints = (*dk.stride()[:3], *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv)
+        if fused:  # dq = scale * buffer, in dq's dtype
+            finish = launch.Prepared(portable_bwd.dq_finish_kernel, row_blocks,
+                                     dict(HEAD_DIM=d, BLOCK_M=pre_cfg.q_m), dict(num_warps=pre_cfg.num_warps))
+            return pre, pre_ints, dkdv, dkdv_ints, finish, (*dq.stride()[:3], hq, sq), False
         dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq),
                               dq_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
                               {0: flat(q, 64), 1: flat(k, dq_cfg.block_n), 2: flat(v, dq_cfg.block_n),
@@ -133,10 +145,16 @@ class BackwardPlan:
         if self.launches is None:
             self.launches = self._prepare(q, k, v, out, grad_out, dq, dk, dv, grad_lse is not None)
         pre, pre_ints, dkdv, dkdv_ints, dqk, dq_ints, concurrent = self.launches
-        b, hq, sq, _ = q.shape
+        b, hq, sq, d = q.shape
         delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
-        pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, delta, out, *pre_ints))
         qk_scale = scale * plans.LOG2E
+        if self.choice.config.dkdv.fused_dq:
+            dq_accum = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
+            pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, dq_accum, out, *pre_ints))
+            dkdv((q, k, v, grad_out, dq_accum, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale))
+            dqk((dq_accum, dq, *dq_ints, scale))
+            return
+        pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, delta, out, *pre_ints))
         dkdv_args = (q, k, v, grad_out, q, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale)
         dq_args = (q, k, v, grad_out, lse, delta, dq, lse, lse, *dq_ints, qk_scale, scale)
         if not concurrent:

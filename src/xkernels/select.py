@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from xkernels.common.runtime import INTERPRET, check_device, device_index, hopper_available, sm_count
+from xkernels.common.seqlen import Band
 from xkernels.common.targets import TARGETS, Target, device_target
 from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
@@ -216,7 +217,9 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
                                       precision=precision)
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
-    fused = not deterministic and window == NO_WINDOW
+    # a causal call without a window reaches here as window (-1, 0) (`check_window` makes a causal right side 0):
+    # the band, not the pair, says whether a window cuts keys
+    fused = not deterministic and not Band.of(is_causal, window).windowed
     return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused)
 
 

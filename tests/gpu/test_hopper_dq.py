@@ -106,7 +106,8 @@ def test_concurrent_dq_equals_the_sequential_backward(causal):
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
     """`xkernels.attention(..., deterministic=False)`'s backward is the fused-dQ kernel (its name says -dq1) and
-    passes the float64 checks with GQA and a tail; deterministic=True's (the default) is the split one, bitwise
+    passes the float64 checks with GQA and a tail, on contiguous inputs (the plan's direct launches) and on
+    (B, S, H, D) views (the general path's copies); deterministic=True's (the default) is the split one, bitwise
     the same on a second call."""
     import xkernels
 
@@ -114,16 +115,19 @@ def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
     do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
     refs = reference_attention_grads(q, k, v, do, is_causal=causal)
 
-    def grads(det):
-        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    def grads(det, bshd=False):
+        # clone() keeps a view's strides: the (B, S, H, D) storage seen as (B, H, S, D)
+        views = [t.transpose(1, 2).contiguous().transpose(1, 2) if bshd else t for t in (q, k, v)]
+        leaves = [t.detach().clone().requires_grad_() for t in views]
         o = xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, deterministic=det)
         out = torch.autograd.grad(o, leaves, do)
         return out, xkernels.last_backend()
 
-    fused, name = grads(False)
-    assert "-dq1" in name, name
-    for g, ref in zip(fused, refs, strict=True):
-        c = compare_grad(g, ref, ATTENTION_RECIPES["bf16"])
-        assert c.passed, c.reason
+    for bshd in (False, True):
+        fused, name = grads(False, bshd)
+        assert "-dq1" in name, name
+        for g, ref in zip(fused, refs, strict=True):
+            c = compare_grad(g, ref, ATTENTION_RECIPES["bf16"])
+            assert c.passed, (bshd, c.reason)
     (first, name), (second, _) = grads(True), grads(True)
     assert "-dq1" not in name and all(torch.equal(a, b) for a, b in zip(first, second, strict=True))

@@ -262,8 +262,10 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
                                                  precision="auto", backend="auto", **kw)[1]
 
     for d in (64, 128):
-        fused = choice(d, deterministic=False)
-        assert fused.layer == "hopper" and fused.config.dkdv.fused_dq == 1 and fused.config.dq is None
+        # causal without a window: the API's checked window is (-1, 0), a direct op call's (-1, -1)
+        for kw in ({}, {"is_causal": True}, {"is_causal": True, "window": (-1, 0)}):
+            fused = choice(d, deterministic=False, **kw)
+            assert fused.layer == "hopper" and fused.config.dkdv.fused_dq == 1 and fused.config.dq is None, kw
         for kw in ({}, {"deterministic": True}, {"deterministic": False, "window": (16, 0), "is_causal": True}):
             split = choice(d, **kw)
             assert split.config.dkdv.fused_dq == 0 and split.config.dq is not None, kw
