@@ -93,8 +93,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     of them (the LSE holds the sink).
     `deterministic` (flash_attn's): True, bitwise-repeatable gradients (the Hopper backward's dQ kernel runs
     beside dK/dV); False lets the Hopper backward fuse dQ into the dK/dV kernel at D64 and D128 without a window
-    (fp32 partials reduce-added in any order: not bitwise repeatable; 2-8 % faster at D128 8K and D64 4K, slower
-    at B2 H16 4K causal: `benchmarks/README.md`); the forward is deterministic either way.
+    where that is the faster kernel (fp32 partials reduce-added in any order: not bitwise repeatable; D128 without
+    a mask 0-8 % faster, with it and at D64 from 4K keys and enough heads: `xkernels.select.fused_dq_pays`; any
+    shape with backend="hopper"); the forward is deterministic either way.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are

@@ -212,27 +212,49 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     GPUs, an untested triton) runs the portable one (`last_backend()` names it), and config overrides
     ("hopper:stages=3") apply to the forward only; a soft cap runs the portable kernels (also where "hopper" is
     forced), a sliding window the Hopper kernels' band. `deterministic` False: the Hopper dK/dV kernel with dQ
-    fused in where it has that variant (`hopper_backward`). Returns (recipe, Choice)."""
+    fused in where it has that variant and is the faster one there (`fused_dq_pays`; at any shape where "hopper" is
+    forced). Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
     # a causal call without a window reaches here as window (-1, 0) (`check_window` makes a causal right side 0):
-    # the band, not the pair, says whether a window cuts keys
-    fused = not deterministic and not Band.of(is_causal, window).windowed
+    # the band, not the pair, says whether a window cuts keys. A forced "hopper" layer fuses at any shape.
+    band = Band.of(is_causal, window)
+    fused = (not deterministic and not band.windowed
+             and (parse_backend(backend).layer == "hopper"
+                  or fused_dq_pays(int(q.shape[-1]), band.causal, q.shape[0], k.shape[1], k.shape[2])))
     return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused)
 
 
 # Head dims whose Hopper dK/dV kernel has the fused-dQ variant (D256 splits its head dim across the warpgroups)
 FUSED_DQ_HEAD_DIMS = (64, 128)
+# Where the fused-dQ backward measured faster than the split one (device time, H200: scripts/fused_dq_sweep.py,
+# benchmarks/results/h200/2026-12-04/91-fused-dq-sweep): at D128 without a mask at every length (0-8 %); with the
+# causal mask, and at D64 with either, only from 4K keys with a dK/dV grid of at least (head dim, causal) -> CTAs
+# (15-31 waves on 132 SMs). Below those, the split path's dQ kernel, running beside dK/dV's last waves, wins by
+# up to 6 % (D128 causal at 1K-2K keys or 1024 CTAs, D64 at 2048 CTAs).
+FUSED_DQ_MIN_KEYS = 4096
+FUSED_DQ_MIN_GRID = {(64, False): 4096, (64, True): 4096, (128, True): 2048}
+
+
+def fused_dq_pays(head_dim: int, causal: bool, batch: int, kv_heads: int, skv: int) -> bool:
+    """Whether the fused-dQ backward is the faster one at this shape (`FUSED_DQ_MIN_GRID`); the dK/dV grid is one
+    CTA per BLOCK_N keys per batch and KV head."""
+    if head_dim not in FUSED_DQ_HEAD_DIMS:
+        return False
+    need = FUSED_DQ_MIN_GRID.get((head_dim, causal))
+    if need is None:
+        return True
+    block_n = ATTENTION_BWD_CONFIGS[head_dim].block_n
+    return skv >= FUSED_DQ_MIN_KEYS and batch * kv_heads * -(-skv // block_n) >= need
 
 
 def hopper_backward(head_dim: int, portable: portable_configs.AttentionBwdConfig, *,
                     fused_dq: bool = False) -> HopperBackward:
     """The Hopper backward's configs at `head_dim`: the dK/dV kernel and the Gluon dQ kernel beside it (bitwise
     repeatable), or with `fused_dq` where the head dim has it, dQ reduce-added by the dK/dV kernel (not bitwise
-    repeatable: the partials of different key blocks land in any order; 2-8 % faster at D128 8K and D64 4K,
-    slower at B2 H16 4K causal: benchmarks/results/h200/2026-12-04/88-*)."""
+    repeatable: the partials of different key blocks land in any order; `fused_dq_pays` says where it is faster)."""
     if fused_dq and head_dim in FUSED_DQ_HEAD_DIMS:
         return HopperBackward(dataclasses.replace(ATTENTION_BWD_CONFIGS[head_dim], fused_dq=1), portable, None)
     return HopperBackward(ATTENTION_BWD_CONFIGS[head_dim], portable, ATTENTION_DQ_CONFIGS.get(head_dim))

@@ -105,10 +105,10 @@ def test_concurrent_dq_equals_the_sequential_backward(causal):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
-    """`xkernels.attention(..., deterministic=False)`'s backward is the fused-dQ kernel (its name says -dq1) and
-    passes the float64 checks with GQA and a tail, on contiguous inputs (the plan's direct launches) and on
-    (B, S, H, D) views (the general path's copies); deterministic=True's (the default) is the split one, bitwise
-    the same on a second call."""
+    """`xkernels.attention(..., deterministic=False, backend="hopper")`'s backward is the fused-dQ kernel (its name
+    says -dq1) and passes the float64 checks with GQA and a tail, on contiguous inputs (the plan's direct launches)
+    and on (B, S, H, D) views (the general path's copies); deterministic=True's (the default) is the split one,
+    bitwise the same on a second call."""
     import xkernels
 
     q, k, v = attention_inputs(2, 8, 777, 777, d, torch.bfloat16, "cuda", hkv=2, seed=d)
@@ -119,7 +119,8 @@ def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
         # clone() keeps a view's strides: the (B, S, H, D) storage seen as (B, H, S, D)
         views = [t.transpose(1, 2).contiguous().transpose(1, 2) if bshd else t for t in (q, k, v)]
         leaves = [t.detach().clone().requires_grad_() for t in views]
-        o = xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, deterministic=det)
+        # "hopper" forced: the fused kernel at a shape `select.fused_dq_pays` leaves to the split one under "auto"
+        o = xkernels.attention(*leaves, is_causal=causal, enable_gqa=True, deterministic=det, backend="hopper")
         out = torch.autograd.grad(o, leaves, do)
         return out, xkernels.last_backend()
 

@@ -254,12 +254,12 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
     monkeypatch.setattr(select, "hopper_available", lambda device: True)
     bf16 = torch.bfloat16
 
-    def choice(d, **kw):
+    def choice(d, backend="hopper", **kw):  # a forced "hopper" fuses at any shape
         q = torch.zeros(1, 2, 8, d, dtype=bf16)
         k = torch.zeros(1, 2, 8, d, dtype=bf16)
         o, lse = torch.zeros_like(q), torch.zeros(1, 2, 8)
         return select.resolve_attention_backward(torch.zeros_like(q), q, k, k, o, lse, None, enable_gqa=False,
-                                                 precision="auto", backend="auto", **kw)[1]
+                                                 precision="auto", backend=backend, **kw)[1]
 
     for d in (64, 128):
         # causal without a window: the API's checked window is (-1, 0), a direct op call's (-1, -1)
@@ -274,3 +274,25 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
     with pytest.raises(TypeError, match="deterministic"):
         choice(128, deterministic=0)
     assert select.hopper_backward(128, select.portable_configs.attention_bwd_config(128, None)).dq is not None
+    # "auto": this shape is below every fused threshold but D128 full's (none)
+    assert choice(128, backend="auto", deterministic=False).config.dkdv.fused_dq == 1
+    for d, causal in ((128, True), (64, False), (64, True)):
+        assert choice(d, backend="auto", deterministic=False, is_causal=causal).config.dkdv.fused_dq == 0
+
+
+@pytest.mark.parametrize(("d", "causal", "batch", "kv_heads", "skv", "fused"), [
+    (128, False, 1, 1, 128, True),  # D128 full: fused at every length
+    (128, True, 1, 32, 8192, True),  # 64 key blocks x 32 heads = 2048 CTAs
+    (128, True, 1, 31, 8192, False),
+    (128, True, 16, 16, 2048, False),  # enough CTAs, too few keys
+    (128, True, 2, 16, 4096, False),  # 1024 CTAs
+    (64, False, 1, 32, 8192, False),  # 2048 CTAs
+    (64, False, 4, 32, 4096, True),
+    (64, True, 2, 16, 16384, True),
+    (64, True, 32, 16, 1024, False),
+    (256, False, 8, 32, 16384, False),  # no fused variant
+])
+def test_fused_dq_pays_where_the_sweep_measured_it_faster(d, causal, batch, kv_heads, skv, fused):
+    from xkernels import select
+
+    assert select.fused_dq_pays(d, causal, batch, kv_heads, skv) is fused
