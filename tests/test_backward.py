@@ -325,4 +325,42 @@ def test_deterministic_false_reaches_the_backward_and_its_plan(device):
     for a, b in zip(run(False, compiled), exact, strict=True):
         assert torch.equal(a, b)
     with pytest.raises(TypeError, match="deterministic: expected a Python bool"):
-        xkernels.attention(q, k, v, deterministic=None)
+        xkernels.attention(q, k, v, deterministic=1)
+
+
+def test_deterministic_none_follows_torchs_switch(device):
+    """deterministic=None (the default) is torch.are_deterministic_algorithms_enabled(), the switch SDPA's
+    backward kernels follow: it reaches the backward as False, or True under torch.use_deterministic_algorithms,
+    eager and compiled (torch.compile guards on the switch); a call without gradients passes the ops' defaults."""
+    import unittest.mock
+
+    from xkernels import ops
+
+    q, k, v = attention_inputs(1, 2, 17, 17, 64, torch.bfloat16, device, seed=3)
+    do = _grad_out(q.shape, torch.bfloat16, device)
+    seen = []
+    real = backward.attention_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    def run(fn):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        torch.autograd.grad(fn(*leaves, is_causal=True), leaves, do)
+
+    compiled = torch.compile(lambda *t, **kw: xkernels.attention(*t, **kw), fullgraph=True)
+    was = torch.are_deterministic_algorithms_enabled()
+    try:
+        with unittest.mock.patch.object(backward, "attention_backward", spy):
+            for switch in (False, True, False):
+                torch.use_deterministic_algorithms(switch)
+                run(xkernels.attention), run(compiled)
+                assert seen[-2:] == [switch, switch], (switch, seen)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    calls, real_call = [], ops.call_without_grad
+    with unittest.mock.patch.object(ops, "call_without_grad", lambda *a: calls.append(a) or real_call(*a)):
+        xkernels.attention(q, k, v)
+    # (op, q, k, v, is_causal, scale, enable_gqa, precision, backend): no trailing (window, ..., deterministic)
+    assert len(calls) == 1 and len(calls[0]) == 9, calls

@@ -66,7 +66,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
               scale: float | None = None, enable_gqa: bool = False, precision: str = "auto",
               return_lse: bool = False, out: torch.Tensor | None = None,
               window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks: torch.Tensor | None = None,
-              deterministic: bool = True,
+              deterministic: bool | None = None,
               backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Scaled dot-product attention forward, like F.scaled_dot_product_attention without a mask or dropout.
 
@@ -95,7 +95,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     beside dK/dV); False lets the Hopper backward fuse dQ into the dK/dV kernel at D64 and D128 without a window
     where that is the faster kernel (fp32 partials reduce-added in any order: not bitwise repeatable; D128 without
     a mask 0-8 % faster, with it and at D64 from 4K keys and enough heads: `xkernels.select.fused_dq_pays`; any
-    shape with backend="hopper"); the forward is deterministic either way.
+    shape with backend="hopper"); None (the default) is `torch.are_deterministic_algorithms_enabled()`, the switch
+    SDPA's backward kernels follow. The forward is deterministic either way.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are
@@ -112,11 +113,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
-    extras = _extras(window_size, softcap, is_causal, sinks, deterministic)
+    grad = out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
+                                                        or (isinstance(sinks, torch.Tensor) and sinks.requires_grad))
+    extras = _extras(window_size, softcap, is_causal, sinks, deterministic, grad)
     if out is None:
         q, k, v = _autocast((q, k, v))
-    if out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                                    or (sinks is not None and sinks.requires_grad)):
+    if grad:
         # differentiable: the op that also returns the LSE, which the backward needs (ops.py registers it)
         o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend, *extras)
         return (o, lse) if return_lse else o
@@ -134,24 +136,35 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
                                  *extras)
 
 
-def _extras(window_size: object, softcap: object, is_causal: bool, sinks: object, deterministic: object) -> tuple:
+def _extras(window_size: object, softcap: object, is_causal: bool, sinks: object, deterministic: object,
+            grad: bool) -> tuple:
     """The ops' trailing (window_left, window_right, softcap, sinks, deterministic), checked (the sinks' metadata by
     the op), or () for their defaults (no window, soft cap or sinks, deterministic: the common call passes four
-    cheap tests)."""
-    if (window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0 and sinks is None
-            and deterministic is True):
-        return ()
+    cheap tests). `deterministic` None is torch's switch (`torch.use_deterministic_algorithms`, which SDPA's
+    backward kernels follow too; torch.compile guards on it); a call without gradients has no backward, so it
+    passes the default."""
+    if deterministic is None:
+        deterministic = not grad or torch.are_deterministic_algorithms_enabled()
+    if window_size is NO_WINDOW and type(softcap) is float and softcap == 0.0 and sinks is None:
+        if deterministic is True:
+            return ()
+        if deterministic is False:
+            return _NONDETERMINISTIC
     flag(deterministic, "deterministic")
     if sinks is not None:  # the layout too: the dispatcher would refuse a sparse tensor with its own error
         tensor(sinks, "sinks")
     return (*check_window(window_size, is_causal), check_softcap(softcap), sinks, deterministic)
 
 
+# the ops' trailing arguments of a call with no window, soft cap or sinks whose backward may fuse dQ
+_NONDETERMINISTIC = (*NO_WINDOW, 0.0, None, False)
+
+
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, is_causal: bool = False,
                      scale: float | None = None, precision: str = "auto", return_lse: bool = False,
                      sync_checks: bool = True, window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
-                     sinks: torch.Tensor | None = None, deterministic: bool = True,
+                     sinks: torch.Tensor | None = None, deterministic: bool | None = None,
                      backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Attention over a packed batch of variable-length sequences, like flash_attn_varlen_func.
 
@@ -172,19 +185,19 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     forward saves O and the LSE, and the backward recomputes the attention matrix tile by tile, checking the
     cu_seqlens on the device (bad values give NaN gradients); its kernels are the Gluon backward's packed variants on
     sm_90, the portable ones elsewhere or with backend="portable"; bf16io's backward is the bf16 recipe's, as for
-    `attention`. `deterministic` is flash_attn_varlen_func's argument: the packed backward has no fused-dQ variant,
-    so its gradients are bitwise repeatable either way.
+    `attention`. `deterministic` is flash_attn_varlen_func's argument (None: torch's switch, as for `attention`):
+    the packed backward has no fused-dQ variant, so its gradients are bitwise repeatable either way.
     """
     tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), tensor(cu_seqlens_q, "cu_seqlens_q")
     tensor(cu_seqlens_k, "cu_seqlens_k"), check_max_seqlen(max_seqlen_q, "max_seqlen_q")
     check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
-    extras = _extras(window_size, softcap, is_causal, sinks, deterministic)
-    q, k, v = _autocast((q, k, v))
     # differentiable: the backward needs the LSE, so the op returns it whatever the caller asked
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
-                                        or (sinks is not None and sinks.requires_grad))
+                                        or (isinstance(sinks, torch.Tensor) and sinks.requires_grad))
+    extras = _extras(window_size, softcap, is_causal, sinks, deterministic, grad)
+    q, k, v = _autocast((q, k, v))
     o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
                                      scale, precision, return_lse or grad, sync_checks, backend, *extras)
     return (o, lse) if return_lse else o
