@@ -194,6 +194,30 @@ def test_sinks_through_out_the_lse_less_op_compile_and_opcheck(device):
     assert_compiled_grads_match(loss, (q, k, v, sinks))
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_the_sinks_gradient_whatever_deterministic_says(device, deterministic):
+    """dSinks through each op that takes sinks, with `deterministic` passed explicitly after them (an op call that
+    leaves a trailing argument at its default gives autograd fewer inputs: the sinks' entry is found from the
+    front): the dense LSE op, the LSE-less one (its backward recomputes the forward), the packed one."""
+    q, k, v = attention_inputs(1, 4, 24, 24, 64, torch.float16, device, hkv=2, seed=5)
+    do = attention_inputs(1, 4, 24, 1, 64, torch.float16, device, seed=6)[0]
+    sinks = _sinks(4, device, seed=7)
+    want = reference_attention_grads(q, k, v, do, is_causal=True, sinks=sinks)[3]
+    flags = (True, None, True, "auto", "auto", -1, -1, 0.0)
+    for op in (ops.attention_lse_op, ops.attention_op):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v, sinks)]
+        out = op(*leaves[:3], *flags, leaves[3], deterministic)
+        o = out[0] if isinstance(out, tuple) else out
+        got = torch.autograd.grad(o, leaves, do)[3]
+        assert _sink_check(got, want).passed, op
+    packed = [t[0].transpose(0, 1).contiguous() for t in (q, k, v, do)]
+    cu = torch.tensor([0, 24], dtype=torch.int32, device=device)
+    leaves = [t.clone().requires_grad_() for t in (*packed[:3], sinks)]
+    o, _ = ops.attention_varlen_op(*leaves[:3], cu, cu, 24, 24, True, None, "auto", True, True, "auto", -1, -1, 0.0,
+                                   leaves[3], deterministic)
+    assert _sink_check(torch.autograd.grad(o, leaves, packed[3])[3], want).passed, "varlen"
+
+
 def test_sink_gradient_through_the_lse_too(device):
     """A loss on O and on the LSE: dSinks takes the LSE's term (each row's sink share times dLSE) as dQ, dK, dV do."""
     q, k, v = attention_inputs(1, 4, 40, 40, 64, torch.float16, device, hkv=2, seed=21)

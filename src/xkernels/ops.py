@@ -315,11 +315,18 @@ def _sink_grad(sinks, out, lse, grad_out, grad_lse, *, packed: bool):
     return -(share * delta).sum(rows).to(sinks.dtype)
 
 
-def _split_sinks(ctx, flags: list) -> list:
+def _split_sinks(ctx, flags: list, inputs: tuple) -> list:
     """The forward op's trailing flags (..., sinks, deterministic) without its sinks, as the backward op takes them
-    (it needs the LSE only); `ctx.sinks` keeps them for save_for_backward."""
+    (it needs the LSE only); `ctx.sinks` keeps them for save_for_backward, `ctx.sinks_at` their input position.
+    (`inputs` has every argument; `ctx.needs_input_grad` may lack trailing ones the call left at their defaults,
+    so the sinks' entry is found from the front.)"""
     *flags, ctx.sinks, deterministic = flags
+    ctx.sinks_at = len(inputs) - 2
     return [*flags, deterministic]
+
+
+def _sinks_need_grad(ctx, sinks: list) -> bool:
+    return bool(sinks) and ctx.needs_input_grad[ctx.sinks_at]
 
 
 def _saved_sinks(ctx) -> tuple:
@@ -330,7 +337,7 @@ def _saved_sinks(ctx) -> tuple:
 
 def _save_lse(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
-    ctx.flags = _split_sinks(ctx, flags)  # is_causal, ..., backend, window, softcap, deterministic
+    ctx.flags = _split_sinks(ctx, flags, inputs)  # is_causal, ..., backend, window, softcap, deterministic
     ctx.save_for_backward(q, k, v, *output, *_saved_sinks(ctx))
     ctx.set_materialize_grads(False)  # an unused output's gradient stays None: no zero tensor to build and read
 
@@ -344,14 +351,14 @@ def _backward_lse(ctx, grad_out, grad_lse):
         grad_out = torch.zeros_like(out)
     dq, dk, dv = _gradient_op(attention_backward_op, grad_out, q, k, v, out, lse, grad_lse, *ctx.flags)
     dsinks = None
-    if sinks and ctx.needs_input_grad[-1]:
+    if _sinks_need_grad(ctx, sinks):
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=False)
     return dq, dk, dv, *nones, dsinks, None
 
 
 def _save_inputs(ctx, inputs, output) -> None:
     q, k, v, *flags = inputs
-    ctx.flags = _split_sinks(ctx, flags)
+    ctx.flags = _split_sinks(ctx, flags, inputs)
     ctx.save_for_backward(q, k, v, *_saved_sinks(ctx))
 
 
@@ -361,7 +368,7 @@ def _backward_recompute(ctx, grad_out):
     out, lse = _gradient_op(attention_lse_op, q, k, v, *flags, sinks[0] if sinks else None, deterministic)
     dq, dk, dv = _gradient_op(attention_backward_op, grad_out, q, k, v, out, lse, None, *ctx.flags)
     dsinks = None
-    if sinks and ctx.needs_input_grad[-1]:
+    if _sinks_need_grad(ctx, sinks):
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, None, packed=False)
     return dq, dk, dv, *(None,) * (len(ctx.flags) - 1), dsinks, None
 
@@ -369,7 +376,7 @@ def _backward_recompute(ctx, grad_out):
 def _save_varlen(ctx, inputs, output) -> None:
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision, _, _, backend, \
         *extras = inputs
-    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend, *_split_sinks(ctx, extras))
+    ctx.flags = (max_seqlen_q, max_seqlen_k, is_causal, scale, precision, backend, *_split_sinks(ctx, extras, inputs))
     ctx.save_for_backward(q, k, v, cu_seqlens_q, cu_seqlens_k, *output, *_saved_sinks(ctx))
     ctx.set_materialize_grads(False)
 
@@ -388,7 +395,7 @@ def _backward_varlen(ctx, grad_out, grad_lse):
     dq, dk, dv = _gradient_op(attention_varlen_backward_op, grad_out, q, k, v, out, lse, grad_lse, cu_seqlens_q,
                               cu_seqlens_k, *ctx.flags)
     dsinks = None
-    if sinks and ctx.needs_input_grad[-1]:
+    if _sinks_need_grad(ctx, sinks):
         dsinks = _sink_grad(sinks[0], out, lse, grad_out, grad_lse, packed=True)
     return dq, dk, dv, *nones, dsinks, None
 

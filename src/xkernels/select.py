@@ -130,6 +130,8 @@ class HopperBackward:
     concurrent_dq: bool = True
 
     def __str__(self) -> str:
+        if self.dkdv.fused_dq:  # no dQ kernel: the dK/dV kernel reduces dQ, the preprocess's tiles scale it
+            return f"dKdV {self.dkdv} fused dQ"
         return f"dKdV {self.dkdv} dQ {self.dq if self.dq else self.portable}" + " concurrent" * self.concurrent_dq
 
 

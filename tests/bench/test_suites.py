@@ -105,14 +105,16 @@ def test_soft_capped_and_sink_cases_check_and_fail_without_what_they_name(device
 
 
 def test_the_backward_suite_has_each_row_in_both_determinism_modes(device):
-    """The full attention-bwd suite runs every bwd and fwd+bwd row also with deterministic=False (but D256, whose
-    backward has no fused variant), named so; such a case checks against float64 like any other."""
+    """The full attention-bwd suite runs every bwd and fwd+bwd row with the API's default `deterministic` (None,
+    unnamed) and also with deterministic=True (but D256, whose backward has no fused variant), named so; the quick
+    suite has the defaults only. A nondeterministic case checks against float64 like any other."""
     from xkernels.bench.suites import attention_bwd_suite
     from xkernels.testing.cases import AttentionGradCase
 
-    cases = attention_bwd_suite(quick=False)
-    fast = [c for c in cases if isinstance(c, AttentionGradCase) and not c.deterministic]
-    assert len(fast) == 6 and all(c.d != 256 and " nondeterministic" in c.shape for c in fast)
-    assert all(c.deterministic for c in attention_bwd_suite(quick=True))
+    cases = [c for c in attention_bwd_suite(quick=False) if isinstance(c, AttentionGradCase)]
+    exact = [c for c in cases if c.deterministic is True]
+    assert len(exact) == 6 and all(c.d != 256 and " deterministic" in c.shape for c in exact)
+    assert all("deterministic" not in c.shape for c in cases if c.deterministic is None)
+    assert all(c.deterministic is None for c in attention_bwd_suite(quick=True))
     case = AttentionGradCase(1, 2, 2, 40, 40, 64, True, "bf16", deterministic=False)
     assert case.check(case.inputs(device)).passed

@@ -85,12 +85,14 @@ BWD_ROWS = ((1, 32, 8192, 128, False), (1, 32, 8192, 128, True), (4, 32, 4096, 6
 
 
 def attention_bwd_suite(quick: bool) -> list[Case]:
-    """The backward ("bwd") on the anchor rows, bf16, and a training step ("fwd+bwd") on two of them, each also with
-    deterministic=False (the fused-dQ backward where it runs) in the full suite; fp16 and GQA rows there too."""
+    """The backward ("bwd") on the anchor rows, bf16, and a training step ("fwd+bwd") on two of them, with the
+    API's default `deterministic` (None: torch's switch, off in the bench: the fused-dQ backward where it pays),
+    each also with deterministic=True (the split backward, bitwise repeatable) in the full suite; fp16 and GQA
+    rows there too."""
     rows = BWD_ROWS[:2] if quick else BWD_ROWS
-    modes = (True,) if quick else (True, False)
+    modes = (None,) if quick else (None, True)
     cases: list[Case] = [AttentionGradCase(b, h, h, s, s, d, c, "bf16", step="bwd", deterministic=m)
-                         for b, h, s, d, c in rows for m in modes if m or d != 256]
+                         for b, h, s, d, c in rows for m in modes if m is None or d != 256]
     cases += [AttentionGradCase(b, h, h, s, s, d, c, "bf16", step="fwd+bwd", deterministic=m)
               for b, h, s, d, c in rows[:2] for m in modes]
     if not quick:

@@ -30,6 +30,10 @@ def _forced(backend: str | None) -> str:
     return f" [{backend}]" if backend else ""
 
 
+# a case's name for `deterministic`: the default (None) unnamed
+_DETERMINISM = {None: "", True: " deterministic", False: " nondeterministic"}
+
+
 def _k(n: int) -> str:
     return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
 
@@ -48,14 +52,15 @@ class AttentionCase:
     window: tuple[int, int] = NO_WINDOW  # window_size (left, right), top-left as the causal mask
     softcap: float = 0.0  # the scores' soft cap (Gemma 2's); 0: none
     sinks: bool = False  # attention sinks (gpt-oss's): a logit per query head, the inputs' last tensor
-    deterministic: bool = True  # False: the backward may fuse dQ (`xkernels.attention`'s deterministic)
+    # `xkernels.attention`'s deterministic: None its default (torch's switch), False lets the backward fuse dQ
+    deterministic: bool | None = None
 
     @property
     def shape(self) -> str:
         heads = f"H{self.hq}" if self.hq == self.hkv else f"H{self.hq}/{self.hkv}"
         window = f" window {self.window[0]},{self.window[1]}" if self.window != NO_WINDOW else ""
         extra = (f"{f' softcap {self.softcap:g}' if self.softcap else ''}{' sinks' if self.sinks else ''}"
-                 f"{'' if self.deterministic else ' nondeterministic'}")
+                 f"{_DETERMINISM[self.deterministic]}")
         return (f"B{self.b} {heads} {_k(self.sq)}x{_k(self.skv)} D{self.d}{' causal' if self.causal else ''}"
                 f"{window}{extra}{_forced(self.backend)}")
 
