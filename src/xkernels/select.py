@@ -225,31 +225,35 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     band = Band.of(is_causal, window)
     fused = (not deterministic and not band.windowed
              and (parse_backend(backend).layer == "hopper"
-                  or fused_dq_pays(int(q.shape[-1]), band.causal, q.shape[0], k.shape[1], k.shape[2])))
+                  or fused_dq_pays(int(q.shape[-1]), band.causal, q.shape[0], q.shape[1], k.shape[1],
+                                   k.shape[2])))
     return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused)
 
 
 # Head dims whose Hopper dK/dV kernel has the fused-dQ variant (D256 splits its head dim across the warpgroups)
 FUSED_DQ_HEAD_DIMS = (64, 128)
 # Where the fused-dQ backward measured faster than the split one (device time, H200: scripts/fused_dq_sweep.py,
-# benchmarks/results/h200/2026-12-04/91-fused-dq-sweep): at D128 without a mask at every length (0-8 %); with the
-# causal mask, and at D64 with either, only from 4K keys with a dK/dV grid of at least (head dim, causal) -> CTAs
-# (15-31 waves on 132 SMs). Below those, the split path's dQ kernel, running beside dK/dV's last waves, wins by
-# up to 6 % (D128 causal at 1K-2K keys or 1024 CTAs, D64 at 2048 CTAs).
+# benchmarks/results/h200/2026-12-04/91-fused-dq-sweep and 92-*, MHA and GQA 32/8): at D128 without a mask at every
+# length (0-8 %); with the causal mask, and at D64 with either, only from 4K keys with at least (head dim, causal)
+# -> units of work (query heads x key blocks: a dK/dV program walks its GQA group's query heads) and a grid of
+# 1024 CTAs (8 waves on 132 SMs). Below those the split path's dQ kernel, running beside dK/dV's last waves, wins
+# by up to 16 % (D128 causal at 1K-2K keys or 1024 units 5 %, D64 at 2048 units 2-6 %, GQA D64 causal on 512
+# CTAs 16 %).
 FUSED_DQ_MIN_KEYS = 4096
-FUSED_DQ_MIN_GRID = {(64, False): 4096, (64, True): 4096, (128, True): 2048}
+FUSED_DQ_MIN_UNITS = {(64, False): 4096, (64, True): 4096, (128, True): 2048}
+FUSED_DQ_MIN_GRID = 1024
 
 
-def fused_dq_pays(head_dim: int, causal: bool, batch: int, kv_heads: int, skv: int) -> bool:
-    """Whether the fused-dQ backward is the faster one at this shape (`FUSED_DQ_MIN_GRID`); the dK/dV grid is one
+def fused_dq_pays(head_dim: int, causal: bool, batch: int, q_heads: int, kv_heads: int, skv: int) -> bool:
+    """Whether the fused-dQ backward is the faster one at this shape (`FUSED_DQ_MIN_UNITS`); the dK/dV grid is one
     CTA per BLOCK_N keys per batch and KV head."""
     if head_dim not in FUSED_DQ_HEAD_DIMS:
         return False
-    need = FUSED_DQ_MIN_GRID.get((head_dim, causal))
+    need = FUSED_DQ_MIN_UNITS.get((head_dim, causal))
     if need is None:
         return True
-    block_n = ATTENTION_BWD_CONFIGS[head_dim].block_n
-    return skv >= FUSED_DQ_MIN_KEYS and batch * kv_heads * -(-skv // block_n) >= need
+    blocks = batch * -(-skv // ATTENTION_BWD_CONFIGS[head_dim].block_n)
+    return skv >= FUSED_DQ_MIN_KEYS and blocks * q_heads >= need and blocks * kv_heads >= FUSED_DQ_MIN_GRID
 
 
 def hopper_backward(head_dim: int, portable: portable_configs.AttentionBwdConfig, *,

@@ -280,19 +280,24 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
         assert choice(d, backend="auto", deterministic=False, is_causal=causal).config.dkdv.fused_dq == 0
 
 
-@pytest.mark.parametrize(("d", "causal", "batch", "kv_heads", "skv", "fused"), [
-    (128, False, 1, 1, 128, True),  # D128 full: fused at every length
-    (128, True, 1, 32, 8192, True),  # 64 key blocks x 32 heads = 2048 CTAs
-    (128, True, 1, 31, 8192, False),
-    (128, True, 16, 16, 2048, False),  # enough CTAs, too few keys
-    (128, True, 2, 16, 4096, False),  # 1024 CTAs
-    (64, False, 1, 32, 8192, False),  # 2048 CTAs
-    (64, False, 4, 32, 4096, True),
-    (64, True, 2, 16, 16384, True),
-    (64, True, 32, 16, 1024, False),
-    (256, False, 8, 32, 16384, False),  # no fused variant
+@pytest.mark.parametrize(("d", "causal", "batch", "q_heads", "kv_heads", "skv", "fused"), [
+    (128, False, 1, 1, 1, 128, True),  # D128 full: fused at every length
+    (128, True, 1, 32, 32, 8192, True),  # 64 key blocks x 32 heads = 2048 units and CTAs
+    (128, True, 1, 31, 31, 8192, False),
+    (128, True, 16, 16, 16, 2048, False),  # enough work, too few keys
+    (128, True, 2, 16, 16, 4096, False),  # 1024 units
+    (128, True, 8, 32, 8, 4096, True),  # GQA: 8192 units on 2048 CTAs
+    (128, True, 1, 32, 8, 8192, False),  # GQA: 2048 units on 512 CTAs
+    (64, False, 1, 32, 32, 8192, False),  # 2048 units
+    (64, False, 4, 32, 32, 4096, True),
+    (64, False, 8, 32, 8, 4096, True),  # GQA: 8192 units on 2048 CTAs
+    (64, True, 1, 32, 8, 16384, True),  # GQA: 4096 units on 1024 CTAs, both thresholds
+    (64, True, 1, 32, 8, 16256, False),  # one key block short of both
+    (64, True, 2, 16, 16, 16384, True),
+    (64, True, 32, 16, 16, 1024, False),
+    (256, False, 8, 32, 32, 16384, False),  # no fused variant
 ])
-def test_fused_dq_pays_where_the_sweep_measured_it_faster(d, causal, batch, kv_heads, skv, fused):
+def test_fused_dq_pays_where_the_sweep_measured_it_faster(d, causal, batch, q_heads, kv_heads, skv, fused):
     from xkernels import select
 
-    assert select.fused_dq_pays(d, causal, batch, kv_heads, skv) is fused
+    assert select.fused_dq_pays(d, causal, batch, q_heads, kv_heads, skv) is fused
