@@ -4,7 +4,9 @@ gradient buffers. Covers GQA/MQA (dK, dV summed per group), causal with Sq != Sk
 non-contiguous inputs, a gradient through the LSE, bf16io, torch.compile, and determinism. Each check is shown to
 fail on a broken backward."""
 
+import contextlib
 import math
+import unittest.mock
 
 import pytest
 import torch
@@ -290,6 +292,19 @@ def test_a_repeated_backward_reuses_its_plan(device):
     assert len(backward_plans()) == 2
 
 
+@contextlib.contextmanager
+def _deterministic_seen():
+    """A list of the `deterministic` each backward call receives (backward.attention_backward spied on)."""
+    seen, real = [], backward.attention_backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["deterministic"])
+        return real(*args, **kwargs)
+
+    with unittest.mock.patch.object(backward, "attention_backward", spy):
+        yield seen
+
+
 def test_deterministic_false_reaches_the_backward_and_its_plan(device):
     """flash_attn's `deterministic`: the API hands it through the forward op to the backward op, whose plan keys on
     it (a deterministic call after a fused one must not reuse the fused plan); the forward is the same either way,
@@ -300,21 +315,12 @@ def test_deterministic_false_reaches_the_backward_and_its_plan(device):
 
     q, k, v = attention_inputs(1, 4, 33, 47, 64, torch.bfloat16, device, hkv=2, seed=12)
     do = _grad_out(q.shape, torch.bfloat16, device)
-    seen = []
-    real = backward.attention_backward
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs["deterministic"])
-        return real(*args, **kwargs)
-
     def run(det, fn=xkernels.attention):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         o = fn(*leaves, is_causal=True, enable_gqa=True, deterministic=det)
         return (o, *torch.autograd.grad(o, leaves, do))
 
-    import unittest.mock
-
-    with unittest.mock.patch.object(backward, "attention_backward", spy):
+    with _deterministic_seen() as seen:
         plans._PLANS.clear()
         fast, exact = run(False), run(True)
     assert seen == [False, True]
@@ -332,19 +338,8 @@ def test_deterministic_none_follows_torchs_switch(device):
     """deterministic=None (the default) is torch.are_deterministic_algorithms_enabled(), the switch SDPA's
     backward kernels follow: it reaches the backward as False, or True under torch.use_deterministic_algorithms,
     eager and compiled (torch.compile guards on the switch); a call without gradients passes the ops' defaults."""
-    import unittest.mock
-
-    from xkernels import ops
-
     q, k, v = attention_inputs(1, 2, 17, 17, 64, torch.bfloat16, device, seed=3)
     do = _grad_out(q.shape, torch.bfloat16, device)
-    seen = []
-    real = backward.attention_backward
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs["deterministic"])
-        return real(*args, **kwargs)
-
     def run(fn):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         torch.autograd.grad(fn(*leaves, is_causal=True), leaves, do)
@@ -352,7 +347,7 @@ def test_deterministic_none_follows_torchs_switch(device):
     compiled = torch.compile(lambda *t, **kw: xkernels.attention(*t, **kw), fullgraph=True)
     was = torch.are_deterministic_algorithms_enabled()
     try:
-        with unittest.mock.patch.object(backward, "attention_backward", spy):
+        with _deterministic_seen() as seen:
             for switch in (False, True, False):
                 torch.use_deterministic_algorithms(switch)
                 run(xkernels.attention), run(compiled)
