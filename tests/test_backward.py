@@ -359,3 +359,25 @@ def test_deterministic_none_follows_torchs_switch(device):
         xkernels.attention(q, k, v)
     # (op, q, k, v, is_causal, scale, enable_gqa, precision, backend): no trailing (window, ..., deterministic)
     assert len(calls) == 1 and len(calls[0]) == 9, calls
+
+
+def test_a_dynamic_sequence_length_compiles_with_the_default_deterministic(device, monkeypatch):
+    """The fused-dQ choice reads the sizes only where they are concrete: a key length marked dynamic compiles and
+    differentiates with deterministic's default (no shape guard from `select.fused_dq_pays`'s thresholds: the
+    traced call leaves them alone, the real one asks with ints). Compile caches are off: an artifact cached by an
+    earlier build would bring its own guards."""
+    from xkernels import select
+
+    real_pays = select.fused_dq_pays
+    asked = []
+    monkeypatch.setattr(select, "fused_dq_pays", lambda *a: asked.append(a) or real_pays(*a))
+    q, k, v = attention_inputs(1, 2, 17, 17, 64, torch.bfloat16, device, seed=1)
+    f = torch.compile(lambda *t: xkernels.attention(*t, is_causal=True), fullgraph=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    for t in leaves:
+        torch._dynamo.mark_dynamic(t, 2, min=17, max=8192)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        f(*leaves).float().sum().backward()
+    assert all(type(n) is int for a in asked for n in a[2:]), asked
+    assert all(torch.isfinite(t.grad).all() for t in leaves)

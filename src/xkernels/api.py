@@ -95,8 +95,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     beside dK/dV); False lets the Hopper backward fuse dQ into the dK/dV kernel at D64 and D128 without a window
     where that is the faster kernel (fp32 partials reduce-added in any order: not bitwise repeatable; D128 without
     a mask 0-8 % faster, with it and at D64 from 4K keys and enough heads: `xkernels.select.fused_dq_pays`; any
-    shape with backend="hopper"); None (the default) is `torch.are_deterministic_algorithms_enabled()`, the switch
-    SDPA's backward kernels follow. The forward is deterministic either way.
+    shape with backend="hopper" or XKERNELS_LAYER=hopper); None (the default) is
+    `torch.are_deterministic_algorithms_enabled()`, the switch SDPA's backward kernels follow, read when this
+    forward call is made (the backward keeps what the forward saw). The forward is deterministic either way.
     `out`, if given, receives O and must not overlap the inputs' memory. `backend` forces a kernel ("portable",
     "hopper", "hopper:stages=3"; default: XKERNELS_LAYER or "auto", see `xkernels.select`). Under torch.autocast,
     fp32/fp16/bf16 q, k and v are first cast to the autocast dtype, as for F.scaled_dot_product_attention (so are

@@ -98,7 +98,7 @@ class BackwardPlan:
         return dq, dk, dv
 
     def _prepare(self, q, k, v, out, grad_out, dq, dk, dv, has_dlse: bool) -> tuple:
-        """The four launches (`launch.Prepared`) and their integer arguments, from the first direct call's tensors
+        """The three launches (`launch.Prepared`) and their integer arguments, from the first direct call's tensors
         (the key fixes every layout, so the next call's are alike)."""
         from xkernels.common import launch
         from xkernels.common.dtypes import smem_layout

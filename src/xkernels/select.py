@@ -220,13 +220,17 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
                                       precision=precision)
     if type(deterministic) is not bool:
         raise TypeError(f"deterministic: expected a bool, got {type(deterministic).__name__}")
-    # a causal call without a window reaches here as window (-1, 0) (`check_window` makes a causal right side 0):
-    # the band, not the pair, says whether a window cuts keys. A forced "hopper" layer fuses at any shape.
+    # a causal call may reach here as window (-1, 0) (`check_window` makes a causal right side 0): the band, not
+    # the pair, says whether a window cuts keys. A forced "hopper" layer (`backend` or XKERNELS_LAYER) fuses at any
+    # shape; otherwise `fused_dq_pays` decides, on concrete sizes only: a traced call's symbolic sizes would turn
+    # its thresholds into shape guards (a recompile, or an error for a dimension marked dynamic), so the fake
+    # kernel leaves them alone (its outputs are alike either way) and the real call decides.
     band = Band.of(is_causal, window)
+    sizes = (q.shape[0], q.shape[1], k.shape[1], k.shape[2])
     fused = (not deterministic and not band.windowed
              and (parse_backend(backend).layer == "hopper"
-                  or fused_dq_pays(int(q.shape[-1]), band.causal, q.shape[0], q.shape[1], k.shape[1],
-                                   k.shape[2])))
+                  or (all(type(n) is int for n in sizes)
+                      and fused_dq_pays(int(q.shape[-1]), band.causal, *sizes))))
     return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused)
 
 
@@ -236,9 +240,9 @@ FUSED_DQ_HEAD_DIMS = (64, 128)
 # benchmarks/results/h200/2026-12-04/91-fused-dq-sweep and 92-*, MHA and GQA 32/8): at D128 without a mask at every
 # length (0-8 %); with the causal mask, and at D64 with either, only from 4K keys with at least (head dim, causal)
 # -> units of work (query heads x key blocks: a dK/dV program walks its GQA group's query heads) and a grid of
-# 1024 CTAs (8 waves on 132 SMs). Below those the split path's dQ kernel, running beside dK/dV's last waves, wins
-# by up to 16 % (D128 causal at 1K-2K keys or 1024 units 5 %, D64 at 2048 units 2-6 %, GQA D64 causal on 512
-# CTAs 16 %).
+# 1024 CTAs (8 waves on 132 SMs). Below those the split path's dQ kernel, running beside dK/dV's last waves, is
+# level or ahead (D128 causal at 1K-2K keys or 1024 units by 5 %, D64 at 2048 units by 2-6 %, GQA D64 causal on
+# 512 CTAs by 16 %); the rows the rule misplaces either way are within 2 % (noise).
 FUSED_DQ_MIN_KEYS = 4096
 FUSED_DQ_MIN_UNITS = {(64, False): 4096, (64, True): 4096, (128, True): 2048}
 FUSED_DQ_MIN_GRID = 1024

@@ -84,6 +84,25 @@ def test_direct_path_matches_general_path_and_float64(d, causal, sq, skv, dlse, 
         assert c.passed, c.reason
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal,sq,skv,dlse", [(False, 1000, 1000, False), (True, 300, 777, True),
+                                                (True, 130, 65, False)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fused_direct_path_matches_float64(d, causal, sq, skv, dlse, dtype):
+    """The fused-dQ variant's direct launches (the preprocess zeroing the fp32 dQ buffer, dK/dV reducing into it,
+    the scaling pass), forced with backend="hopper": within the recipe's bounds against float64, dLSE and causal
+    Sq != Skv included (its partials land in any order, so no bitwise comparison with the general path)."""
+    q, k, v, o, lse, do, grad_lse = _inputs(d, causal, sq, skv, dtype, seed=sq + skv + d + 1, dlse=dlse)
+    grads = backward.attention_backward(do, q, k, v, o, lse, grad_lse, is_causal=causal, scale=None,
+                                        enable_gqa=True, precision="auto", backend="hopper", deterministic=False)
+    assert "fused dQ" in plans.last_backend(), plans.last_backend()
+    refs = reference_attention_grads(q, k, v, do, is_causal=causal, grad_lse=grad_lse)
+    recipe = ATTENTION_RECIPES["fp16" if dtype == torch.float16 else "bf16"]
+    for g, ref in zip(grads, refs, strict=True):
+        c = compare_grad(g, ref, recipe)
+        assert c.passed, c.reason
+
+
 def test_a_second_call_on_other_tensors_and_a_misaligned_call(monkeypatch):
     """The plan's descriptors are encoded per address: a second call with the same key on other tensors gives that
     call's gradients; a call whose q starts 2 bytes into its storage (not 16-byte aligned) takes the general path

@@ -107,7 +107,7 @@ def test_concurrent_dq_equals_the_sequential_backward(causal):
 def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
     """`xkernels.attention(..., deterministic=False, backend="hopper")`'s backward is the fused-dQ kernel (its name
     says -dq1) and passes the float64 checks with GQA and a tail, on contiguous inputs (the plan's direct launches)
-    and on (B, S, H, D) views (the general path's copies); deterministic=True's (the default) is the split one,
+    and on (B, S, H, D) views (the general path's copies); deterministic=True's is the split one,
     bitwise the same on a second call."""
     import xkernels
 

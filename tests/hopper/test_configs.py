@@ -262,7 +262,7 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
                                                  precision="auto", backend=backend, **kw)[1]
 
     for d in (64, 128):
-        # causal without a window: the API's checked window is (-1, 0), a direct op call's (-1, -1)
+        # causal without a window: (-1, 0) from the API's checked window (sinks, a soft cap), else (-1, -1)
         for kw in ({}, {"is_causal": True}, {"is_causal": True, "window": (-1, 0)}):
             fused = choice(d, deterministic=False, **kw)
             assert fused.layer == "hopper" and fused.config.dkdv.fused_dq == 1 and fused.config.dq is None, kw
