@@ -74,8 +74,9 @@ class BackwardPlan:
         cfg = self.choice.config
         from xkernels.common import launch
 
+        self.fused = self.choice.layer == "hopper" and bool(cfg.dkdv.fused_dq)
         self.direct = (self.choice.layer == "hopper" and not self.empty
-                       and (cfg.dq is not None or bool(cfg.dkdv.fused_dq)) and launch.direct_launch_available(q.device)
+                       and (cfg.dq is not None or self.fused) and launch.direct_launch_available(q.device)
                        and all(t.is_contiguous() for t in (q, k, v, grad_out, lse))
                        and out.stride(-1) == 1 and (grad_lse is None or grad_lse.is_contiguous()))
         self.name = f"{self.choice.layer}.attention_backward[{cfg}{self.band}{softcap_name(softcap)}]"
@@ -120,13 +121,12 @@ class BackwardPlan:
                               dict(HEAD_DIM=d, BLOCK_M=pre_cfg.q_m, HAS_DLSE=has_dlse, ZERO_DQ=fused, VARLEN=False),
                               dict(num_warps=pre_cfg.num_warps))
         pre_ints = (*out.stride()[:3], *grad_out.stride()[:3], 0, hq, sq)
-        # argument 4: the fp32 dQ buffer's [BLOCK_M, D / 2] boxes where fused, else a stand-in (Q's descriptor)
-        accum = ([b * hq * sq, d], [d, 1], [kv_cfg.block_m, d // 2], smem_layout((kv_cfg.block_m, d // 2),
-                                                                                 torch.float32))
+        # argument 4: the fp32 dQ buffer where fused, else a stand-in (Q's descriptor)
+        accum = hopper_bwd.dq_accum_geometry(b * hq * sq, d, kv_cfg) if fused else flat(q, kv_cfg.block_m)
         dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, kv_cfg),
                                kv_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
                                {0: flat(q, kv_cfg.block_m), 1: flat(k, kv_cfg.block_n), 2: flat(v, kv_cfg.block_n),
-                                3: flat(grad_out, kv_cfg.block_m), 4: accum if fused else flat(q, kv_cfg.block_m)})
+                                3: flat(grad_out, kv_cfg.block_m), 4: accum})
         # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
         dkdv_ints = (*dk.stride()[:3], *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv)
         if fused:  # dq = scale * buffer, in dq's dtype
@@ -148,7 +148,7 @@ class BackwardPlan:
         b, hq, sq, d = q.shape
         delta = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
         qk_scale = scale * plans.LOG2E
-        if self.choice.config.dkdv.fused_dq:
+        if self.fused:
             dq_accum = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
             pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, dq_accum, out, *pre_ints))
             dkdv((q, k, v, grad_out, dq_accum, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale))

@@ -392,9 +392,15 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
     if dq_accum is None:
         out.append(out[0])
     else:
-        layout = smem_layout((cfg.block_m, d // 2), torch.float32)
-        out.append(TensorDescriptor.from_tensor(dq_accum.view(-1, d), [cfg.block_m, d // 2], layout))
+        shape, strides, box, layout = dq_accum_geometry(dq_accum.numel() // d, d, cfg)
+        out.append(TensorDescriptor(dq_accum.view(-1, d), shape, strides, box, layout))
     return out
+
+
+def dq_accum_geometry(rows: int, d: int, cfg: HopperAttentionBwdConfig) -> tuple:
+    """(shape, strides, box, layout) of the fused variant's contiguous fp32 dQ buffer seen as a (rows, D) matrix of
+    [BLOCK_M, D / 2] boxes (each half reduced on its own): what `descriptors` encodes and a plan's launch takes."""
+    return [rows, d], [d, 1], [cfg.block_m, d // 2], smem_layout((cfg.block_m, d // 2), torch.float32)
 
 
 def packed_geometry(t: torch.Tensor, rows: int) -> tuple:
