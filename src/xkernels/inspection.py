@@ -348,7 +348,14 @@ def hopper_configs() -> Iterator[KernelConfig]:
     )
     from xkernels.recipes import ATTENTION_RECIPES
 
+    bf16io = ATTENTION_RECIPES["bf16io"]
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
+        for causal in (False, True):  # opt-in (`hopper:v_pass=1`): bf16io reading V converted to fp16 by a pass
+            vp = dataclasses.replace(ac, v_pass=1)
+            yield KernelConfig(f"hopper.attention bf16io D{d}{' causal' if causal else ''} {vp}",
+                               attn.attention_fwd_kernel, _attention_types(torch.bfloat16, torch.float16),
+                               attn.constexprs(vp, d, bf16io, causal=causal, positive_scale=True, write_lse=True), 4,
+                               gluon=True)
         for recipe in ATTENTION_RECIPES.values():
             # bf16 also with a causal sliding window (at D64 its three consumer warpgroups of 128 registers keep the
             # band's bounds on 56 bytes of stack, outside the key loop) and with the window, attention sinks and a
@@ -380,7 +387,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_persistent as persistent
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        for recipe in ATTENTION_RECIPES.values():
+        # every recipe, and bf16io with V converted by a pass (opt-in: `hopper:v_pass=1`)
+        for recipe, cfg in [(r, ac) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(ac,
+                                                                                                    v_pass=1))]:
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
             for causal in (False, True):
@@ -396,11 +405,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 # 0.77-0.98x cuDNN at 512-2K against the dense kernel's 0.47-0.78, 2026-12-03/76); on untested
                 # tritons (3.9) bf16io spills on full rows too
                 yield KernelConfig(
-                    f"hopper.attention persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
+                    f"hopper.attention persistent {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
                     persistent.attention_persistent_kernel, descs | {"LSE": "*fp32", "O": f"*{dt}", "qk_scale": "fp32"},
-                    ac.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True, persistent=True), 4,
-                    gluon=True, spill_free=(not causal or (d == 64 and not recipe.converts_v))
-                    and (TRITON_TESTED or not recipe.converts_v))
+                    cfg.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True, persistent=True), 4,
+                    gluon=True, spill_free=(not causal or (d == 64 and not cfg.converts_in_kernel(recipe)))
+                    and (TRITON_TESTED or not cfg.converts_in_kernel(recipe)))
 
     from xkernels.hopper import attention_varlen as hvarlen
 
@@ -467,6 +476,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
                            f"{gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32)}>"}
             variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=n), fused_types)
                                                                 for n in (1, 2)])
+            if d == 64:  # opt-in (`scripts/bwd_ab.py`): K and V as the register operands of S^T and dP^T
+                variants += [(dataclasses.replace(bc, kv_regs=1), types),
+                             (dataclasses.replace(bc, fused_dq=1, kv_regs=1), fused_types)]
             variants.append((bc, types, True))  # the packed batches' variant
             for fused, cfg_types, *packed in variants:
                 varlen = bool(packed)

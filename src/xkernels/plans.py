@@ -9,6 +9,7 @@ copies (visible in `last_backend()`) and launches through Triton's own launcher.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -146,6 +147,11 @@ class AttentionPlan:
         self.empty = q.numel() == 0
         self.group, self.skv = hq // k.shape[1] if k.shape[1] else 1, k.shape[2]
         self.layer = choice.layer
+        if choice.layer == "hopper" and choice.config.dense.v_pass and not _dense_layout(v):
+            # V's fp16 copy takes V's strides (the plan's integer arguments), which a layout with gaps or overlaps
+            # does not give it: the producer converts V instead (the same bits)
+            choice = dataclasses.replace(choice, config=_without_v_pass(choice.config))
+        self.dense_cfg = choice.config.dense if choice.layer == "hopper" else None
         if choice.layer == "hopper":
             from xkernels.hopper import attention_fwd as hopper_attention  # Gluon: imported where it can run
 
@@ -191,12 +197,13 @@ class AttentionPlan:
         if self.direct and not (q.data_ptr() | k.data_ptr() | v.data_ptr() | out.data_ptr()
                                 | (0 if sinks is None else sinks.data_ptr())) % 16:
             if self.persistent is not None:
-                self.persistent.run(q, k, self._v(v), out, lse_arg, qk_scale)
+                self.persistent.run(q, k, self._v(v, self.persistent.cfg), out, lse_arg, qk_scale)
                 _record(self.persistent.name)
                 return out, lse
+            v = self._v(v)
             if self.kernel is None:  # first call of this key: compile against these very tensors
                 self.kernel = launch.compile_kernel(
-                    self.fn, self.grid, attention_args(q, k, self._v(v), out, lse_arg, *self.ints[12:], qk_scale)
+                    self.fn, self.grid, attention_args(q, k, v, out, lse_arg, *self.ints[12:], qk_scale)
                     + sinks_arg, self.constexprs, self.options, q.device)
             self.kernel.launch(self.grid, (q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
                                            lse_arg.data_ptr(), *self.ints, qk_scale,
@@ -214,9 +221,27 @@ class AttentionPlan:
         _record(self.name + _suffix(copies))
         return out, lse
 
-    def _v(self, v):
-        """The Hopper bf16io kernel reads V's bf16 bits as fp16 and converts them in shared memory."""
-        return v.view(torch.float16) if self.recipe.converts_v and self.layer == "hopper" else v
+    def _v(self, v, cfg=None):
+        """V as the Hopper bf16io kernel reads it (`cfg`: the kernel's config, the dense one's by default): V's bf16
+        bits viewed as fp16, which the producer converts in shared memory, or with `v_pass` V converted to fp16 by one
+        elementwise pass, in V's own strides."""
+        if not (self.recipe.converts_v and self.layer == "hopper"):
+            return v
+        if (cfg or self.dense_cfg).v_pass:
+            return torch.empty_like(v, dtype=torch.float16).copy_(v)  # (a dense layout: `_dense_layout`)
+        return v.view(torch.float16)
+
+
+def _dense_layout(t: torch.Tensor) -> bool:
+    """Whether `t`'s elements fill its memory span without gaps or overlaps, in any dimension order: then
+    `empty_like` keeps its strides."""
+    return torch.empty_like(t, device="meta").stride() == t.stride()
+
+
+def _without_v_pass(cfg: select.HopperForward) -> select.HopperForward:
+    off = dataclasses.replace(cfg.dense, v_pass=0)
+    return dataclasses.replace(cfg, dense=off, persistent=cfg.persistent and dataclasses.replace(cfg.persistent,
+                                                                                                v_pass=0))
 
 
 class PersistentAttention:

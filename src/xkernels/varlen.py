@@ -101,7 +101,9 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
         grid, constexprs, options = hopper_kernel.launch_spec(
             batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe, positive_scale=scale is None or scale > 0,
             write_lse=lse is not None, cfg=choice.config.dense, band=band, sinks=sinks is not None, softcap=softcap)
-        if recipe.converts_v:  # the producer converts V's bf16 bits, read as fp16, in shared memory
+        if choice.config.dense.v_pass:  # bf16io: V converted to fp16 by one pass, read as the fp16 kernel reads it
+            v = v.to(torch.float16)
+        elif recipe.converts_v:  # the producer converts V's bf16 bits, read as fp16, in shared memory
             v = v.view(torch.float16)
     else:
         fn = kernel.attention_varlen_kernel

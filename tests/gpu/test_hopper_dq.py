@@ -66,6 +66,30 @@ def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
     assert c.passed, c.reason
 
 
+@pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 300, 777), (True, 1, 200)])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fused_dq", [0, 1, 2])
+def test_kv_regs_matches_float64(fused_dq, causal, sq, skv, dtype):
+    """D64's opt-in `kv_regs` (K and V as the register A operands of S^T and dP^T), split and fused: every gradient
+    within the recipe's bounds against float64, from NaN-poisoned buffers, with GQA, tails and causal Sq != Skv."""
+    import xkernels
+
+    q, k, v = attention_inputs(2, 8, sq, skv, 64, dtype, "cuda", hkv=2, seed=sq + skv)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    do = (torch.rand(q.shape, generator=g, device="cuda") - 0.5).to(dtype)
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+    _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=True, precision="auto",
+                                                  backend="auto")
+    dkdv = dataclasses.replace(choice.config.dkdv, fused_dq=fused_dq, kv_regs=1)
+    cfg = select.HopperBackward(dkdv, choice.config.portable, None if fused_dq else ATTENTION_DQ_CONFIGS[64])
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    backward._hopper(q, k, v, o, lse, do, *grads, None, is_causal=causal, scale=0.125, cfg=cfg)
+    recipe = ATTENTION_RECIPES["fp16" if dtype == torch.float16 else "bf16"]
+    for grad, ref in zip(grads, reference_attention_grads(q, k, v, do, is_causal=causal), strict=True):
+        c = compare_grad(grad, ref, recipe)
+        assert c.passed, c.reason
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_concurrent_dq_equals_the_sequential_backward(causal):
     """The Gluon dQ kernel on a side stream beside dK/dV (`HopperBackward.concurrent_dq`): the same kernels on the

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import torch
 
+from xkernels import select
 from xkernels.hopper.configs import ATTENTION_CONFIGS as CONFIGS
 from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS, HopperAttentionConfig
 from xkernels.recipes import ATTENTION_RECIPES
@@ -25,6 +26,8 @@ def test_shipped_configs_pass(d, recipe):
     (128, "bf16io", dict(convert_steps=3), "convert_steps=3 must be"),
     (128, "bf16io", dict(block_n=32), "fewer than 8 rows"),
     (256, "bf16io", dict(convert_steps=2), "spills registers"),
+    (128, "bf16", dict(v_pass=1), "v_pass=1 must be 0, or 1 with a recipe that converts V"),
+    (128, "bf16io", dict(v_pass=2), "v_pass=2 must be"),
 ])
 def test_rejected_configs_name_the_field(d, recipe, fields, match):
     cfg = dataclasses.replace(CONFIGS[d], **fields)
@@ -36,6 +39,7 @@ def test_rejected_configs_name_the_field(d, recipe, fields, match):
     (128, "fp16", dict(acc16=1)), (128, "bf16io", dict(acc16=1)),  # fp16 P.V: the switch applies
     (128, "bf16", dict(block_n=32)),  # no conversion, so no step size to cut
     (64, "bf16io", dict(consumers=3, convert_steps=2)), (128, "bf16io", dict(convert_steps=2)),
+    (128, "bf16io", dict(v_pass=1, block_n=32)),  # V converted before the kernel: no step size to cut
 ])
 def test_accepted_overrides(d, recipe, fields):
     dataclasses.replace(CONFIGS[d], **fields).check(d, ATTENTION_RECIPES[recipe])
@@ -45,6 +49,38 @@ def test_name_shows_every_switch_off_its_default():
     assert str(HopperAttentionConfig(128, 2)) == "BM128-BN128-S2-ov"
     cfg = HopperAttentionConfig(64, 3, overlap=0, consumers=3, acc16=1, convert_steps=4)
     assert str(cfg) == "BM192-BN64-S3-acc16-cs4"
+
+
+def test_v_pass_turns_the_producer_conversion_off():
+    """bf16io with `v_pass` compiles the kernel that reads fp16 V (the fp16 recipe's producer and registers); its
+    name says -vp; the override parses."""
+    bf16io = ATTENTION_RECIPES["bf16io"]
+    for d in sorted(CONFIGS):
+        cfg = dataclasses.replace(CONFIGS[d], v_pass=1)
+        assert CONFIGS[d].constexprs(d, bf16io, causal=False, positive_scale=True, write_lse=True)["CONVERT_V"]
+        assert not cfg.constexprs(d, bf16io, causal=False, positive_scale=True, write_lse=True)["CONVERT_V"]
+        assert str(cfg).endswith("-vp") and cfg.converts_in_kernel(bf16io) is False
+    assert "v_pass" in dict(select.parse_backend("hopper:v_pass=1").config)
+
+
+def test_a_v_pass_plan_keeps_v_strides_or_leaves_the_conversion_to_the_producer():
+    """The pass's fp16 copy must take V's strides (the plan's integer arguments): a dense layout in any dimension
+    order does; one with gaps or overlaps leaves the plan on the producer's conversion."""
+    from xkernels import plans
+
+    v = torch.randn(2, 4, 33, 64).bfloat16()
+    bshd = v.transpose(1, 2).contiguous().transpose(1, 2)
+    for t in (v, bshd):
+        assert plans._dense_layout(t)
+        copy = torch.empty_like(t, dtype=torch.float16).copy_(t)
+        assert copy.stride() == t.stride() and torch.equal(copy.float(), t.half().float())
+    gaps = torch.randn(2, 8, 33, 64).bfloat16()[:, ::2]
+    assert not plans._dense_layout(gaps) and not plans._dense_layout(v[:, :1].expand(2, 4, 33, 64))
+    both = select.HopperForward(dataclasses.replace(CONFIGS[128], v_pass=1),
+                                dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], v_pass=1))
+    off = plans._without_v_pass(both)
+    assert off.dense == CONFIGS[128] and off.persistent == PERSISTENT_ATTENTION_CONFIGS[128]
+    assert plans._without_v_pass(select.HopperForward(CONFIGS[64])).persistent is None
 
 
 def test_persistent_descriptor_views():

@@ -175,7 +175,7 @@ def _stage_dq(dq_out, it, dq):
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_out, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
               scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-              SPLIT_D: gl.constexpr, BAND: gl.constexpr):
+              SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr):
     HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
     COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
     s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
@@ -198,6 +198,12 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     dv = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
     zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
     mbarrier.wait(kv_ready, 0)
+    if KV_REGS:  # the A operands of S^T and dP^T, read from shared memory once
+        k_a = k_w.load(wgmma_operand(BLOCK_M))
+        v_a = v_w.load(wgmma_operand(BLOCK_M))
+    else:
+        k_a = k_w
+        v_a = v_w
     it = 0
     for _g in range(GROUP):
         for start_m in range(lo, q_end, BLOCK_M):
@@ -218,8 +224,8 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                                         dk, dv, qk_scale, skv, zero_s, CAUSAL, BAND)
                 qdo.release(it)
             else:
-                s_tok = warpgroup_mma(k_w, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
-                dp_tok = warpgroup_mma(v_w, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
+                s_tok = warpgroup_mma(k_a, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
+                dp_tok = warpgroup_mma(v_a, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
                 lse = stats.index(2 * s).load(cols)
                 delta = stats.index(2 * s + 1).load(cols)
                 p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, skv,
@@ -303,11 +309,12 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                           dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
-                          VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr):
+                          KV_REGS: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
     gl.static_assert(not (SPLIT_D and FUSED_DQ), "SPLIT_D takes the separate dQ kernel")
+    gl.static_assert(not (SPLIT_D and KV_REGS), "KV_REGS: the A operands of one warpgroup's own 64 keys")
     gl.static_assert(not (VARLEN and FUSED_DQ), "packed batches take the separate dQ kernel")
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)
@@ -355,10 +362,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
                          VARLEN)),
@@ -368,10 +375,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
                          VARLEN)),

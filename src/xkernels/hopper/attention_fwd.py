@@ -387,9 +387,9 @@ def launch_spec(batch: int, heads: int, sq: int, head_dim: int, *, is_causal: bo
                 band: Band | None = None, sinks: bool = False,
                 softcap: float = 0.0) -> tuple[int, dict[str, object], dict[str, int]]:
     """(grid, constexprs, launch options): the runtime arguments are `plans.attention_args` and the sink logits, as
-    for the portable kernel (with V viewed as fp16 for bf16io: the producer converts the bf16 bits in shared
-    memory). `band`: a sliding window; `sinks`: the kernel reads (Hq,) sink logits; `softcap`: the scores' soft
-    cap."""
+    for the portable kernel (for bf16io V viewed as fp16, whose bf16 bits the producer converts in shared memory,
+    or with `v_pass` V converted to fp16 before the launch). `band`: a sliding window; `sinks`: the kernel reads
+    (Hq,) sink logits; `softcap`: the scores' soft cap."""
     cfg.check(head_dim, recipe)
     grid = triton.cdiv(sq, cfg.block_m) * batch * heads
     return grid, constexprs(cfg, head_dim, recipe, causal=is_causal, positive_scale=positive_scale,

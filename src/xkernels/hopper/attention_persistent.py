@@ -426,7 +426,7 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAtten
     if not cfg.persistent or sq % configs.WG_ROWS or skv % cfg.block_n:
         return False
     if cfg.persistent == 1 and not prefer_persistent(skv, causal, q.shape[1] // k.shape[1], q.shape[-1],
-                                                     recipe.converts_v):
+                                                     cfg.converts_in_kernel(recipe)):
         return False
     kv = descriptor_view(k)
     return (descriptor_view(q) is not None and kv is not None and descriptor_view(v) is not None

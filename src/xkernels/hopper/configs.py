@@ -46,6 +46,14 @@ class HopperAttentionConfig:
     # accumulator's registers; 2, through the tile's Q slot and TMA; 3, through the V ring and TMA (64-key tiles,
     # not chained); 1-3: no O buffers in shared memory
     o_store: int = 0
+    # bf16io only: 1, V converted to fp16 by one elementwise pass before the kernel, which then reads fp16 V as the
+    # fp16 recipe's kernel does (no producer conversion; a temporary fp16 copy of V, the same bits); 0, the producer
+    # converts each V tile in shared memory
+    v_pass: int = 0
+
+    def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
+        """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
+        return recipe.converts_v and not self.v_pass
 
     def check(self, head_dim: int, recipe: AttentionRecipe, kernel: str = "dense") -> None:
         """ValueError naming the field for a config that `kernel` ("dense", "persistent" or "varlen_persistent")
@@ -56,7 +64,10 @@ class HopperAttentionConfig:
         if self.chained not in (0, 1) or self.o_store not in (0, 1, 2, 3):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0 to 3")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
-        if kernel == "persistent" and self.o_store == 3 and recipe.converts_v:
+        if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
+            raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
+                             f"(bf16io; recipe {recipe.name})")
+        if kernel == "persistent" and self.o_store == 3 and self.converts_in_kernel(recipe):
             raise ValueError(f"config: o_store=3 (O through the V ring) does not convert V in place: recipe "
                              f"{recipe.name} needs o_store 0-2")
         if kernel == "persistent" and self.o_store == 3 and (self.block_n != WG_ROWS or self.chained
@@ -79,10 +90,10 @@ class HopperAttentionConfig:
             raise ValueError(f"config: acc16 needs fp16 P.V (recipe {recipe.name} multiplies P.V in bf16)")
         if self.convert_steps not in (2, 4, 8):
             raise ValueError(f"config: convert_steps={self.convert_steps} must be 2, 4 or 8")
-        if recipe.converts_v and self.block_n // self.convert_steps < 8:
+        if self.converts_in_kernel(recipe) and self.block_n // self.convert_steps < 8:
             raise ValueError(f"config: convert_steps={self.convert_steps} with block_n={self.block_n} gives steps of "
                              "fewer than 8 rows, which cut the shared-memory swizzle pattern")
-        if recipe.converts_v and self.convert_steps == 2 and head_dim == 256:
+        if self.converts_in_kernel(recipe) and self.convert_steps == 2 and head_dim == 256:
             raise ValueError("config: convert_steps=2 at head dim 256 spills registers (the producer's gain is "
                              "consumer 0's loss)")
 
@@ -105,8 +116,9 @@ class HopperAttentionConfig:
         CHAINED too): one mapping for the launch and for `inspect`."""
         extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
-                    CONVERT_V=recipe.converts_v, POSITIVE_SCALE=positive_scale, OVERLAP=bool(self.overlap),
-                    NUM_WG=self.consumers, ACC16=bool(self.acc16) or recipe.pv_acc_dtype == torch.float16,
+                    CONVERT_V=self.converts_in_kernel(recipe), POSITIVE_SCALE=positive_scale,
+                    OVERLAP=bool(self.overlap), NUM_WG=self.consumers,
+                    ACC16=bool(self.acc16) or recipe.pv_acc_dtype == torch.float16,
                     CONVERT_STEPS=self.convert_steps, WRITE_LSE=write_lse, **extra)
 
     def __str__(self) -> str:
@@ -114,7 +126,7 @@ class HopperAttentionConfig:
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
-                + ("", "-or", "-oq", "-ovs")[self.o_store])
+                + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass)
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
@@ -152,15 +164,20 @@ class HopperAttentionBwdConfig:
     # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
     split_d: int = 0
+    # K and V of a consumer's 64 keys held in registers as the A operands of S^T = K Q^T and dP^T = V dO^T (not with
+    # split_d): those wgmmas then read only Q and dO from shared memory, half the bytes per product (D64: 32 more
+    # registers a thread)
+    kv_regs: int = 0
 
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
                    band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
-                    FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, VARLEN=varlen) | band_constexprs(band, causal)
+                    FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, KV_REGS=bool(self.kv_regs),
+                    VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
-        return f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq) + (
-            f"-sd{self.split_d}" if self.split_d else "")
+        return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq)
+                + (f"-sd{self.split_d}" if self.split_d else "") + "-kvr" * bool(self.kv_regs))
 
 
 # D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns over
