@@ -1,10 +1,11 @@
 """Hopper backward tile variants on the H200, per head dim, against the portable backward and SDPA-cuDNN's in the
 same process. D256: the dK/dV kernel with its head dim split across the two warpgroups (`split_d` 1: each computes
 S^T and dP^T; 2: one each, exchanged through shared memory) and the Gluon dQ on 32-key tiles; D64/D128: ring depths
-of the dK/dV and dQ kernels and the dQ's key tile; D64 also the fused-dQ kernel, and K and V as register operands
-(`kv_regs`). Every variant's dQ, dK and dV are first checked against float64
-autograd on small shapes (tails, causal with Sq != Skv, GQA); timing is device time of the whole backward (CUDA
-events behind a GPU-side sleep, `time_cuda`), median of 30.
+of the dK/dV and dQ kernels and the dQ's key tile; D64 also the fused-dQ kernel (dQ's two column halves, or
+`fused_dq=3`: the warpgroups taking turns at the whole partial), and K and V as register operands (`kv_regs`).
+Every variant's dQ, dK and dV are first checked against float64 autograd on small shapes (tails, causal with
+Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`),
+median of 30.
 
     python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md]
 """
@@ -53,6 +54,8 @@ def variants(d: int, portable_cfg) -> dict:
                 f"s2-kvr dq{dq_bn}-s2": select.HopperBackward(HopperAttentionBwdConfig(64, 128, 2, kv_regs=1),
                                                               portable_cfg, HopperAttentionDqConfig(dq_bn, 2)),
                 "fused dq1 s2": fused(), "fused dq1 s2-kvr": fused(kvr=1), "fused dq2 s2-kvr": fused(n=2, kvr=1),
+                "fused dq3 s2": fused(n=3), "fused dq3 s2-kvr": fused(n=3, kvr=1),
+                "fused dq3 s4-kvr": fused(st=4, n=3, kvr=1),
                 "fused dq1 s4-kvr": fused(st=4, kvr=1), "fused dq1 s4": fused(st=4)}  # (fused: 2^n stages)
     return {f"s2 dq{dq_bn}-s2": hb(64, 128, 2, dq_bn=dq_bn), f"s3 dq{dq_bn}-s2": hb(64, 128, 3, dq_bn=dq_bn),
             f"s2 dq{dq_bn}-s3": hb(64, 128, 2, dq_bn=dq_bn, dq_st=3),

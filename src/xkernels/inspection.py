@@ -470,15 +470,17 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                         ("do_desc", bc.block_m))}
             types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dt}", "DV": f"*{dt}", "qk_scale": "fp32",
                              "scale": "fp32", "dq_desc": descs["q_desc"], "CU_Q": "*i32", "CU_K": "*i32"}
-            dq_box = [bc.block_m, d // 2]
-            fused_types = types | {
-                "dq_desc": f"tensordesc<fp32[{dq_box[0]}, {dq_box[1]}],"
-                           f"{gl.NVMMASharedLayout.get_default_for(dq_box, gl.float32)}>"}
-            variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=n), fused_types)
+            def fused_types(box, types=types):  # the fp32 dQ buffer's: [BLOCK_M, D / 2] boxes, or [BLOCK_M, D]
+                return types | {"dq_desc": f"tensordesc<fp32[{box[0]}, {box[1]}],"
+                                           f"{gl.NVMMASharedLayout.get_default_for(box, gl.float32)}>"}
+            half = fused_types([bc.block_m, d // 2])
+            variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=n), half)
                                                                 for n in (1, 2)])
-            if d == 64:  # opt-in (`scripts/bwd_ab.py`): K and V as the register operands of S^T and dP^T
+            if d == 64:  # opt-in (`scripts/bwd_ab.py`): K and V as the register operands of S^T and dP^T, and
+                # the warpgroups taking turns at the whole dQ partial
                 variants += [(dataclasses.replace(bc, kv_regs=1), types),
-                             (dataclasses.replace(bc, fused_dq=1, kv_regs=1), fused_types)]
+                             (dataclasses.replace(bc, fused_dq=1, kv_regs=1), half),
+                             (dataclasses.replace(bc, fused_dq=3, kv_regs=1), fused_types([bc.block_m, d]))]
             variants.append((bc, types, True))  # the packed batches' variant
             for fused, cfg_types, *packed in variants:
                 varlen = bool(packed)

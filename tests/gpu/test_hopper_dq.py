@@ -28,7 +28,7 @@ def _run(q, k, v, do, dlse, *, causal, dq_path):
     _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, dlse, enable_gqa=True, precision="auto",
                                                   backend="auto")
     cfg = choice.config
-    dkdv = dataclasses.replace(cfg.dkdv, fused_dq={"fused1": 1, "fused2": 2}.get(dq_path, 0))
+    dkdv = dataclasses.replace(cfg.dkdv, fused_dq={"fused1": 1, "fused2": 2, "fused3": 3}.get(dq_path, 0))
     cfg = select.HopperBackward(dkdv, cfg.portable, ATTENTION_DQ_CONFIGS[q.shape[-1]] if dq_path == "gluon" else None)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
     backward._hopper(q, k, v, o.detach(), lse.detach(), do, *grads, dlse, is_causal=causal,
@@ -40,11 +40,14 @@ def _run(q, k, v, do, dlse, *, causal, dq_path):
 @pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 777),
                                            (False, 130, 65), (True, 1, 200)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("dq_path", ["gluon", "fused1", "fused2"])
+@pytest.mark.parametrize("dq_path", ["gluon", "fused1", "fused2", "fused3"])
 def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
-    """D256 (the dK/dV kernel's split_d tiles) takes the Gluon dQ kernel only."""
+    """D256 (the dK/dV kernel's split_d tiles) takes the Gluon dQ kernel only; fused3 (turns at the whole dQ
+    partial) is D64's."""
     if d == 256 and dq_path.startswith("fused"):
         pytest.skip("split_d has no fused dQ")
+    if dq_path == "fused3" and d != 64:
+        pytest.skip("fused_dq=3 is D64's")
     q, k, v = attention_inputs(2, 8, sq, skv, d, dtype, "cuda", hkv=2, seed=sq + skv)
     g = torch.Generator(device="cuda").manual_seed(7)
     do = (torch.rand(q.shape, generator=g, device="cuda") - 0.5).to(dtype)
@@ -68,7 +71,7 @@ def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
 
 @pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 300, 777), (True, 1, 200)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("fused_dq", [0, 1, 2])
+@pytest.mark.parametrize("fused_dq", [0, 1, 2, 3])
 def test_kv_regs_matches_float64(fused_dq, causal, sq, skv, dtype):
     """D64's opt-in `kv_regs` (K and V as the register A operands of S^T and dP^T), split and fused: every gradient
     within the recipe's bounds against float64, from NaN-poisoned buffers, with GQA, tails and causal Sq != Skv."""

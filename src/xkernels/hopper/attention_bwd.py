@@ -17,7 +17,9 @@ FUSED_DQ (FA3's plan): each warpgroup also writes its dS^T rows to a shared [128
 with one stage per Q/dO stage, released with it), waits for the other warpgroup's half, and computes its half of the
 head dim of dQ's partial over the program's 128 keys, dQ[:, half] = dS K[:, half], besides dK += dS^T Q from its own
 rows (FUSED_DQ = 1: dK issued before the handshake, dQ after it; 2: dQ first, so dK stays in flight while dQ's
-partial is staged). The fp32 partial goes to one of two `dq` slots of the warpgroup; a 1-warp writer partition
+partial is staged; 3, D64: the warpgroups take turns by step, one computing the whole dQ = dS K over every column,
+64 x 64 wgmmas that read a third less shared memory per product than two 64 x 32 halves, the other skipping the
+handshake). The fp32 partial goes to one of two `dq` slots of the warpgroup; a 1-warp writer partition
 reduce-adds it into an fp32 buffer by TMA and hands the slot back once the reduce has read it, so the consumers never
 wait on a reduce. The additions from different key blocks land in any order, so dQ is not bitwise repeatable; the
 separate dQ kernel is.
@@ -240,7 +242,19 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
                     ds_w.store(ds_t.to(dtype))
                     fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
                     mbarrier.arrive(ds.ready.index(d))
-                    if FUSED_DQ == 1:
+                    if FUSED_DQ == 3:
+                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
+                        if it % 2 == W:  # this warpgroup's turn: dQ = dS K over the program's keys, every column
+                            # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
+                            ds.wait(it, True)
+                            dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf,
+                                                   gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
+                                                   use_acc=False, is_async=True)
+                            dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
+                            _stage_dq(dq_out, it // 2, dq)  # this warpgroup's ring holds every other step's
+                        else:
+                            dv, dk, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
+                    elif FUSED_DQ == 1:
                         dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
                         # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
                         ds.wait(it, True)
@@ -280,10 +294,12 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
 
 
 @gluon.jit
-def _dq_writer(dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr):
-    """FUSED_DQ's dQ writer (1 warp): per step, each consumer's fp32 partial [BLOCK_M, D / 2] goes from its `dq`
-    slot into the fp32 buffer by a TMA reduce-add, and the slot is handed back once the reduce has read it, so the
-    consumers never wait on a reduce. Bulk groups complete in issue order: after issuing consumer w's reduce of
+def _dq_writer(dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+               FUSED_DQ: gl.constexpr):
+    """FUSED_DQ's dQ writer (1 warp): per step, each consumer's fp32 partial [BLOCK_M, D / 2] (FUSED_DQ = 3: the
+    step's one [BLOCK_M, D] partial, from the consumer whose turn it was) goes from its `dq` slot into the fp32
+    buffer by a TMA reduce-add, and the slot is handed back once the reduce has read it, so the consumers never wait
+    on a reduce. Bulk groups complete in issue order: after issuing consumer w's reduce of
     step it, `store_wait(2)` leaves only that one and the other consumer's of step it - 1 pending, so w's reduce
     of step it - 1 has read its slot."""
     HALF: gl.constexpr = HEAD_DIM // 2
@@ -292,16 +308,42 @@ def _dq_writer(dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.
         row0 = (b * HQ + hk * GROUP + g) * SQ
         for start_m in range(lo, q_end, BLOCK_M):
             at = (row0 + start_m).to(gl.int32)
-            s = dq0.wait(it)
-            tma.async_reduce_add(dq_desc, [at, 0], dq0.bufs.index(s))
-            tma.store_wait(2)
-            mbarrier.arrive(dq0.empty.index(s ^ 1), pred=it > 0)  # step it - 1's slot (2 slots)
-            s = dq1.wait(it)
-            tma.async_reduce_add(dq_desc, [at, HALF], dq1.bufs.index(s))
-            tma.store_wait(2)
-            mbarrier.arrive(dq1.empty.index(s ^ 1), pred=it > 0)
+            if FUSED_DQ == 3:
+                _write_turn(dq_desc, at, dq0, dq1, it)
+            else:
+                _write_halves(dq_desc, at, dq0, dq1, it, HALF)
             it += 1
     tma.store_wait(0)  # the last reduces have completed before the kernel ends
+
+
+@gluon.jit
+def _write_turn(dq_desc, at, dq0, dq1, it):
+    """FUSED_DQ = 3: step `it`'s whole [BLOCK_M, D] partial, from consumer it % 2's ring (its entry it // 2); after
+    issuing it, `store_wait(1)` leaves only it pending, so step it - 1's reduce has read the other ring's slot."""
+    prev = gl.maximum(it - 1, 0) // 2
+    if it % 2 == 0:
+        s = dq0.wait(it // 2, True)
+        tma.async_reduce_add(dq_desc, [at, 0], dq0.bufs.index(s))
+        tma.store_wait(1)
+        mbarrier.arrive(dq1.empty.index(prev & 1), pred=it > 0)
+    else:
+        s = dq1.wait(it // 2, True)
+        tma.async_reduce_add(dq_desc, [at, 0], dq1.bufs.index(s))
+        tma.store_wait(1)
+        mbarrier.arrive(dq0.empty.index(prev & 1))
+
+
+@gluon.jit
+def _write_halves(dq_desc, at, dq0, dq1, it, HALF: gl.constexpr):
+    """FUSED_DQ = 1, 2: consumer w's [BLOCK_M, D / 2] partial of step `it` into columns [w D / 2, (w + 1) D / 2)."""
+    s = dq0.wait(it)
+    tma.async_reduce_add(dq_desc, [at, 0], dq0.bufs.index(s))
+    tma.store_wait(2)
+    mbarrier.arrive(dq0.empty.index(s ^ 1), pred=it > 0)  # step it - 1's slot (2 slots)
+    s = dq1.wait(it)
+    tma.async_reduce_add(dq_desc, [at, HALF], dq1.bufs.index(s))
+    tma.store_wait(2)
+    mbarrier.arrive(dq1.empty.index(s ^ 1), pred=it > 0)
 
 
 @gluon.jit
@@ -316,6 +358,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.static_assert(not (SPLIT_D and FUSED_DQ), "SPLIT_D takes the separate dQ kernel")
     gl.static_assert(not (SPLIT_D and KV_REGS), "KV_REGS: the A operands of one warpgroup's own 64 keys")
     gl.static_assert(not (VARLEN and FUSED_DQ), "packed batches take the separate dQ kernel")
+    gl.static_assert((FUSED_DQ != 3) or (HEAD_DIM == 64), "FUSED_DQ = 3: a [BLOCK_M, D] fp32 dQ fits beside dK and dV "
+                     "at D64 only")
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)
     start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
@@ -369,7 +413,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
                          VARLEN)),
-            (_dq_writer, (dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM, BLOCK_M)),
+            (_dq_writer, (dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM, BLOCK_M, FUSED_DQ)),
         ], [4, 1, 1], [240, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
@@ -406,8 +450,10 @@ def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Ten
 
 def dq_accum_geometry(rows: int, d: int, cfg: HopperAttentionBwdConfig) -> tuple:
     """(shape, strides, box, layout) of the fused variant's contiguous fp32 dQ buffer seen as a (rows, D) matrix of
-    [BLOCK_M, D / 2] boxes (each half reduced on its own): what `descriptors` encodes and a plan's launch takes."""
-    return [rows, d], [d, 1], [cfg.block_m, d // 2], smem_layout((cfg.block_m, d // 2), torch.float32)
+    [BLOCK_M, D / 2] boxes (each half reduced on its own; FUSED_DQ = 3: [BLOCK_M, D], one partial per step): what
+    `descriptors` encodes and a plan's launch takes."""
+    box = (cfg.block_m, d if cfg.fused_dq == 3 else d // 2)
+    return [rows, d], [d, 1], list(box), smem_layout(box, torch.float32)
 
 
 def packed_geometry(t: torch.Tensor, rows: int) -> tuple:

@@ -159,7 +159,8 @@ class HopperAttentionBwdConfig:
     block_n: int = 128
     stages: int = 2
     # dQ from this kernel too (TMA reduce-add into fp32; not bitwise repeatable): 1, dK's wgmma issued before the
-    # dS^T handshake and dQ's after it; 2, dQ's issued first and dK's left in flight while dQ's partial is staged
+    # dS^T handshake and dQ's after it; 2, dQ's issued first and dK's left in flight while dQ's partial is staged;
+    # 3 (D64), as 1 with the warpgroups taking turns by step at the whole [BLOCK_M, D] dQ partial
     fused_dq: int = 0
     # both warpgroups on BLOCK_N = 64 keys, each owning half of dK's and dV's columns: 1, each computes S^T and dP^T;
     # 2, one computes S^T, the other dP^T, exchanged through shared memory (`attention_bwd._exchange_step`)
