@@ -91,6 +91,11 @@ def test_kv_regs_matches_float64(fused_dq, causal, sq, skv, dtype):
     for grad, ref in zip(grads, reference_attention_grads(q, k, v, do, is_causal=causal), strict=True):
         c = compare_grad(grad, ref, recipe)
         assert c.passed, c.reason
+    if not fused_dq:  # the same products from registers: the same dK and dV bits as from shared memory
+        smem = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+        backward._hopper(q, k, v, o, lse, do, *smem, None, is_causal=causal, scale=0.125,
+                         cfg=dataclasses.replace(cfg, dkdv=dataclasses.replace(dkdv, kv_regs=0)))
+        assert torch.equal(grads[1], smem[1]) and torch.equal(grads[2], smem[2])
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -42,6 +42,11 @@ def test_v_pass_matches_float64_and_the_in_kernel_conversion(d, causal, sq, skv,
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), BF16IO)
     assert c.passed, c
     assert torch.equal(o, xkernels.attention(q, k, v, out=poisoned_like(q), backend="hopper", **kw))
+    # the plan's second call: its compiled kernel launched with a new fp16 copy (a new address; the persistent
+    # kernel re-encodes its V descriptor)
+    keep = torch.empty(1 << 20, device="cuda")  # moves the caching allocator's next block
+    assert torch.equal(o, xkernels.attention(q, k, v, out=poisoned_like(q), backend="hopper:v_pass=1", **kw))
+    del keep
     assert torch.equal(v, v0), "V was modified"
 
 

@@ -60,7 +60,17 @@ def test_v_pass_turns_the_producer_conversion_off():
         assert CONFIGS[d].constexprs(d, bf16io, causal=False, positive_scale=True, write_lse=True)["CONVERT_V"]
         assert not cfg.constexprs(d, bf16io, causal=False, positive_scale=True, write_lse=True)["CONVERT_V"]
         assert str(cfg).endswith("-vp") and cfg.converts_in_kernel(bf16io) is False
+    for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
+        on = dataclasses.replace(pc, v_pass=1).constexprs(d, bf16io, causal=True, positive_scale=True,
+                                                         write_lse=True, persistent=True)
+        assert not on["CONVERT_V"]
     assert "v_pass" in dict(select.parse_backend("hopper:v_pass=1").config)
+    # O through the V ring needs V in O's dtype: bf16io's V is fp16 with or without the pass
+    ovs = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], v_pass=1, o_store=3, block_n=64, chained=0)
+    with pytest.raises(ValueError, match="o_store=3 .* needs the V ring in O's dtype"):
+        ovs.check(128, bf16io, "persistent")
+    with pytest.raises(ValueError, match="v_pass=1 must be 0, or 1 with a recipe that converts V"):
+        select._hopper_forward(128, ATTENTION_RECIPES["bf16"], select.parse_backend("hopper:v_pass=1"))
 
 
 def test_a_v_pass_plan_keeps_v_strides_or_leaves_the_conversion_to_the_producer():
@@ -138,7 +148,7 @@ def test_persistent_descriptor_views():
     with pytest.raises(ValueError, match="chained=0"):
         dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], o_store=3, block_n=64).check(128, rec, "persistent")
     dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], o_store=3).check(256, rec, "persistent")
-    with pytest.raises(ValueError, match="recipe bf16io needs o_store 0-2"):
+    with pytest.raises(ValueError, match="recipe bf16io reads V as fp16 .* needs o_store 0-2"):
         dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[256], o_store=3).check(256, ATTENTION_RECIPES["bf16io"],
                                                                                "persistent")
     for d, cfg in PERSISTENT_ATTENTION_CONFIGS.items():  # the shipped configs fit every kernel that takes them

@@ -67,9 +67,9 @@ class HopperAttentionConfig:
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
                              f"(bf16io; recipe {recipe.name})")
-        if kernel == "persistent" and self.o_store == 3 and self.converts_in_kernel(recipe):
-            raise ValueError(f"config: o_store=3 (O through the V ring) does not convert V in place: recipe "
-                             f"{recipe.name} needs o_store 0-2")
+        if kernel == "persistent" and self.o_store == 3 and recipe.converts_v:
+            raise ValueError(f"config: o_store=3 (O through the V ring) needs the V ring in O's dtype: recipe "
+                             f"{recipe.name} reads V as fp16 (converted in place or by v_pass) and needs o_store 0-2")
         if kernel == "persistent" and self.o_store == 3 and (self.block_n != WG_ROWS or self.chained
                                                              or self.stages < self.consumers):
             raise ValueError(f"config: o_store=3 (O through the V ring) needs block_n={WG_ROWS} (a warpgroup's O tile "
