@@ -415,6 +415,14 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     divisible = ("Q", "K", "V", "O", "LSE", "CU_Q", "CU_K", "q_st", "q_sh", "k_st", "k_sh", "v_st", "v_sh",
                  "o_st", "o_sh")
+    vp = dataclasses.replace(ATTENTION_CONFIGS[128], v_pass=1)  # opt-in: bf16io reading V converted by a pass
+    for causal in (False, True):
+        _, constexprs, _ = hvarlen.launch_spec(1, 1, 1, 128, is_causal=causal, recipe=bf16io, positive_scale=True,
+                                               write_lse=True, cfg=vp)
+        yield KernelConfig(f"hopper.attention_varlen bf16io D128{' causal' if causal else ''} {vp}",
+                           hvarlen.attention_varlen_kernel,
+                           _attention_types(torch.bfloat16, torch.float16) | {"CU_Q": "*i32", "CU_K": "*i32"},
+                           constexprs, 4, gluon=True, divisible=divisible)
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
         for recipe in ATTENTION_RECIPES.values():
             # bf16 also with a causal sliding window (the dense kernel's band, bottom-right)
