@@ -7,7 +7,7 @@ Every variant's dQ, dK and dV are first checked against float64 autograd on smal
 Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`),
 median of 30.
 
-    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md]
+    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3]
 """
 
 from __future__ import annotations
@@ -109,14 +109,19 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
     ap.add_argument("--dims", type=int, nargs="+", default=[256], choices=sorted(ROWS))
+    ap.add_argument("--skip", default="", help="leave out the variants whose name contains this string")
     args = ap.parse_args()
+
+    def chosen(d, pcfg) -> dict:
+        return {n: c for n, c in variants(d, pcfg).items() if not (args.skip and args.skip in n)}
+
     res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
     recipe = ATTENTION_RECIPES["bf16"]
     for d in args.dims:
         for b, hq, hkv, sq, skv, causal in CHECKS:
             q, k, v, do, o, lse, pcfg = setup(b, hq, hkv, sq, skv, d, causal, seed=sq + skv)
             refs = reference_attention_grads(q, k, v, do, is_causal=causal)
-            for name, cfg in variants(d, pcfg).items():
+            for name, cfg in chosen(d, pcfg).items():
                 grads = run(q, k, v, do, o, lse, cfg, causal, pcfg, poison=True)
                 torch.cuda.synchronize()
                 for g, ref, which in zip(grads, refs, "qkv", strict=True):
@@ -135,7 +140,7 @@ def main() -> None:
             flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
             row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "cudnn_ms": cudnn_ms,
                    "cudnn_tflops": flops / cudnn_ms / 1e9, "ms": {}, "x_cudnn": {}}
-            for name, cfg in variants(d, pcfg).items():
+            for name, cfg in chosen(d, pcfg).items():
                 t = ms(lambda c=cfg: run(q, k, v, do, o, lse, c, causal, pcfg))  # noqa: B023
                 row["ms"][name], row["x_cudnn"][name] = t, cudnn_ms / t
             res["rows"].append(row)
