@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xkernels
+from xkernels.bench.report import check_summary
 from xkernels.bench.timing import interleaved_graph_ms
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_attention, reference_attention
@@ -86,10 +87,7 @@ def markdown(res: dict) -> str:
     for r in res["rows"]:
         lines.append(f"| {r['shape']} | {r['ms']['cudnn']:.3f} | " + " | ".join(f"{r['x_cudnn'][n]:.2f}" for n in names)
                      + f" | {r['x_bf16_time']['bf16io']:.3f} | {r['x_bf16_time']['bf16io v_pass']:.3f} |")
-    failed = [c for c in res["check"] if not c["passed"]]
-    lines.append(f"\nfloat64 checks: {len(res['check']) - len(failed)}/{len(res['check'])} passed")
-    lines += [f"- FAILED {c}" for c in failed]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + check_summary(res["check"])) + "\n"
 
 
 def main() -> None:

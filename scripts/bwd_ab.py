@@ -21,6 +21,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xkernels
 from xkernels import backward, select
+from xkernels.bench.report import check_summary
 from xkernels.bench.timing import time_cuda
 from xkernels.hopper.configs import HopperAttentionBwdConfig, HopperAttentionDqConfig
 from xkernels.portable import attention_bwd as portable_bwd
@@ -98,10 +99,7 @@ def markdown(res: dict) -> str:
             lines += ["", head, "|---" * (2 + len(names)) + "|"]
         lines.append(f"| {r['shape']} | {r['cudnn_ms']:.3f} | "
                      + " | ".join(f"{r['x_cudnn'][n]:.2f}" for n in names) + " |")
-    failed = [c for c in res["check"] if not c["passed"]]
-    lines.append(f"\nfloat64 checks: {len(res['check']) - len(failed)}/{len(res['check'])} passed")
-    lines += [f"- FAILED {c}" for c in failed]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + check_summary(res["check"])) + "\n"
 
 
 def main() -> None:

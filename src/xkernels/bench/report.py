@@ -12,6 +12,13 @@ from xkernels.bench.ceilings import Ceilings
 from xkernels.bench.runner import Row
 
 
+def check_summary(checks: list[dict]) -> list[str]:
+    """Markdown lines closing an A/B script's table: how many of its float64 checks (dicts with "passed") passed,
+    then each failed one."""
+    failed = [c for c in checks if not c["passed"]]
+    return [f"\nfloat64 checks: {len(checks) - len(failed)}/{len(checks)} passed"] + [f"- FAILED {c}" for c in failed]
+
+
 def _f(x: float | None, fmt: str = ".0f") -> str:
     return "—" if x is None else format(x, fmt)
 
