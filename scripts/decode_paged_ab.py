@@ -5,7 +5,7 @@ reference first.
 
     python scripts/decode_paged_ab.py --json decode_paged_ab.json [--md decode_paged_ab.md]
         [--dim 64] [--caches dense paged16seq] [--configs 128,8,3 128,4,3] [--split-scales 1 2] [--fused]
-        [--preload 1024] [--selected]
+        [--preload 1024] [--selected] [--pdl]
 
 A cache named with "seq" after it (paged16seq) holds its pages in order, behind an identity block table: against
 the shuffled table of the same page size, what the random placement costs.
@@ -58,6 +58,8 @@ def main() -> None:
     ap.add_argument("--fused", action="store_true", help="each config also with the fused merge (no combine kernel)")
     ap.add_argument("--preload", nargs="+", type=int, default=[],
                     help="each config also with a split's block ids read before its loop (DecodeConfig.preload_ids)")
+    ap.add_argument("--pdl", action="store_true",
+                    help="each config also with the combine as a programmatic dependent launch (DecodeConfig.pdl)")
     ap.add_argument("--selected", action="store_true",
                     help="per row the config the selection picks for its pairs (not --configs or the defaults)")
     args = ap.parse_args()
@@ -75,6 +77,8 @@ def main() -> None:
         if args.fused:
             cfgs += [dataclasses.replace(c, fused_combine=True) for c in cfgs]
         cfgs += [dataclasses.replace(c, preload_ids=n) for n in args.preload for c in list(cfgs)]
+        if args.pdl:
+            cfgs += [dataclasses.replace(c, pdl=True) for c in cfgs if not c.fused_combine]
         return cfgs
 
     rows, lines = [], ["| shape | variant | us | TB/s | x SDPA | check |", "|---|---|---|---|---|---|"]

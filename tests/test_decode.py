@@ -106,6 +106,25 @@ def test_wide_row_offsets_only_where_int32_could_wrap(page, row_stride, wide):
     assert plan.constexprs["WIDE_ROWS"] is wide
 
 
+def test_pdl_makes_the_combine_a_dependent_launch_on_cuda_only():
+    """`DecodeConfig.pdl`: the split kernel (split, unfused) signals its dependents and the combine waits for it,
+    compiled with Triton's launch_pdl; a plan off CUDA (the interpreter, other devices) keeps a plain launch."""
+    recipe = ATTENTION_RECIPES["bf16"]
+    cfg = DecodeConfig(64, 4, 2, pdl=True)
+    flags = dict(rows=4, page=16, seq_lengths=True, causal=True, bottom_right=True, write_lse=True, interpret=False)
+    assert cfg.constexprs(128, recipe, split=True, **flags)["LAUNCH_DEPENDENTS"]
+    assert not cfg.constexprs(128, recipe, split=False, **flags)["LAUNCH_DEPENDENTS"]
+    fused = DecodeConfig(64, 4, 2, pdl=True, fused_combine=True)  # no combine kernel to depend on
+    assert not fused.constexprs(128, recipe, split=True, **flags)["LAUNCH_DEPENDENTS"]
+    assert not cfg.constexprs(128, recipe, split=True, **(flags | dict(interpret=True)))["LAUNCH_DEPENDENTS"]
+    assert str(cfg).endswith("-pdl")
+    strides = (0, 64 * 2, 64)
+    g = decode.Geometry(1, 1, 8, 2, 64, 1 << 12, 16, (0, 0, 0), strides, strides, (0, 0, 0), 0, 4)
+    plan = decode.DecodePlan(g, seq_lengths=True, is_causal=True, bottom_right=True, recipe=recipe, cfg=cfg,
+                             write_lse=False, device=torch.device("cpu"))
+    assert not plan.combine_constexprs["WAIT_PRIMARY"] and "launch_pdl" not in plan.combine_options
+
+
 def test_a_growing_cache_keeps_its_plan(device):
     """The dense API with one query row over contiguous K/V that grow by a few keys per call (a decoding loop over
     transformers' caches) takes one plan for every key count, crossing key tiles and split counts; each call's

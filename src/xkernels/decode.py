@@ -124,9 +124,13 @@ class DecodePlan:
         self.softcap = softcap
         self._variants: dict[tuple, _Variant] = {}
         self.options = cfg.options()
-        self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse)
-        self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
         self.direct = launch.direct_launch_available(device)
+        # a programmatic dependent launch needs CUDA's launcher (the direct path and Triton's both set it)
+        pdl = cfg.pdl and device.type == "cuda" and not INTERPRET and torch.version.cuda is not None
+        self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse,
+                                       WAIT_PRIMARY=pdl)
+        self.combine_options = dict(num_warps=1, num_stages=1) | (dict(launch_pdl=True) if pdl else {})
+        self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
         self._qk_scale = LOG2E / math.sqrt(g.head_dim)  # the default scale's, folded with log2(e) for exp2
         self.launch = self.resize(g.capacity, g.k_strides, g.v_strides)
 
@@ -227,7 +231,7 @@ class DecodePlan:
                                                        variant.constexprs, self.options, self.device)
                 if combined:
                     variant.combine = launch.compile_kernel(kernel.combine_kernel, self.rows, combine,
-                                                            self.combine_constexprs, dict(num_warps=1, num_stages=1),
+                                                            self.combine_constexprs, self.combine_options,
                                                             self.device)
             o_part = lse_part = counter_ptr = ptrs[3]  # never touched unless split (and fused)
             if part is not None:
@@ -245,7 +249,7 @@ class DecodePlan:
         launch.generic_launch(kernel.attention_decode_kernel, at.grid, args, variant.constexprs, self.options)
         if combined:
             launch.generic_launch(kernel.combine_kernel, self.rows, combine, self.combine_constexprs,
-                                  dict(num_warps=1, num_stages=1))
+                                  self.combine_options)
 
     @staticmethod
     def _tensors(q, k, v, out, lse, seqlens, block_table, key_start, sinks) -> tuple:

@@ -280,11 +280,18 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix,
                                spill_free=table_for(target).spill_free("decode", d))
-        cfg = shipped
-        yield KernelConfig(f"portable.decode.combine bf16 D{d}", dec.combine_kernel,
-                           {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
-                           dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True), 1, 1,
-                           divisible=("O_PART", "LSE_PART", "O", "LSE"), matrix_op=None)
+        if target.name == "sm_90":  # opt-in (`DecodeConfig.pdl`): the split kernel lets the combine launch early
+            pdl = dataclasses.replace(shipped, pdl=True)
+            cx = pdl.constexprs(d, recipe, rows=4, page=16, seq_lengths=True, causal=True, bottom_right=True,
+                                write_lse=True, split=True, interpret=False)
+            yield KernelConfig(f"portable.decode bf16 D{d} page16 causal split {pdl}", dec.attention_decode_kernel,
+                               types, cx, pdl.num_warps, pdl.num_stages, divisible=divisible, matrix_op=matrix,
+                               spill_free=table_for(target).spill_free("decode", d))
+        for wait in (False, True) if target.name == "sm_90" else (False,):  # True: the dependent of `pdl`
+            yield KernelConfig(f"portable.decode.combine bf16 D{d}{' pdl' * wait}", dec.combine_kernel,
+                               {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
+                               dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True, WAIT_PRIMARY=wait), 1, 1,
+                               divisible=("O_PART", "LSE_PART", "O", "LSE"), matrix_op=None)
         # the cache append with its per-sequence checks, 8 kv heads on pages of 16
         tensors = ("K_NEW", "V_NEW", "K_CACHE", "V_CACHE", "SEQLENS", "BLOCK_TABLE", "LEFT_PAD")
         yield KernelConfig(f"portable.decode.append bf16 D{d} page16", kv.cache_append_kernel,

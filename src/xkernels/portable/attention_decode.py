@@ -217,7 +217,8 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
                             CAUSAL: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, WINDOWED: tl.constexpr,
                             PV_DTYPE: tl.constexpr, WRITE_LSE: tl.constexpr, SPLIT: tl.constexpr,
                             FUSED_COMBINE: tl.constexpr, WIDE_ROWS: tl.constexpr, INTERPRET: tl.constexpr,
-                            SOFTCAP: tl.constexpr = 0.0, HAS_SINKS: tl.constexpr = False, PAGE_IDS: tl.constexpr = 0):
+                            SOFTCAP: tl.constexpr = 0.0, HAS_SINKS: tl.constexpr = False, PAGE_IDS: tl.constexpr = 0,
+                            LAUNCH_DEPENDENTS: tl.constexpr = False):
     """One program per (split, sequence b, kv head, row block), row blocks innermost (they share their K/V in L2);
     SPLITS programs' worth of key splits per (b, kv head). q is (B, SQ, HKV * GROUP, D) by its strides; sequence b has
     SEQLENS[b] + NEW keys (SEQ_LENGTHS: the cached ones and the NEW just appended) or SKV, of which KEY_STARTS skips
@@ -231,6 +232,8 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     ([0, NUM_BLOCKS)); a bad one reads no key (or block 0 for a bad id) and writes NaN to its O and LSE (partial
     ones when split: the merge then gives NaN), so every output that depends on a bad value is NaN (a bad block id:
     the rows of the programs that would read its page) and the others are untouched."""
+    if LAUNCH_DEPENDENTS:  # the combine kernel (a programmatic dependent) may be scheduled: it waits for our writes
+        tl.extra.cuda.gdc_launch_dependents()
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
     pid = tl.program_id(0)
     per_split = tl.num_programs(0) // SPLITS
@@ -334,11 +337,15 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
 
 @triton.jit(do_not_specialize=["ROWS", "SQ", "HQ", "SPLITS"])
 def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPLITS,
-                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr):
+                   HEAD_DIM: tl.constexpr, CHUNK: tl.constexpr, WRITE_LSE: tl.constexpr,
+                   WAIT_PRIMARY: tl.constexpr = False):
     """One program per row r = (b, t, h) of O_PART (SPLITS, ROWS = B * SQ * HQ, D): merge its splits through their
     LSEs, O = sum_s exp(lse_s - lse) O_s with lse = log sum_s exp(lse_s), CHUNK splits per load. Splits that saw no
     key (lse_s = -inf) weigh 0; a row no split saw gets O = 0 and LSE = -inf; a NaN partial LSE (a split that found
-    a bad cache value) makes O and the LSE NaN (max() would skip it)."""
+    a bad cache value) makes O and the LSE NaN (max() would skip it). WAIT_PRIMARY: launched as a programmatic
+    dependent of the split kernel (`DecodeConfig.pdl`), it first waits for that kernel's completion and writes."""
+    if WAIT_PRIMARY:
+        tl.extra.cuda.gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
     chunk = tl.arange(0, CHUNK)

@@ -86,6 +86,10 @@ class DecodeConfig:
     # pages of at most block_n keys: a split's block ids read once before its key loop (at most this many; 0: each
     # tile's ids one tile ahead, in the loop)
     preload_ids: int = 0
+    # CUDA only (an A/B switch, not yet timed): the combine kernel launched as a programmatic dependent of the split
+    # kernel, whose programs let it be scheduled as they start; it waits for the split kernel's writes
+    # (griddepcontrol), so its launch and prologue overlap the split kernel's tail instead of following it
+    pdl: bool = False
 
     def page_ids(self, page: int, split_keys: int) -> int:
         """PAGE_IDS of a split of `split_keys` keys on pages of `page` keys: the power of two that holds its ids,
@@ -108,7 +112,8 @@ class DecodeConfig:
                     SEQ_LENGTHS=seq_lengths, KEY_STARTS=key_starts, CAUSAL=causal, BOTTOM_RIGHT=bottom_right,
                     WINDOWED=windowed, PV_DTYPE=TL_DTYPE[recipe.pv_dtype], WRITE_LSE=write_lse, SPLIT=split,
                     FUSED_COMBINE=split and self.fused_combine, WIDE_ROWS=wide_rows, INTERPRET=interpret,
-                    SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks, PAGE_IDS=page_ids)
+                    SOFTCAP=softcap_constexpr(softcap), HAS_SINKS=sinks, PAGE_IDS=page_ids,
+                    LAUNCH_DEPENDENTS=split and self.pdl and not self.fused_combine and not interpret)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -116,7 +121,7 @@ class DecodeConfig:
     def __str__(self) -> str:
         per_sm = f"-P{self.programs_per_sm}" if self.programs_per_sm > 1 else ""
         return (f"BN{self.block_n}-W{self.num_warps}-S{self.num_stages}{per_sm}" + "-fc" * self.fused_combine
-                + (f"-ids{self.preload_ids}" if self.preload_ids else ""))
+                + (f"-ids{self.preload_ids}" if self.preload_ids else "") + "-pdl" * self.pdl)
 
 
 @dataclass(frozen=True)
