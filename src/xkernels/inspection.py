@@ -454,15 +454,20 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     from xkernels.hopper import attention_varlen_persistent as hvp
 
-    for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        for recipe in ATTENTION_RECIPES.values():
-            if recipe.converts_v or d > 128:  # bf16io stays on the per-sequence kernel; D256 has no chained tiles
+    for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
+        # bf16io only with V converted by a pass (opt-in: `hopper:v_pass=1`); D256 has no chained tiles
+        for recipe, ac in [(r, pc) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(pc,
+                                                                                                       v_pass=1))]:
+            if ac.converts_in_kernel(recipe) or d > 128:
                 continue
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
             for causal in (False, True):
                 descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
                          for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n))}
+                if recipe.converts_v:  # V converted to fp16 by the pass
+                    descs["v_desc"] = (f"tensordesc<fp16[{ac.block_n}, {d}],"
+                                       f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
                 _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
                                                       positive_scale=True, write_lse=True, cfg=ac)
                 # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the

@@ -304,9 +304,11 @@ def packed_view(t: torch.Tensor):
 
 def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAttentionConfig | None,
              recipe: AttentionRecipe) -> bool:
-    """Whether this kernel serves the call: a persistent config with two consumers, a head dim up to 128, a recipe
-    without the V conversion, and Q, K, V (K and V alike) with 2-D descriptor views."""
-    if cfg is None or not cfg.persistent or cfg.consumers != 2 or recipe.converts_v or q.shape[-1] > 128:
+    """Whether this kernel serves the call: a persistent config with two consumers, a head dim up to 128, no V
+    conversion in the kernel (bf16io only with `v_pass`: V already fp16), and Q, K, V (K and V alike) with 2-D
+    descriptor views."""
+    if (cfg is None or not cfg.persistent or cfg.consumers != 2 or cfg.converts_in_kernel(recipe)
+            or q.shape[-1] > 128):
         return False  # (its tiles are chained: two Q slots, which D256's shared memory cannot hold)
     kv = packed_view(k)
     return packed_view(q) is not None and kv is not None and packed_view(v) is not None \
