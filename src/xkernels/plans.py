@@ -228,13 +228,13 @@ class AttentionPlan:
         if not (self.recipe.converts_v and self.layer == "hopper"):
             return v
         if (cfg or self.dense_cfg).v_pass:
-            return torch.empty_like(v, dtype=torch.float16).copy_(v)  # (a dense layout: `_dense_layout`)
+            return v.to(torch.float16)  # one op; a dense layout (`_dense_layout`) keeps its strides
         return v.view(torch.float16)
 
 
 def _dense_layout(t: torch.Tensor) -> bool:
     """Whether `t`'s elements fill its memory span without gaps or overlaps, in any dimension order: then
-    `empty_like` keeps its strides."""
+    `empty_like` and `to` (preserve_format) keep its strides."""
     return torch.empty_like(t, device="meta").stride() == t.stride()
 
 
