@@ -510,17 +510,18 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     and not varlen else ())
                 for causal, band in ((False, None), (True, None)) + bands:
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal. Spills: the fused-dQ variant (not selected) at D128 (16-32 bytes kept across its
-                    # query loop; at most one value reloaded per step), the packed causal variant at D128 (56-64
-                    # bytes, mostly around the loops; one value per query block inside), and the D128 band (24-32
-                    # bytes: the causal window's four values stored before the query loop, reloaded after it)
+                    # D128 causal and 16 in D64's causal kv_regs variant (opt-in). Spills: the fused-dQ variant (not
+                    # selected) at D128 (16-32 bytes kept across its query loop; at most one value reloaded per
+                    # step), the packed causal variant at D128 (56-64 bytes, mostly around the loops; one value per
+                    # query block inside), and the D128 band (24-32 bytes: the causal window's four values stored
+                    # before the query loop, reloaded after it)
                     mode = " causal" * causal + " varlen" * varlen + str(band or "")
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,
                                        fused.constexprs(d, causal=causal, varlen=varlen, band=band), 4,
                                        gluon=True, spill_free=not fused.fused_dq
                                        and not (d == 128 and (causal or band) and (varlen or band))
-                                       and (TRITON_TESTED or not (d == 128 and causal)))
+                                       and (TRITON_TESTED or not ((d == 128 or fused.kv_regs) and causal)))
 
     from xkernels.hopper import attention_dq as dq
     from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
