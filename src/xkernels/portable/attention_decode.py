@@ -25,6 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from xkernels.portable import pdl
 from xkernels.portable.dot import mma
 from xkernels.portable.softmax import LN2, finish, online_step, scores, start_rows
 
@@ -233,7 +234,7 @@ def attention_decode_kernel(Q, K, V, O, LSE, O_PART, LSE_PART, SEQLENS, BLOCK_TA
     ones when split: the merge then gives NaN), so every output that depends on a bad value is NaN (a bad block id:
     the rows of the programs that would read its page) and the others are untouched."""
     if LAUNCH_DEPENDENTS:  # the combine kernel (a programmatic dependent) may be scheduled: it waits for our writes
-        tl.extra.cuda.gdc_launch_dependents()
+        pdl.launch_dependents()
     m_blocks = tl.cdiv(SQ * GROUP, BLOCK_M)
     pid = tl.program_id(0)
     per_split = tl.num_programs(0) // SPLITS
@@ -345,7 +346,7 @@ def combine_kernel(O_PART, LSE_PART, O, LSE, o_sb, o_ss, o_sh, ROWS, SQ, HQ, SPL
     a bad cache value) makes O and the LSE NaN (max() would skip it). WAIT_PRIMARY: launched as a programmatic
     dependent of the split kernel (`DecodeConfig.pdl`), it first waits for that kernel's completion and writes."""
     if WAIT_PRIMARY:
-        tl.extra.cuda.gdc_wait()
+        pdl.wait_primary()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, HEAD_DIM)
     chunk = tl.arange(0, CHUNK)
