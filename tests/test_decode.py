@@ -123,6 +123,7 @@ def test_pdl_makes_the_combine_a_dependent_launch_on_cuda_only():
     plan = decode.DecodePlan(g, seq_lengths=True, is_causal=True, bottom_right=True, recipe=recipe, cfg=cfg,
                              write_lse=False, device=torch.device("cpu"))
     assert not plan.combine_constexprs["WAIT_PRIMARY"] and "launch_pdl" not in plan.combine_options
+    assert not plan.cfg.pdl and not plan.constexprs["LAUNCH_DEPENDENTS"]  # neither side of the pair
 
 
 def test_a_growing_cache_keeps_its_plan(device):

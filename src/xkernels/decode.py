@@ -8,6 +8,7 @@ partials) and calls the compiled launchers directly. A plan holds numbers and co
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,12 @@ LOG2E = math.log2(math.e)
 MAX_SPLITS = 128
 COMBINE_CHUNK = 16
 INTERPRETED_SMS = 4  # a small "GPU" under the interpreter, so CPU tests split the keys too
+
+
+def _pdl_available(device: torch.device) -> bool:
+    """Whether the split and combine kernels can be a programmatic dependent pair on `device` (sm_90+ CUDA)."""
+    return (device.type == "cuda" and not INTERPRET and torch.version.cuda is not None
+            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -107,6 +114,8 @@ class DecodePlan:
         The launch for `g`'s capacity is `self.launch`; `resize` gives the launch for another capacity of a dense
         cache (the dense API's K/V grown by a token: the same plan, new integer arguments)."""
         self.window = window
+        if cfg.pdl and not _pdl_available(device):  # griddepcontrol: CUDA sm_90 and newer only
+            cfg = dataclasses.replace(cfg, pdl=False)
         self.g, self.device, self.write_lse, self.cfg, self.recipe = g, device, write_lse, cfg, recipe
         self.is_causal, self.forced_splits = is_causal, splits
         self.group = g.hq // g.hkv
@@ -125,8 +134,7 @@ class DecodePlan:
         self._variants: dict[tuple, _Variant] = {}
         self.options = cfg.options()
         self.direct = launch.direct_launch_available(device)
-        # a programmatic dependent launch needs CUDA's launcher (the direct path and Triton's both set it)
-        pdl = cfg.pdl and device.type == "cuda" and not INTERPRET and torch.version.cuda is not None
+        pdl = cfg.pdl  # (CUDA's launchers, the direct path's and Triton's, both set the launch attribute)
         self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse,
                                        WAIT_PRIMARY=pdl)
         self.combine_options = dict(num_warps=1, num_stages=1) | (dict(launch_pdl=True) if pdl else {})
