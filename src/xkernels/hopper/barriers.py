@@ -47,10 +47,12 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
                its dK and dQ wgmmas (the readers of the tile) retired -> each consumer, before writing its rows of
                stage s a lap later (and the producer, as above). A waiter cannot miss the phase: it waits for the
                release of the step a lap back, and the next phase needs its own release of the current step.
-  and per consumer w, 2 slots of its fp32 dQ partial [BLOCK_M, D / 2] (step i in slot i % 2):
+  and per consumer w, 2 slots of its fp32 dQ partial [BLOCK_M, D / 2] (step i in slot i % 2; FUSED_DQ = 3: the
+  whole [BLOCK_M, D] partial of the steps i with i % 2 == w, entry i // 2 in slot (i // 2) % 2):
   dq_w.ready[s] consumer w after storing its partial (+ fence) -> the dQ writer warp, before its TMA reduce-add.
   dq_w.empty[s] the writer, once that reduce has read the slot (`store_wait`) -> consumer w, before storing into
-               slot s two steps later.
+               slot s two entries later (two steps, or four with FUSED_DQ = 3). FUSED_DQ = 3's ds.ready[s] is
+               waited on only by the consumer whose turn step s is.
   With SPLIT_D = 2 (D256: both consumers on the same 64 keys, each owning half of dK's and dV's columns), consumer 0
   computes S^T and consumer 1 dP^T, exchanged through a 2-slot `ScoreExchange` (step i in slot i % 2):
   x.dp_ready[s]  consumer 1 after storing dP^T (fp32) -> consumer 0, before dS^T = P^T (dP^T - delta).
