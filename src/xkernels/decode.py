@@ -134,10 +134,10 @@ class DecodePlan:
         self._variants: dict[tuple, _Variant] = {}
         self.options = cfg.options()
         self.direct = launch.direct_launch_available(device)
-        pdl = cfg.pdl  # (CUDA's launchers, the direct path's and Triton's, both set the launch attribute)
+        # (both CUDA launchers, the direct path's and Triton's, set the programmatic-dependent launch attribute)
         self.combine_constexprs = dict(HEAD_DIM=g.head_dim, CHUNK=COMBINE_CHUNK, WRITE_LSE=write_lse,
-                                       WAIT_PRIMARY=pdl)
-        self.combine_options = dict(num_warps=1, num_stages=1) | (dict(launch_pdl=True) if pdl else {})
+                                       WAIT_PRIMARY=cfg.pdl)
+        self.combine_options = dict(num_warps=1, num_stages=1) | (dict(launch_pdl=True) if cfg.pdl else {})
         self.combine_tail = launch.constexpr_tail(kernel.combine_kernel, self.combine_constexprs)
         self._qk_scale = LOG2E / math.sqrt(g.head_dim)  # the default scale's, folded with log2(e) for exp2
         self.launch = self.resize(g.capacity, g.k_strides, g.v_strides)

@@ -225,11 +225,7 @@ class AttentionPlan:
         """V as the Hopper bf16io kernel reads it (`cfg`: the kernel's config, the dense one's by default): V's bf16
         bits viewed as fp16, which the producer converts in shared memory, or with `v_pass` V converted to fp16 by one
         elementwise pass, in V's own strides."""
-        if not (self.recipe.converts_v and self.layer == "hopper"):
-            return v
-        if (cfg or self.dense_cfg).v_pass:
-            return v.to(torch.float16)  # one op; a dense layout (`_dense_layout`) keeps its strides
-        return v.view(torch.float16)
+        return (cfg or self.dense_cfg).kernel_v(v, self.recipe) if self.layer == "hopper" else v
 
 
 def _dense_layout(t: torch.Tensor) -> bool:

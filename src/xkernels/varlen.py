@@ -88,8 +88,8 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
     q, k, v = _tiled(q), _tiled(k), _tiled(v)
     batch = cu_seqlens_q.shape[0] - 1
     qk_scale = (1.0 / math.sqrt(d) if scale is None else scale) * math.log2(math.e)
-    if choice.layer == "hopper" and choice.config.dense.v_pass:  # bf16io: V converted to fp16 by one pass, which
-        v = v.to(torch.float16)  # both Hopper kernels then read as the fp16 recipe's kernels do (no conversion)
+    if choice.layer == "hopper":  # bf16io: V as fp16 (converted by the producer, or with v_pass by one op first)
+        v = choice.config.dense.kernel_v(v, recipe)
     # the persistent kernel has no band, sinks or soft cap
     if (choice.layer == "hopper" and not (band.windowed or sinks is not None or softcap)
             and _persistent(q, k, v, max_seqlen_k, is_causal, recipe, choice.config.persistent)):
@@ -103,9 +103,6 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
         grid, constexprs, options = hopper_kernel.launch_spec(
             batch, hq, max_seqlen_q, d, is_causal=is_causal, recipe=recipe, positive_scale=scale is None or scale > 0,
             write_lse=lse is not None, cfg=choice.config.dense, band=band, sinks=sinks is not None, softcap=softcap)
-        if recipe.converts_v and not choice.config.dense.v_pass:  # the producer converts V's bf16 bits, read as
-            # fp16, in shared memory
-            v = v.view(torch.float16)
     else:
         fn = kernel.attention_varlen_kernel
         grid, constexprs, options = kernel.launch_spec(batch, hq, max_seqlen_q, d, is_causal=is_causal,

@@ -55,6 +55,13 @@ class HopperAttentionConfig:
         """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
         return recipe.converts_v and not self.v_pass
 
+    def kernel_v(self, v: torch.Tensor, recipe: AttentionRecipe) -> torch.Tensor:
+        """V as this config's kernels read it: for bf16io its bf16 bits viewed as fp16 (the producer converts them),
+        or with `v_pass` V converted to fp16 by one op (a dense layout keeps its strides); else V itself."""
+        if not recipe.converts_v:
+            return v
+        return v.to(torch.float16) if self.v_pass else v.view(torch.float16)
+
     def check(self, head_dim: int, recipe: AttentionRecipe, kernel: str = "dense") -> None:
         """ValueError naming the field for a config that `kernel` ("dense", "persistent" or "varlen_persistent")
         cannot run (compile error, spills, shared memory, or a recipe the switch does not apply to); the shipped
