@@ -4,6 +4,9 @@ fp16 recipe runs), with bf16 and SDPA-cuDNN in the same process. First every var
 contract, NaN-poisoned outputs; tails, GQA, causal Sq != Skv), then device time (CUDA-graph replay, interleaved
 shuffled rounds) on the seeds' rows, D64/D256, GQA and the 16K-token sweep's 512-4K rows.
 
+The selection (`select.v_pass_pays`) takes the pass from 4096 query rows per KV head (8192 causal); `--mid` times
+only the rows between its two sides measured first (MID_ROWS).
+
 The prediction: the pass costs one read of V and one write of its fp16 copy (~2 x Hkv x Skv x D x 2 bytes at HBM
 speed: ~40 us for B1 H32 8K D128, 2 % of the kernel), so bf16io lands within a few % of bf16's time on long rows;
 on short rows of many sequences the pass's share grows (S = 512: ~20 %), where the producer's conversion may win.
@@ -34,7 +37,12 @@ ROWS = ((1, 32, 32, 8192, 8192, 128, False), (1, 32, 32, 8192, 8192, 128, True),
         (32, 32, 32, 512, 512, 128, True), (16, 32, 32, 1024, 1024, 128, False), (8, 32, 32, 2048, 2048, 128, True),
         (4, 32, 32, 4096, 4096, 128, False), (16, 32, 32, 1024, 1024, 64, True), (16, 32, 32, 1024, 1024, 256, False))
 CHECKS = ((1, 4, 4, 1000, 1000, False), (1, 4, 2, 300, 777, True), (2, 8, 2, 1024, 1024, True))
+# the 16K-token rows between the selection's two sides (`select.v_pass_pays`: 4096 query rows per KV head, 8192 causal)
+MID_ROWS = ((8, 32, 32, 2048, 2048, 128, False), (4, 32, 32, 4096, 4096, 128, True),
+            (8, 32, 8, 2048, 2048, 128, True), (2, 32, 32, 8192, 8192, 64, True))
+# "bf16io": the selection's choice; "in-kernel" and "v_pass" forced either way
 VARIANTS = {"bf16": dict(precision="bf16"), "bf16io": dict(precision="bf16io"),
+            "bf16io in-kernel": dict(precision="bf16io", backend="hopper:v_pass=0"),
             "bf16io v_pass": dict(precision="bf16io", backend="hopper:v_pass=1")}
 
 
@@ -82,11 +90,14 @@ def time_row(b, hq, hkv, sq, skv, d, causal) -> dict:
 
 def markdown(res: dict) -> str:
     names = list(VARIANTS)
-    lines = ["| shape | cuDNN ms | " + " | ".join(f"{n} x cuDNN" for n in names) + " | bf16io / bf16 time | "
-             "v_pass / bf16 time |", "|---" * (4 + len(names)) + "|"]
+    timed = names[1:]
+    lines = ["| shape | cuDNN ms | " + " | ".join(f"{n} x cuDNN" for n in names) + " | "
+             + " | ".join(f"{n} / bf16 time" for n in timed) + " | selected |", "|---" * (4 + len(names) + len(timed))
+             + "|"]
     for r in res["rows"]:
+        picked = "v_pass" if "-vp" in r["kernels"]["bf16io"] else "in-kernel"
         lines.append(f"| {r['shape']} | {r['ms']['cudnn']:.3f} | " + " | ".join(f"{r['x_cudnn'][n]:.2f}" for n in names)
-                     + f" | {r['x_bf16_time']['bf16io']:.3f} | {r['x_bf16_time']['bf16io v_pass']:.3f} |")
+                     + " | " + " | ".join(f"{r['x_bf16_time'][n]:.3f}" for n in timed) + f" | {picked} |")
     return "\n".join(lines + check_summary(res["check"])) + "\n"
 
 
@@ -94,10 +105,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
+    ap.add_argument("--mid", action="store_true", help="only the rows between the selection's two sides (MID_ROWS)")
     args = ap.parse_args()
     res: dict = {"device": torch.cuda.get_device_name(), "check": checks(), "rows": []}
     print(f"checks: {sum(c['passed'] for c in res['check'])}/{len(res['check'])} passed", flush=True)
-    for row in ROWS:
+    for row in MID_ROWS if args.mid else ROWS + MID_ROWS:
         res["rows"].append(time_row(*row))
         json.dump(res, open(args.json, "w"), indent=1)
         torch.cuda.empty_cache()

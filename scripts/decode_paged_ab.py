@@ -59,7 +59,8 @@ def main() -> None:
     ap.add_argument("--preload", nargs="+", type=int, default=[],
                     help="each config also with a split's block ids read before its loop (DecodeConfig.preload_ids)")
     ap.add_argument("--pdl", action="store_true",
-                    help="each config also with the combine as a programmatic dependent launch (DecodeConfig.pdl)")
+                    help="each config also with the other setting of DecodeConfig.pdl (the combine as a programmatic "
+                         "dependent launch, the default on sm_90, or a plain launch after the split kernel)")
     ap.add_argument("--selected", action="store_true",
                     help="per row the config the selection picks for its pairs (not --configs or the defaults)")
     args = ap.parse_args()
@@ -78,7 +79,7 @@ def main() -> None:
             cfgs += [dataclasses.replace(c, fused_combine=True) for c in cfgs]
         cfgs += [dataclasses.replace(c, preload_ids=n) for n in args.preload for c in list(cfgs)]
         if args.pdl:
-            cfgs += [dataclasses.replace(c, pdl=True) for c in cfgs if not c.fused_combine]
+            cfgs += [dataclasses.replace(c, pdl=not c.pdl) for c in cfgs if not c.fused_combine]
         return cfgs
 
     rows, lines = [], ["| shape | variant | us | TB/s | x SDPA | check |", "|---|---|---|---|---|---|"]

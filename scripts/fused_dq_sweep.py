@@ -4,7 +4,7 @@ the same process, over sequence lengths at a fixed token count per head dim and 
 sleep, `time_cuda`, median of 30). The fused variant's gradients are first checked against float64 autograd on a
 small row with a tail.
 
-    python scripts/fused_dq_sweep.py --json fused_dq_sweep.json [--md fused_dq_sweep.md] [--gqa]
+    python scripts/fused_dq_sweep.py --json fused_dq_sweep.json [--md fused_dq_sweep.md] [--gqa] [--dims 64]
 
 --gqa: GQA rows instead (H32 over 8 KV heads, 2K-16K keys at 32K tokens, and B1 H32/8 8K): each dK/dV program
 walks its group's four query heads, so a grid of a quarter as many CTAs does as much work.
@@ -13,7 +13,6 @@ walks its group's four query heads, so a grid of a quarter as many CTAs does as 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 import torch
@@ -39,7 +38,7 @@ def setup(b, h, s, d, causal, seed=0, hkv=None):
     _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=hkv is not None,
                                                   precision="auto", backend="auto")
     split = choice.config
-    fused = select.HopperBackward(dataclasses.replace(split.dkdv, fused_dq=1), split.portable, None)
+    fused = select.hopper_backward(d, split.portable, fused_dq=True)
     return q, k, v, do, o, lse, {"split": split, "fused": fused}
 
 
@@ -75,9 +74,10 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
     ap.add_argument("--gqa", action="store_true")
+    ap.add_argument("--dims", type=int, nargs="+", default=[64, 128], choices=[64, 128])
     args = ap.parse_args()
     res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
-    for d in (64, 128):
+    for d in args.dims:
         for causal in (False, True):
             q, k, v, do, o, lse, cfgs = setup(1, 4, 777, d, causal, seed=d, hkv=1 if args.gqa else None)
             refs = reference_attention_grads(q, k, v, do, is_causal=causal)
@@ -88,7 +88,7 @@ def main() -> None:
                                      "reason": c.reason})
                 print(res["check"][-1], flush=True)
     shapes = list(GQA) if args.gqa else [(TOKENS // s, 16, s, None) for s in SEQS] + [(*r, None) for r in EXTRA]
-    for d in (64, 128):
+    for d in args.dims:
         for causal in (False, True):
             for b, h, s, hkv in shapes:
                 res["rows"].append(measure(b, h, s, d, causal, hkv))

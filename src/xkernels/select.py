@@ -23,6 +23,7 @@ from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
     ATTENTION_CONFIGS,
     ATTENTION_DQ_CONFIGS,
+    FUSED_BWD_CONFIGS,
     PERSISTENT_ATTENTION_CONFIGS,
     HopperAttentionBwdConfig,
     HopperAttentionConfig,
@@ -202,7 +203,45 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     d = int(q.shape[-1])
     if override.layer != "hopper" and q.shape[2] <= DECODE_MAX_SQ:  # a guard on the relation, not on Sq
         return recipe, Choice("portable", _decode_config(q, d, q.shape[0] * k.shape[1]), "decode")
-    return recipe, select_attention(q.device, d, recipe, override)
+    choice = select_attention(q.device, d, recipe, override)
+    # bf16io's V converted by one pass where that pays; an explicit `v_pass` override decides alone. Concrete sizes
+    # only: a traced call's symbolic ones would turn the threshold into a shape guard (the real call decides)
+    sizes = (q.shape[1], k.shape[1], q.shape[2])
+    if (choice.layer == "hopper" and "v_pass" not in dict(override.config) and all(type(n) is int for n in sizes)
+            and not Band.of(is_causal, window).windowed and v_pass_pays(recipe, *sizes, is_causal)):
+        choice = Choice("hopper", _with_v_pass(choice.config, d, recipe))
+    return recipe, choice
+
+
+# bf16io on Hopper: V converted to fp16 by one elementwise pass before the kernel (`HopperAttentionConfig.v_pass`),
+# which then runs the fp16 recipe's kernel, against the producer warpgroup converting each V tile in shared memory.
+# The pass costs a read and a write of V (per KV head, Skv x D); the kernel's work per V element grows with the query
+# rows of the KV head's group, halved by a causal mask. Measured on the H100 (benchmarks/results/h100/2026-12-05/
+# 02-v-pass-gpu-kernel-tests; device time, x bf16's time): with >= 4096 such rows the pass wins (B1 H32 8K D128
+# 1.14 -> 1.04, causal 1.20 -> 1.08, GQA 32/8 causal 1.19 -> 1.02, 16K 1.15 -> 1.01, D256 1.27 -> 1.07, B4 4K 1.20
+# -> 1.08); with <= 1024 it loses (B16 1K 1.34 -> 1.48, B8 2K causal 1.27 -> 1.35, B32 512 causal 1.09 -> 1.74).
+V_PASS_MIN_ROWS = 4096
+
+
+def v_pass_pays(recipe: AttentionRecipe, q_heads: int, kv_heads: int, sq: int, causal: bool) -> bool:
+    """Whether bf16io's V is converted by one pass before the kernel rather than by its producer (`V_PASS_MIN_ROWS`)."""
+    rows = sq * (q_heads // max(kv_heads, 1))
+    return recipe.converts_v and rows >= V_PASS_MIN_ROWS * (2 if causal else 1)
+
+
+def _with_v_pass(cfg: HopperForward, head_dim: int, recipe: AttentionRecipe) -> HopperForward:
+    """`cfg` with V converted by a pass, for the dense and the persistent kernel alike (a config that cannot take it
+    keeps the producer's conversion: the same bits)."""
+    def on(c: HopperAttentionConfig | None, *kind: str) -> HopperAttentionConfig | None:
+        if c is None:
+            return None
+        try:
+            (vp := dataclasses.replace(c, v_pass=1)).check(head_dim, recipe, *kind)
+        except ValueError:
+            return c
+        return vp
+
+    return HopperForward(on(cfg.dense), on(cfg.persistent, "persistent"))
 
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,
@@ -235,7 +274,7 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
 
 
 # Head dims whose Hopper dK/dV kernel has the fused-dQ variant (D256 splits its head dim across the warpgroups)
-FUSED_DQ_HEAD_DIMS = (64, 128)
+FUSED_DQ_HEAD_DIMS = tuple(FUSED_BWD_CONFIGS)
 # Where the fused-dQ backward measured faster than the split one (device time, H200: scripts/fused_dq_sweep.py,
 # benchmarks/results/h200/2026-12-04/91-fused-dq-sweep and 92-*, MHA and GQA 32/8): at D128 without a mask at every
 # length (0-8 %); with the causal mask, and at D64 with either, only from 4K keys with at least (head dim, causal)
@@ -266,7 +305,7 @@ def hopper_backward(head_dim: int, portable: portable_configs.AttentionBwdConfig
     repeatable), or with `fused_dq` where the head dim has it, dQ reduce-added by the dK/dV kernel (not bitwise
     repeatable: the partials of different key blocks land in any order; `fused_dq_pays` says where it is faster)."""
     if fused_dq and head_dim in FUSED_DQ_HEAD_DIMS:
-        return HopperBackward(dataclasses.replace(ATTENTION_BWD_CONFIGS[head_dim], fused_dq=1), portable, None)
+        return HopperBackward(FUSED_BWD_CONFIGS[head_dim], portable, None)
     return HopperBackward(ATTENTION_BWD_CONFIGS[head_dim], portable, ATTENTION_DQ_CONFIGS.get(head_dim))
 
 

@@ -9,7 +9,7 @@ import torch
 
 from xkernels import select
 from xkernels.hopper.configs import ATTENTION_CONFIGS as CONFIGS
-from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS, HopperAttentionConfig
+from xkernels.hopper.configs import FUSED_BWD_CONFIGS, PERSISTENT_ATTENTION_CONFIGS, HopperAttentionConfig
 from xkernels.recipes import ATTENTION_RECIPES
 
 
@@ -311,7 +311,7 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
         # causal without a window: (-1, 0) from the API's checked window (sinks, a soft cap), else (-1, -1)
         for kw in ({}, {"is_causal": True}, {"is_causal": True, "window": (-1, 0)}):
             fused = choice(d, deterministic=False, **kw)
-            assert fused.layer == "hopper" and fused.config.dkdv.fused_dq == 1 and fused.config.dq is None, kw
+            assert fused.layer == "hopper" and fused.config.dkdv == FUSED_BWD_CONFIGS[d] and fused.config.dq is None, kw
         for kw in ({}, {"deterministic": True}, {"deterministic": False, "window": (16, 0), "is_causal": True}):
             split = choice(d, **kw)
             assert split.config.dkdv.fused_dq == 0 and split.config.dq is not None, kw
@@ -347,3 +347,30 @@ def test_fused_dq_pays_where_the_sweep_measured_it_faster(d, causal, batch, q_he
     from xkernels import select
 
     assert select.fused_dq_pays(d, causal, batch, q_heads, kv_heads, skv) is fused
+
+
+@pytest.mark.parametrize(("hq", "hkv", "sq", "kw", "v_pass"), [
+    (1, 1, 4096, {}, True),  # 4096 query rows per KV head
+    (1, 1, 2048, {}, False),
+    (1, 1, 8192, {"is_causal": True}, True),  # a causal mask halves the work per V element
+    (1, 1, 4096, {"is_causal": True}, False),
+    (4, 1, 2048, {"is_causal": True}, True),  # GQA: the group's rows share V
+    (4, 2, 2048, {"is_causal": True}, False),
+    (1, 1, 8192, {"window": (1024, 0), "is_causal": True}, False),  # a band bounds the work per V element
+    (1, 1, 8192, {"precision": "bf16"}, False),  # no conversion to move
+    (1, 1, 8192, {"backend": "hopper:v_pass=0"}, False),  # an explicit override decides alone
+    (1, 1, 64, {"backend": "hopper:v_pass=1"}, True),
+    (1, 1, 8192, {"backend": "hopper:stages=3"}, True),  # other fields keep the rule
+])
+def test_bf16io_converts_v_by_a_pass_from_enough_query_rows_per_kv_head(monkeypatch, hq, hkv, sq, kw, v_pass):
+    """`select.v_pass_pays` on a (pretended) sm_90: bf16io's V is converted by one pass before the kernel where the
+    query rows of a KV head's group (halved by a causal mask) reach `V_PASS_MIN_ROWS`, for the dense and the
+    persistent kernel alike; else the producer converts it."""
+    monkeypatch.setattr(select, "hopper_available", lambda device: True)
+    q = torch.zeros(1, hq, sq, 128, dtype=torch.bfloat16)
+    k = torch.zeros(1, hkv, sq, 128, dtype=torch.bfloat16)
+    kw = {"precision": "bf16io", "backend": "auto"} | kw
+    _, choice = select.resolve_attention(q, k, k, None, enable_gqa=hq != hkv, **kw)
+    assert choice.layer == "hopper" and choice.config.dense.v_pass == v_pass, (choice, kw)
+    if choice.config.persistent is not None:
+        assert choice.config.persistent.v_pass == v_pass

@@ -194,6 +194,12 @@ class HopperAttentionBwdConfig:
 # (benchmarks/results/h200/2026-12-01/11-bwd-d256-exchange)
 ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwdConfig(),
                          256: HopperAttentionBwdConfig(block_m=32, block_n=64, stages=3, split_d=2)}
+# The dK/dV kernel with dQ fused in (not bitwise repeatable; `select.fused_dq_pays` says where it is faster than the
+# split pair above). D64: the warpgroups take turns at the whole dQ partial (64 x 64 wgmmas) and hold K and V as
+# register operands, so a step reads a third less shared memory: B4 H32 4K D64 full 0.98x cuDNN, causal 1.00x,
+# against 0.89 / 0.92 for fused_dq=1 from shared memory and 0.92 / 0.94 for the split pair
+# (benchmarks/results/h100/2026-12-05/01-candidates-bwd-d64-pdl, H100).
+FUSED_BWD_CONFIGS = {64: HopperAttentionBwdConfig(fused_dq=3, kv_regs=1), 128: HopperAttentionBwdConfig(fused_dq=1)}
 
 
 @dataclass(frozen=True)

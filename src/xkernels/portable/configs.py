@@ -86,9 +86,10 @@ class DecodeConfig:
     # pages of at most block_n keys: a split's block ids read once before its key loop (at most this many; 0: each
     # tile's ids one tile ahead, in the loop)
     preload_ids: int = 0
-    # CUDA only (an A/B switch, not yet timed): the combine kernel launched as a programmatic dependent of the split
-    # kernel, whose programs let it be scheduled as they start; it waits for the split kernel's writes
-    # (griddepcontrol), so its launch and prologue overlap the split kernel's tail instead of following it
+    # CUDA sm_90+ only (a plan elsewhere drops it): the combine kernel launched as a programmatic dependent of the
+    # split kernel, whose programs let it be scheduled as they start; it waits for the split kernel's writes
+    # (griddepcontrol), so its launch and prologue overlap the split kernel's tail instead of following it. On the
+    # H100, D128: 0-1 % off every decode row, the same bits (benchmarks/results/h100/2026-12-05/01-*/pdl.md)
     pdl: bool = False
 
     def page_ids(self, page: int, split_keys: int) -> int:
@@ -228,10 +229,10 @@ HOPPER = ConfigTable(
     gemm={2: GemmConfig(128, 256, 64, 8, 3), 4: GemmConfig(128, 128, 64, 8, 3)},
     attention_bwd={64: AttentionBwdConfig(64, 64, 64, 64, 4, 2), 128: AttentionBwdConfig(64, 128, 128, 64, 8, 2),
                    256: AttentionBwdConfig(32, 64, 128, 32, 8, 1)},
-    decode={64: DecodeConfig(128, 8, 3, programs_per_sm=2), 128: DecodeConfig(128, 8, 3, preload_ids=4096),
-            256: DecodeConfig(64, 8, 3)},
-    decode_many={64: DecodeConfig(64, 4, 3, programs_per_sm=3),
-                 128: DecodeConfig(64, 4, 4, programs_per_sm=2, preload_ids=1024)},
+    decode={64: DecodeConfig(128, 8, 3, programs_per_sm=2, pdl=True),
+            128: DecodeConfig(128, 8, 3, preload_ids=4096, pdl=True), 256: DecodeConfig(64, 8, 3, pdl=True)},
+    decode_many={64: DecodeConfig(64, 4, 3, programs_per_sm=3, pdl=True),
+                 128: DecodeConfig(64, 4, 4, programs_per_sm=2, preload_ids=1024, pdl=True)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
     skinny_rows=SkinnyGemmConfig(64, 256, 4, 3, programs_per_sm=2),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
