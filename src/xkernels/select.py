@@ -208,7 +208,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     # only: a traced call's symbolic ones would turn the threshold into a shape guard (the real call decides)
     sizes = (q.shape[1], k.shape[1], q.shape[2])
     if (choice.layer == "hopper" and "v_pass" not in dict(override.config) and all(type(n) is int for n in sizes)
-            and not Band.of(is_causal, window).windowed and v_pass_pays(recipe, *sizes, is_causal)):
+            and not Band.of(is_causal, window).windowed and v_pass_pays(recipe, d, *sizes, is_causal)):
         choice = Choice("hopper", _with_v_pass(choice.config, d, recipe))
     return recipe, choice
 
@@ -216,17 +216,20 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
 # bf16io on Hopper: V converted to fp16 by one elementwise pass before the kernel (`HopperAttentionConfig.v_pass`),
 # which then runs the fp16 recipe's kernel, against the producer warpgroup converting each V tile in shared memory.
 # The pass costs a read and a write of V (per KV head, Skv x D); the kernel's work per V element grows with the query
-# rows of the KV head's group, halved by a causal mask. Measured on the H100 (benchmarks/results/h100/2026-12-05/
-# 02-v-pass-gpu-kernel-tests; device time, x bf16's time): with >= 4096 such rows the pass wins (B1 H32 8K D128
-# 1.14 -> 1.04, causal 1.20 -> 1.08, GQA 32/8 causal 1.19 -> 1.02, 16K 1.15 -> 1.01, D256 1.27 -> 1.07, B4 4K 1.20
-# -> 1.08); with <= 1024 it loses (B16 1K 1.34 -> 1.48, B8 2K causal 1.27 -> 1.35, B32 512 causal 1.09 -> 1.74).
-V_PASS_MIN_ROWS = 4096
+# rows of the KV head's group, halved by a causal mask. Measured on the H100 (device time, x bf16's time, in-kernel
+# -> pass; benchmarks/results/h100/2026-12-05/02-* and 03-*): D128 and D256 win from 2048 such rows (B8 2K D128
+# 1.22 -> 1.19, causal B4 4K 1.19 -> 1.11, B1 8K 1.14 -> 1.04, B4 4K 1.20 -> 1.08, D256 8K 1.27 -> 1.07) and lose
+# at 1024 (B16 1K 1.34 -> 1.48, D256 1.33 -> 1.37, causal B8 2K 1.27 -> 1.35). D64's conversion costs little
+# in the kernel (1.03x at 8K: a key's V row is half as wide): the pass wins 2 % at 8192 rows, loses 2 % causal.
+V_PASS_MIN_ROWS = {64: 8192, 128: 2048, 256: 2048}
 
 
-def v_pass_pays(recipe: AttentionRecipe, q_heads: int, kv_heads: int, sq: int, causal: bool) -> bool:
-    """Whether bf16io's V is converted by one pass before the kernel rather than by its producer (`V_PASS_MIN_ROWS`)."""
+def v_pass_pays(recipe: AttentionRecipe, head_dim: int, q_heads: int, kv_heads: int, sq: int, causal: bool) -> bool:
+    """Whether bf16io's V is converted by one pass before the kernel rather than by its producer (`V_PASS_MIN_ROWS`
+    query rows per KV head, twice that with a causal mask)."""
     rows = sq * (q_heads // max(kv_heads, 1))
-    return recipe.converts_v and rows >= V_PASS_MIN_ROWS * (2 if causal else 1)
+    need = V_PASS_MIN_ROWS.get(head_dim)
+    return recipe.converts_v and need is not None and rows >= need * (2 if causal else 1)
 
 
 def _with_v_pass(cfg: HopperForward, head_dim: int, recipe: AttentionRecipe) -> HopperForward:
@@ -275,28 +278,31 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
 
 # Head dims whose Hopper dK/dV kernel has the fused-dQ variant (D256 splits its head dim across the warpgroups)
 FUSED_DQ_HEAD_DIMS = tuple(FUSED_BWD_CONFIGS)
-# Where the fused-dQ backward measured faster than the split one (device time, H200: scripts/fused_dq_sweep.py,
-# benchmarks/results/h200/2026-12-04/91-fused-dq-sweep and 92-*, MHA and GQA 32/8): at D128 without a mask at every
-# length (0-8 %); with the causal mask, and at D64 with either, only from 4K keys with at least (head dim, causal)
-# -> units of work (query heads x key blocks: a dK/dV program walks its GQA group's query heads) and a grid of
-# 1024 CTAs (8 waves on 132 SMs). Below those the split path's dQ kernel, running beside dK/dV's last waves, is
-# level or ahead (D128 causal at 1K-2K keys or 1024 units by 5 %, D64 at 2048 units by 2-6 %, GQA D64 causal on
-# 512 CTAs by 16 %); the rows the rule misplaces either way are within 2 % (noise).
-FUSED_DQ_MIN_KEYS = 4096
-FUSED_DQ_MIN_UNITS = {(64, False): 4096, (64, True): 4096, (128, True): 2048}
+# Where the fused-dQ backward (`FUSED_BWD_CONFIGS`) measured faster than the split one (device time, whole backward,
+# scripts/fused_dq_sweep.py, MHA and GQA 32/8): (head dim, causal) -> (keys, units of work) it needs (query heads x
+# key blocks: a dK/dV program walks its GQA group's query heads), and a shape with a rule also a grid of
+# FUSED_DQ_MIN_GRID CTAs (8 waves on 132 SMs); no rule: at every shape.
+# - D128 (H200, benchmarks/results/h200/2026-12-04/91-fused-dq-sweep and 92-*): full 0-8 % faster at every length;
+#   causal only from 4K keys and 2048 units (below, the split path's dQ kernel, running beside dK/dV's last waves,
+#   is level or 5 % ahead).
+# - D64 with the warpgroups taking turns at dQ and K, V in registers (H100, benchmarks/results/h100/2026-12-05/
+#   03-d64-fused-sweep-v-pass-mid): 1.01-1.24x the split path on every row from 1K to 16K keys, full and causal, MHA
+#   and GQA, but for GQA causal B1 H32/8 8K (512 CTAs: 0.92).
+FUSED_DQ_RULES = {(128, True): (4096, 2048), (64, True): (0, 0)}
 FUSED_DQ_MIN_GRID = 1024
 
 
 def fused_dq_pays(head_dim: int, causal: bool, batch: int, q_heads: int, kv_heads: int, skv: int) -> bool:
-    """Whether the fused-dQ backward is the faster one at this shape (`FUSED_DQ_MIN_UNITS`); the dK/dV grid is one
+    """Whether the fused-dQ backward is the faster one at this shape (`FUSED_DQ_RULES`); the dK/dV grid is one
     CTA per BLOCK_N keys per batch and KV head."""
     if head_dim not in FUSED_DQ_HEAD_DIMS:
         return False
-    need = FUSED_DQ_MIN_UNITS.get((head_dim, causal))
-    if need is None:
+    rule = FUSED_DQ_RULES.get((head_dim, causal))
+    if rule is None:
         return True
-    blocks = batch * -(-skv // ATTENTION_BWD_CONFIGS[head_dim].block_n)
-    return skv >= FUSED_DQ_MIN_KEYS and blocks * q_heads >= need and blocks * kv_heads >= FUSED_DQ_MIN_GRID
+    min_keys, min_units = rule
+    blocks = batch * -(-skv // FUSED_BWD_CONFIGS[head_dim].block_n)
+    return skv >= min_keys and blocks * q_heads >= min_units and blocks * kv_heads >= FUSED_DQ_MIN_GRID
 
 
 def hopper_backward(head_dim: int, portable: portable_configs.AttentionBwdConfig, *,

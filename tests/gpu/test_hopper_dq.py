@@ -11,7 +11,7 @@ import torch
 
 from xkernels import backward, select
 from xkernels.common.runtime import hopper_available
-from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS
+from xkernels.hopper.configs import ATTENTION_DQ_CONFIGS, FUSED_BWD_CONFIGS
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
 
@@ -137,10 +137,10 @@ def test_concurrent_dq_equals_the_sequential_backward(causal):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
-    """`xkernels.attention(..., deterministic=False, backend="hopper")`'s backward is the fused-dQ kernel (its name
-    says -dq1) and passes the float64 checks with GQA and a tail, on contiguous inputs (the plan's direct launches)
-    and on (B, S, H, D) views (the general path's copies); deterministic=True's is the split one,
-    bitwise the same on a second call."""
+    """`xkernels.attention(..., deterministic=False, backend="hopper")`'s backward is the fused-dQ kernel
+    (`FUSED_BWD_CONFIGS`) and passes the float64 checks with GQA and a tail, on contiguous inputs (the plan's direct
+    launches) and on (B, S, H, D) views (the general path's copies); deterministic=True's is the split one, bitwise
+    the same on a second call."""
     import xkernels
 
     q, k, v = attention_inputs(2, 8, 777, 777, d, torch.bfloat16, "cuda", hkv=2, seed=d)
@@ -158,9 +158,9 @@ def test_deterministic_false_runs_the_fused_backward_through_the_api(d, causal):
 
     for bshd in (False, True):
         fused, name = grads(False, bshd)
-        assert "-dq1" in name, name
+        assert f"{FUSED_BWD_CONFIGS[d]} fused dQ" in name, name
         for g, ref in zip(fused, refs, strict=True):
             c = compare_grad(g, ref, ATTENTION_RECIPES["bf16"])
             assert c.passed, (bshd, c.reason)
     (first, name), (second, _) = grads(True), grads(True)
-    assert "-dq1" not in name and all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+    assert "fused dQ" not in name and all(torch.equal(a, b) for a, b in zip(first, second, strict=True))

@@ -320,9 +320,10 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
     with pytest.raises(TypeError, match="deterministic"):
         choice(128, deterministic=0)
     assert select.hopper_backward(128, select.portable_configs.attention_bwd_config(128, None)).dq is not None
-    # "auto": this shape is below every fused threshold but D128 full's (none)
-    assert choice(128, backend="auto", deterministic=False).config.dkdv.fused_dq == 1
-    for d, causal in ((128, True), (64, False), (64, True)):
+    # "auto": this shape is below every fused threshold but D128's and D64's full ones (none)
+    for d in (64, 128):
+        assert choice(d, backend="auto", deterministic=False).config.dkdv == FUSED_BWD_CONFIGS[d]
+    for d, causal in ((128, True), (64, True)):
         assert choice(d, backend="auto", deterministic=False, is_causal=causal).config.dkdv.fused_dq == 0
 
 
@@ -334,13 +335,13 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
     (128, True, 2, 16, 16, 4096, False),  # 1024 units
     (128, True, 8, 32, 8, 4096, True),  # GQA: 8192 units on 2048 CTAs
     (128, True, 1, 32, 8, 8192, False),  # GQA: 2048 units on 512 CTAs
-    (64, False, 1, 32, 32, 8192, False),  # 2048 units
-    (64, False, 4, 32, 32, 4096, True),
-    (64, False, 8, 32, 8, 4096, True),  # GQA: 8192 units on 2048 CTAs
+    (64, False, 1, 32, 8, 8192, True),  # D64 full: fused at every shape (512 CTAs)
+    (64, False, 1, 1, 1, 128, True),
     (64, True, 1, 32, 8, 16384, True),  # GQA: 4096 units on 1024 CTAs, both thresholds
     (64, True, 1, 32, 8, 16256, False),  # one key block short of both
     (64, True, 2, 16, 16, 16384, True),
-    (64, True, 32, 16, 16, 1024, False),
+    (64, True, 32, 16, 16, 1024, True),  # D64 causal: from 1024 CTAs at any length
+    (64, True, 1, 32, 8, 8192, False),  # GQA: 512 CTAs
     (256, False, 8, 32, 32, 16384, False),  # no fused variant
 ])
 def test_fused_dq_pays_where_the_sweep_measured_it_faster(d, causal, batch, q_heads, kv_heads, skv, fused):
@@ -349,26 +350,29 @@ def test_fused_dq_pays_where_the_sweep_measured_it_faster(d, causal, batch, q_he
     assert select.fused_dq_pays(d, causal, batch, q_heads, kv_heads, skv) is fused
 
 
-@pytest.mark.parametrize(("hq", "hkv", "sq", "kw", "v_pass"), [
-    (1, 1, 4096, {}, True),  # 4096 query rows per KV head
-    (1, 1, 2048, {}, False),
-    (1, 1, 8192, {"is_causal": True}, True),  # a causal mask halves the work per V element
-    (1, 1, 4096, {"is_causal": True}, False),
-    (4, 1, 2048, {"is_causal": True}, True),  # GQA: the group's rows share V
-    (4, 2, 2048, {"is_causal": True}, False),
-    (1, 1, 8192, {"window": (1024, 0), "is_causal": True}, False),  # a band bounds the work per V element
-    (1, 1, 8192, {"precision": "bf16"}, False),  # no conversion to move
-    (1, 1, 8192, {"backend": "hopper:v_pass=0"}, False),  # an explicit override decides alone
-    (1, 1, 64, {"backend": "hopper:v_pass=1"}, True),
-    (1, 1, 8192, {"backend": "hopper:stages=3"}, True),  # other fields keep the rule
+@pytest.mark.parametrize(("d", "hq", "hkv", "sq", "kw", "v_pass"), [
+    (128, 1, 1, 2048, {}, True),  # 2048 query rows per KV head
+    (128, 1, 1, 1024, {}, False),
+    (128, 1, 1, 4096, {"is_causal": True}, True),  # a causal mask halves the work per V element
+    (128, 1, 1, 2048, {"is_causal": True}, False),
+    (128, 4, 1, 1024, {"is_causal": True}, True),  # GQA: the group's rows share V
+    (128, 4, 2, 1024, {"is_causal": True}, False),
+    (256, 1, 1, 2048, {}, True),
+    (64, 1, 1, 8192, {}, True),  # D64's in-kernel conversion is cheap: the pass pays later
+    (64, 1, 1, 8192, {"is_causal": True}, False),
+    (128, 1, 1, 8192, {"window": (1024, 0), "is_causal": True}, False),  # a band bounds the work per V element
+    (128, 1, 1, 8192, {"precision": "bf16"}, False),  # no conversion to move
+    (128, 1, 1, 8192, {"backend": "hopper:v_pass=0"}, False),  # an explicit override decides alone
+    (128, 1, 1, 64, {"backend": "hopper:v_pass=1"}, True),
+    (128, 1, 1, 8192, {"backend": "hopper:stages=3"}, True),  # other fields keep the rule
 ])
-def test_bf16io_converts_v_by_a_pass_from_enough_query_rows_per_kv_head(monkeypatch, hq, hkv, sq, kw, v_pass):
+def test_bf16io_converts_v_by_a_pass_from_enough_query_rows_per_kv_head(monkeypatch, d, hq, hkv, sq, kw, v_pass):
     """`select.v_pass_pays` on a (pretended) sm_90: bf16io's V is converted by one pass before the kernel where the
     query rows of a KV head's group (halved by a causal mask) reach `V_PASS_MIN_ROWS`, for the dense and the
     persistent kernel alike; else the producer converts it."""
     monkeypatch.setattr(select, "hopper_available", lambda device: True)
-    q = torch.zeros(1, hq, sq, 128, dtype=torch.bfloat16)
-    k = torch.zeros(1, hkv, sq, 128, dtype=torch.bfloat16)
+    q = torch.zeros(1, hq, sq, d, dtype=torch.bfloat16)
+    k = torch.zeros(1, hkv, sq, d, dtype=torch.bfloat16)
     kw = {"precision": "bf16io", "backend": "auto"} | kw
     _, choice = select.resolve_attention(q, k, k, None, enable_gqa=hq != hkv, **kw)
     assert choice.layer == "hopper" and choice.config.dense.v_pass == v_pass, (choice, kw)
