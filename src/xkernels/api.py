@@ -94,7 +94,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     `deterministic` (flash_attn's): True, bitwise-repeatable gradients (the Hopper backward's dQ kernel runs
     beside dK/dV); False lets the Hopper backward fuse dQ into the dK/dV kernel at D64 and D128 without a window
     where that is the faster kernel (fp32 partials reduce-added in any order: not bitwise repeatable; D128 without
-    a mask 0-8 % faster, with it and at D64 from 4K keys and enough heads: `xkernels.select.fused_dq_pays`; any
+    a mask 0-8 % faster, with it from 4K keys and enough heads; D64 1-24 % faster without a mask, with it on a grid
+    of 1024 CTAs: `xkernels.select.fused_dq_pays`; any
     shape with backend="hopper" or XKERNELS_LAYER=hopper); None (the default) is
     `torch.are_deterministic_algorithms_enabled()`, the switch SDPA's backward kernels follow, read when this
     forward call is made (the backward keeps what the forward saw). The forward is deterministic either way.
