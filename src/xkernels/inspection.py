@@ -280,14 +280,9 @@ def _attention_decode_configs(target: Target) -> Iterator[KernelConfig]:
                                dec.attention_decode_kernel, types, cx,
                                cfg.num_warps, cfg.num_stages, divisible=divisible, matrix_op=matrix,
                                spill_free=table_for(target).spill_free("decode", d))
-        if target.name == "sm_90":  # opt-in (`DecodeConfig.pdl`): the split kernel lets the combine launch early
-            pdl = dataclasses.replace(shipped, pdl=True)
-            cx = pdl.constexprs(d, recipe, rows=4, page=16, seq_lengths=True, causal=True, bottom_right=True,
-                                write_lse=True, split=True, interpret=False)
-            yield KernelConfig(f"portable.decode bf16 D{d} page16 causal split {pdl}", dec.attention_decode_kernel,
-                               types, cx, pdl.num_warps, pdl.num_stages, divisible=divisible, matrix_op=matrix,
-                               spill_free=table_for(target).spill_free("decode", d))
-        for wait in (False, True) if target.name == "sm_90" else (False,):  # True: the dependent of `pdl`
+        # True: the combine as the split kernel's programmatic dependent (`DecodeConfig.pdl`, sm_90's default, whose
+        # split rows above carry LAUNCH_DEPENDENTS)
+        for wait in (False, True) if target.name == "sm_90" else (False,):
             yield KernelConfig(f"portable.decode.combine bf16 D{d}{' pdl' * wait}", dec.combine_kernel,
                                {"O_PART": "*fp32", "LSE_PART": "*fp32", "O": p, "LSE": "*fp32"},
                                dict(HEAD_DIM=d, CHUNK=16, WRITE_LSE=True, WAIT_PRIMARY=wait), 1, 1,

@@ -37,7 +37,7 @@ def test_pdl_combine_gives_the_plain_launch_bits(d, page):
         table = perm.view(b, pages).to(torch.int32)
     shipped = decode_config(d, select._target(q.device))
     outs = []
-    for cfg in (shipped, dataclasses.replace(shipped, pdl=True)):
+    for cfg in (dataclasses.replace(shipped, pdl=False), dataclasses.replace(shipped, pdl=True)):
         decode._PLANS.clear()
         out = torch.full_like(q, float("nan"))
         plan = decode.kvcache_plan(q, kc, vc, out, table, is_causal=True, recipe=ATTENTION_RECIPES["bf16"], cfg=cfg,
