@@ -4,8 +4,8 @@ fp16 recipe runs), with bf16 and SDPA-cuDNN in the same process. First every var
 contract, NaN-poisoned outputs; tails, GQA, causal Sq != Skv), then device time (CUDA-graph replay, interleaved
 shuffled rounds) on the seeds' rows, D64/D256, GQA and the 16K-token sweep's 512-4K rows.
 
-The selection (`select.v_pass_pays`) takes the pass from 4096 query rows per KV head (8192 causal); `--mid` times
-only the rows between its two sides measured first (MID_ROWS).
+The selection (`select.v_pass_pays`) takes the pass from 2048 query rows per KV head at D128/D256 (8192 at D64; twice
+those causal); `--mid` times only the rows measured second, between the first rows' two sides (MID_ROWS).
 
 The prediction: the pass costs one read of V and one write of its fp16 copy (~2 x Hkv x Skv x D x 2 bytes at HBM
 speed: ~40 us for B1 H32 8K D128, 2 % of the kernel), so bf16io lands within a few % of bf16's time on long rows;
@@ -37,7 +37,7 @@ ROWS = ((1, 32, 32, 8192, 8192, 128, False), (1, 32, 32, 8192, 8192, 128, True),
         (32, 32, 32, 512, 512, 128, True), (16, 32, 32, 1024, 1024, 128, False), (8, 32, 32, 2048, 2048, 128, True),
         (4, 32, 32, 4096, 4096, 128, False), (16, 32, 32, 1024, 1024, 64, True), (16, 32, 32, 1024, 1024, 256, False))
 CHECKS = ((1, 4, 4, 1000, 1000, False), (1, 4, 2, 300, 777, True), (2, 8, 2, 1024, 1024, True))
-# the 16K-token rows between the selection's two sides (`select.v_pass_pays`: 4096 query rows per KV head, 8192 causal)
+# 16K-token rows between ROWS' two sides (1024 and 4096 query rows per KV head), which set `select.v_pass_pays`
 MID_ROWS = ((8, 32, 32, 2048, 2048, 128, False), (4, 32, 32, 4096, 4096, 128, True),
             (8, 32, 8, 2048, 2048, 128, True), (2, 32, 32, 8192, 8192, 64, True))
 # "bf16io": the selection's choice; "in-kernel" and "v_pass" forced either way

@@ -352,7 +352,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     bf16io = ATTENTION_RECIPES["bf16io"]
     for d, ac in sorted(ATTENTION_CONFIGS.items()):
-        for causal in (False, True):  # opt-in (`hopper:v_pass=1`): bf16io reading V converted to fp16 by a pass
+        # bf16io reading V converted to fp16 by a pass (its default from enough query rows per KV head:
+        # `select.v_pass_pays`)
+        for causal in (False, True):
             vp = dataclasses.replace(ac, v_pass=1)
             yield KernelConfig(f"hopper.attention bf16io D{d}{' causal' if causal else ''} {vp}",
                                attn.attention_fwd_kernel, _attention_types(torch.bfloat16, torch.float16),
@@ -389,7 +391,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_persistent as persistent
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # every recipe, and bf16io with V converted by a pass (opt-in: `hopper:v_pass=1`)
+        # every recipe, and bf16io with V converted by a pass (`select.v_pass_pays`)
         for recipe, cfg in [(r, ac) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(ac,
                                                                                                     v_pass=1))]:
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
@@ -476,7 +478,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                "kv_ch"))
 
     from xkernels.hopper import attention_bwd as bwd
-    from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS
+    from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS, FUSED_BWD_CONFIGS
 
     for d, bc in sorted(ATTENTION_BWD_CONFIGS.items()):
         for dt, gdt in (("fp16", gl.float16), ("bf16", gl.bfloat16)):
@@ -491,8 +493,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
             half = fused_types([bc.block_m, d // 2])
             variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=n), half)
                                                                 for n in (1, 2)])
-            if d == 64:  # opt-in (`scripts/bwd_ab.py`): K and V as the register operands of S^T and dP^T, and
-                # the warpgroups taking turns at the whole dQ partial
+            if d == 64:  # K and V as the register operands of S^T and dP^T (opt-in on the split path and with
+                # dQ's halves: `scripts/bwd_ab.py`), and with the warpgroups taking turns at the whole dQ partial
+                # (`FUSED_BWD_CONFIGS[64]`, D64's fused default)
                 variants += [(dataclasses.replace(bc, kv_regs=1), types),
                              (dataclasses.replace(bc, fused_dq=1, kv_regs=1), half),
                              (dataclasses.replace(bc, fused_dq=3, kv_regs=1), fused_types([bc.block_m, d]))]
@@ -505,16 +508,17 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     and not varlen else ())
                 for causal, band in ((False, None), (True, None)) + bands:
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal and 16 in D64's causal kv_regs variant (opt-in). Spills: the fused-dQ variant (not
-                    # selected) at D128 (16-32 bytes kept across its query loop; at most one value reloaded per
-                    # step), the packed causal variant at D128 (56-64 bytes, mostly around the loops; one value per
-                    # query block inside), and the D128 band (24-32 bytes: the causal window's four values stored
-                    # before the query loop, reloaded after it)
+                    # D128 causal and 13-16 in D64's kv_regs variants (causal, and fused_dq=3). Spills: the fused-dQ
+                    # variants but D64's default (D128's: 16-32 bytes kept across its query loop; at most one value
+                    # reloaded per step), the packed causal variant at D128 (56-64 bytes, mostly around the loops;
+                    # one value per query block inside), and the D128 band (24-32 bytes: the causal window's four
+                    # values stored before the query loop, reloaded after it)
                     mode = " causal" * causal + " varlen" * varlen + str(band or "")
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,
                                        fused.constexprs(d, causal=causal, varlen=varlen, band=band), 4,
-                                       gluon=True, spill_free=not fused.fused_dq
+                                       gluon=True, spill_free=(not fused.fused_dq or (
+                                           d == 64 and fused == FUSED_BWD_CONFIGS[64] and TRITON_TESTED))
                                        and not (d == 128 and (causal or band) and (varlen or band))
                                        and (TRITON_TESTED or not ((d == 128 or fused.kv_regs) and causal)))
 

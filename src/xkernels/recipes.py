@@ -76,7 +76,8 @@ ATTENTION_RECIPES: dict[str, AttentionRecipe] = {
     ),
     "bf16io": AttentionRecipe(
         "bf16io", torch.bfloat16, torch.bfloat16, torch.float16, max_abs_diff=0.15, rel_rms=5e-3,
-        summary="bf16 I/O; QK^T from bf16 (fp32 acc); P fp16, V bf16->fp16 in-kernel; P.V accumulated in fp32. "
+        summary="bf16 I/O; QK^T from bf16 (fp32 acc); P fp16, V bf16->fp16 (in-kernel, or on Hopper by one pass before "
+        "the kernel on long rows); P.V accumulated in fp32. "
         "Needs |V| <= 65504 (fp16 range): larger V gives inf/NaN in the output, never a finite wrong value. "
         "Its backward is the bf16 recipe's (bf16 operands, fp32 accumulation)", **GRAD_BOUNDS["bf16"],
     ),

@@ -204,11 +204,13 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     if override.layer != "hopper" and q.shape[2] <= DECODE_MAX_SQ:  # a guard on the relation, not on Sq
         return recipe, Choice("portable", _decode_config(q, d, q.shape[0] * k.shape[1]), "decode")
     choice = select_attention(q.device, d, recipe, override)
-    # bf16io's V converted by one pass where that pays; an explicit `v_pass` override decides alone. Concrete sizes
+    # bf16io's V converted by one pass where that pays, on the calls it was measured on (no window, sinks or soft
+    # cap); an override of `v_pass` or of the producer's conversion (`convert_steps`) decides alone. Concrete sizes
     # only: a traced call's symbolic ones would turn the threshold into a shape guard (the real call decides)
     sizes = (q.shape[1], k.shape[1], q.shape[2])
-    if (choice.layer == "hopper" and "v_pass" not in dict(override.config) and all(type(n) is int for n in sizes)
-            and not Band.of(is_causal, window).windowed and v_pass_pays(recipe, d, *sizes, is_causal)):
+    if (choice.layer == "hopper" and not {"v_pass", "convert_steps"} & set(dict(override.config))
+            and all(type(n) is int for n in sizes) and not (Band.of(is_causal, window).windowed or sinks is not None
+                                                           or softcap) and v_pass_pays(recipe, d, *sizes, is_causal)):
         choice = Choice("hopper", _with_v_pass(choice.config, d, recipe))
     return recipe, choice
 
@@ -226,10 +228,12 @@ V_PASS_MIN_ROWS = {64: 8192, 128: 2048, 256: 2048}
 
 def v_pass_pays(recipe: AttentionRecipe, head_dim: int, q_heads: int, kv_heads: int, sq: int, causal: bool) -> bool:
     """Whether bf16io's V is converted by one pass before the kernel rather than by its producer (`V_PASS_MIN_ROWS`
-    query rows per KV head, twice that with a causal mask)."""
+    query rows per KV head, twice that with a causal mask). bf16io-acc16 keeps the producer's conversion (its
+    kernel with the pass was never timed)."""
     rows = sq * (q_heads // max(kv_heads, 1))
     need = V_PASS_MIN_ROWS.get(head_dim)
-    return recipe.converts_v and need is not None and rows >= need * (2 if causal else 1)
+    return (recipe.converts_v and recipe.pv_acc_dtype == torch.float32 and need is not None
+            and rows >= need * (2 if causal else 1))
 
 
 def _with_v_pass(cfg: HopperForward, head_dim: int, recipe: AttentionRecipe) -> HopperForward:

@@ -41,7 +41,8 @@ def test_v_pass_matches_float64_and_the_in_kernel_conversion(d, causal, sq, skv,
     assert name.startswith("hopper.attention[bf16io") and ("-vp" in name) == (layout != "gaps"), name
     c = compare_attention(o, reference_attention(q, k, v, is_causal=causal), BF16IO)
     assert c.passed, c
-    assert torch.equal(o, xkernels.attention(q, k, v, out=poisoned_like(q), backend="hopper", **kw))
+    assert torch.equal(o, xkernels.attention(q, k, v, out=poisoned_like(q), backend="hopper:v_pass=0", **kw))
+    assert "-vp" not in xkernels.last_backend()
     # the plan's second call: its compiled kernel launched with a new fp16 copy (a new address; the persistent
     # kernel re-encodes its V descriptor)
     keep = torch.empty(1 << 20, device="cuda")  # moves the caching allocator's next block

@@ -337,8 +337,8 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
     (128, True, 1, 32, 8, 8192, False),  # GQA: 2048 units on 512 CTAs
     (64, False, 1, 32, 8, 8192, True),  # D64 full: fused at every shape (512 CTAs)
     (64, False, 1, 1, 1, 128, True),
-    (64, True, 1, 32, 8, 16384, True),  # GQA: 4096 units on 1024 CTAs, both thresholds
-    (64, True, 1, 32, 8, 16256, False),  # one key block short of both
+    (64, True, 1, 32, 8, 16384, True),  # GQA: 1024 CTAs
+    (64, True, 1, 32, 8, 16256, False),  # one key block short of 1024 CTAs
     (64, True, 2, 16, 16, 16384, True),
     (64, True, 32, 16, 16, 1024, True),  # D64 causal: from 1024 CTAs at any length
     (64, True, 1, 32, 8, 8192, False),  # GQA: 512 CTAs
@@ -365,6 +365,10 @@ def test_fused_dq_pays_where_the_sweep_measured_it_faster(d, causal, batch, q_he
     (128, 1, 1, 8192, {"backend": "hopper:v_pass=0"}, False),  # an explicit override decides alone
     (128, 1, 1, 64, {"backend": "hopper:v_pass=1"}, True),
     (128, 1, 1, 8192, {"backend": "hopper:stages=3"}, True),  # other fields keep the rule
+    (128, 1, 1, 8192, {"backend": "hopper:convert_steps=4"}, False),  # the producer's conversion named
+    (128, 1, 1, 8192, {"precision": "bf16io-acc16"}, False),  # never timed with the pass
+    (128, 1, 1, 8192, {"softcap": 30.0}, False),  # calls it was not measured on
+    (128, 1, 1, 8192, {"sinks": torch.zeros(1)}, False),
 ])
 def test_bf16io_converts_v_by_a_pass_from_enough_query_rows_per_kv_head(monkeypatch, d, hq, hkv, sq, kw, v_pass):
     """`select.v_pass_pays` on a (pretended) sm_90: bf16io's V is converted by one pass before the kernel where the
