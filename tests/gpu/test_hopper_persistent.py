@@ -1,9 +1,10 @@
 """The persistent Hopper forward (`hopper/attention_persistent.py`) on an H100/H200: against float64 and bitwise
-against the dense kernel (the same per-tile arithmetic) over the recipes (bf16io: V converted by the producer),
-D64/D128/D256, causal and full, GQA and MQA, Sq != Skv, Sq a multiple of 64 but not of the query block (warpgroups
-past the end store nothing), heads-outer and sequence-outer layouts, and head chunks smaller than the batch (a
-partial last chunk), O through shared memory and TMA, from registers, through the Q slots or the V ring (o_store);
-outputs poisoned, the LSE checked. Shapes it does not serve take the dense kernel."""
+against the dense kernel (the same per-tile arithmetic) over the recipes (bf16io: V converted by the producer, or by
+one pass where `select.v_pass_pays`, both kernels alike), D64/D128/D256, causal and full, GQA and MQA, Sq != Skv, Sq
+a multiple of 64 but not of the query block (warpgroups past the end store nothing), heads-outer and sequence-outer
+layouts, and head chunks smaller than the batch (a partial last chunk), O through shared memory and TMA, from
+registers, through the Q slots or the V ring (o_store); outputs poisoned, the LSE checked. Shapes it does not serve
+take the dense kernel."""
 
 import pytest
 import torch
