@@ -150,7 +150,7 @@ class AttentionPlan:
         if choice.layer == "hopper" and choice.config.dense.v_pass and not _dense_layout(v):
             # V's fp16 copy takes V's strides (the plan's integer arguments), which a layout with gaps or overlaps
             # does not give it: the producer converts V instead (the same bits)
-            choice = dataclasses.replace(choice, config=_without_v_pass(choice.config))
+            choice = dataclasses.replace(choice, config=choice.config.with_v_pass(0, d, recipe))
         self.dense_cfg = choice.config.dense if choice.layer == "hopper" else None
         if choice.layer == "hopper":
             from xkernels.hopper import attention_fwd as hopper_attention  # Gluon: imported where it can run
@@ -232,12 +232,6 @@ def _dense_layout(t: torch.Tensor) -> bool:
     """Whether `t`'s elements fill its memory span without gaps or overlaps, in any dimension order: then
     `empty_like` and `to` (preserve_format) keep its strides."""
     return torch.empty_like(t, device="meta").stride() == t.stride()
-
-
-def _without_v_pass(cfg: select.HopperForward) -> select.HopperForward:
-    off = dataclasses.replace(cfg.dense, v_pass=0)
-    return dataclasses.replace(cfg, dense=off, persistent=cfg.persistent and dataclasses.replace(cfg.persistent,
-                                                                                                v_pass=0))
 
 
 class PersistentAttention:

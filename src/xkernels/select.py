@@ -147,6 +147,22 @@ class HopperForward:
     def __str__(self) -> str:
         return str(self.dense)
 
+    def with_v_pass(self, v_pass: int, head_dim: int, recipe: AttentionRecipe) -> HopperForward:
+        """Both kernels' configs with V converted by a pass (`v_pass` 1) or by the producer (0); a config that
+        cannot take the pass (its check) keeps the producer's conversion (the same bits)."""
+        def set_(c: HopperAttentionConfig | None, *kind: str) -> HopperAttentionConfig | None:
+            if c is None or c.v_pass == v_pass:
+                return c
+            changed = dataclasses.replace(c, v_pass=v_pass)
+            try:
+                if v_pass:
+                    changed.check(head_dim, recipe, *kind)
+            except ValueError:
+                return c
+            return changed
+
+        return HopperForward(set_(self.dense), set_(self.persistent, "persistent"))
+
 
 # fields of HopperAttentionConfig that only the persistent kernel reads (the dense kernel ignores them)
 PERSISTENT_FIELDS = frozenset({"persistent", "chained", "l2_budget_kib", "o_store"})
@@ -211,7 +227,7 @@ def resolve_attention(q, k, v, out, *, enable_gqa: bool, precision: str, backend
     if (choice.layer == "hopper" and not {"v_pass", "convert_steps"} & set(dict(override.config))
             and all(type(n) is int for n in sizes) and not (Band.of(is_causal, window).windowed or sinks is not None
                                                            or softcap) and v_pass_pays(recipe, d, *sizes, is_causal)):
-        choice = Choice("hopper", _with_v_pass(choice.config, d, recipe))
+        choice = Choice("hopper", choice.config.with_v_pass(1, d, recipe))
     return recipe, choice
 
 
@@ -234,21 +250,6 @@ def v_pass_pays(recipe: AttentionRecipe, head_dim: int, q_heads: int, kv_heads: 
     need = V_PASS_MIN_ROWS.get(head_dim)
     return (recipe.converts_v and recipe.pv_acc_dtype == torch.float32 and need is not None
             and rows >= need * (2 if causal else 1))
-
-
-def _with_v_pass(cfg: HopperForward, head_dim: int, recipe: AttentionRecipe) -> HopperForward:
-    """`cfg` with V converted by a pass, for the dense and the persistent kernel alike (a config that cannot take it
-    keeps the producer's conversion: the same bits)."""
-    def on(c: HopperAttentionConfig | None, *kind: str) -> HopperAttentionConfig | None:
-        if c is None:
-            return None
-        try:
-            (vp := dataclasses.replace(c, v_pass=1)).check(head_dim, recipe, *kind)
-        except ValueError:
-            return c
-        return vp
-
-    return HopperForward(on(cfg.dense), on(cfg.persistent, "persistent"))
 
 
 def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_gqa: bool, precision: str,

@@ -88,9 +88,9 @@ def test_a_v_pass_plan_keeps_v_strides_or_leaves_the_conversion_to_the_producer(
     assert not plans._dense_layout(gaps) and not plans._dense_layout(v[:, :1].expand(2, 4, 33, 64))
     both = select.HopperForward(dataclasses.replace(CONFIGS[128], v_pass=1),
                                 dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], v_pass=1))
-    off = plans._without_v_pass(both)
+    off = both.with_v_pass(0, 128, ATTENTION_RECIPES["bf16io"])
     assert off.dense == CONFIGS[128] and off.persistent == PERSISTENT_ATTENTION_CONFIGS[128]
-    assert plans._without_v_pass(select.HopperForward(CONFIGS[64])).persistent is None
+    assert select.HopperForward(CONFIGS[64]).with_v_pass(0, 64, ATTENTION_RECIPES["bf16io"]).persistent is None
 
 
 def test_persistent_descriptor_views():
