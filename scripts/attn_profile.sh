@@ -3,20 +3,20 @@
 # shared-memory and L2 use, warp stall reasons, into $OUT/ncu-<set>.txt (raw report: $OUT/attn-<set>.ncu-rep).
 # If this ncu does not know a named metric, it retries once with the sections alone (each attempt keeps its own log);
 # $OUT/ncu-metrics.txt lists the pipe metrics this ncu knows.
-#   bash scripts/attn_profile.sh [set: targets|bf16io|persistent|bwd, default targets] [timeout seconds per attempt,
+#   bash scripts/attn_profile.sh [set: targets|bf16io|persistent|bwd|walk, default targets] [timeout seconds per attempt,
 #   default 180]
 set -uo pipefail
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 set_=${1:-targets}
 limit=${2:-180}
-case "$set_" in targets|bf16io|persistent|bwd) ;; *) echo "unknown set '$set_' (targets, bf16io, persistent, bwd)"; exit 2 ;; esac
+case "$set_" in targets|bf16io|persistent|bwd|walk) ;; *) echo "unknown set '$set_' (targets, bf16io, persistent, bwd, walk)"; exit 2 ;; esac
 ncu --query-metrics 2>/dev/null | grep -i "pipe_\(tensor\|xu\|fma\|alu\)" > "$OUT/ncu-metrics.txt"
 metrics=sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
 metrics+=,sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active
-metrics+=,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct
+metrics+=,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
           --section WarpStateStats --section Occupancy)
 report="$OUT/attn-$set_.ncu-rep"

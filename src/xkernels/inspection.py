@@ -391,9 +391,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_persistent as persistent
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # every recipe, and bf16io with V converted by a pass (`select.v_pass_pays`)
-        for recipe, cfg in [(r, ac) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(ac,
-                                                                                                    v_pass=1))]:
+        # every recipe, bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on the head-major pair
+        # walk (opt-in: `walk=1`)
+        for recipe, cfg in ([(r, ac) for r in ATTENTION_RECIPES.values()]
+                            + [(bf16io, dataclasses.replace(ac, v_pass=1)),
+                               (ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=1))]):
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
             for causal in (False, True):
@@ -407,13 +409,14 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 # scalars per tile (runs 29, 34: measured as they are), D256 once per tile in the epilogue; bf16io
                 # D128 causal also one reload and store per key tile in the consumers' loop (measured with it:
                 # 0.77-0.98x cuDNN at 512-2K against the dense kernel's 0.47-0.78, 2026-12-03/76); on untested
-                # tritons (3.9) bf16io spills on full rows too
+                # tritons (3.9) bf16io spills on full rows too; the pair walk at D256 reloads its scalars on full
+                # rows too (2 loads, 1 store of 8 bytes)
                 yield KernelConfig(
                     f"hopper.attention persistent {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
                     persistent.attention_persistent_kernel, descs | {"LSE": "*fp32", "O": f"*{dt}", "qk_scale": "fp32"},
                     cfg.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True, persistent=True), 4,
                     gluon=True, spill_free=(not causal or (d == 64 and not cfg.converts_in_kernel(recipe)))
-                    and (TRITON_TESTED or not cfg.converts_in_kernel(recipe)))
+                    and (TRITON_TESTED or not cfg.converts_in_kernel(recipe)) and not (cfg.walk and d == 256))
 
     from xkernels.hopper import attention_varlen as hvarlen
 

@@ -263,6 +263,34 @@ def test_persistent_walk_head_chunks():
         dataclasses.replace(cfg, l2_budget_kib=-1).check(128, ATTENTION_RECIPES["bf16"])
 
 
+def test_pair_walk_launch_spec_and_checks():
+    """`walk=1`: the walk's fourth integer is the GQA group, the grid at most the units (pairs and middle blocks),
+    the name says -wp; the packed kernel, which has its own walk, refuses it, and so does any other value."""
+    from xkernels.hopper import attention_persistent as hp
+    from xkernels.recipes import ATTENTION_RECIPES
+
+    bf16 = ATTENTION_RECIPES["bf16"]
+    cfg = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], walk=1)
+    assert str(cfg).endswith("-ch-wp")
+
+    def spec(b, hq, sq, group, sms=132):
+        return hp.launch_spec(b, hq, sq, sq, 128, group, 2, sms, is_causal=True, recipe=bf16, positive_scale=True,
+                              write_lse=False, cfg=cfg)
+
+    grid, walk, constexprs, _ = spec(32, 32, 512, 4)
+    assert (grid, walk, constexprs["WALK"]) == (132, (4 * 1024, 4, 1024, 4), 1)
+    assert spec(1, 8, 512, 1)[0] == 16  # 8 heads x 2 pairs
+    assert spec(1, 8, 384, 2)[0] == 16  # 8 heads x (1 pair + 1 middle block)
+    assert spec(1, 2, 128, 1)[0] == 2  # one block a head: one unit each
+    assert spec(1, 32, 512, 1)[2]["WALK"] == 1 and hp.launch_spec(
+        1, 32, 512, 512, 128, 1, 2, 132, is_causal=True, recipe=bf16, positive_scale=True, write_lse=False,
+        cfg=PERSISTENT_ATTENTION_CONFIGS[128])[2]["WALK"] == 0
+    with pytest.raises(ValueError, match="walk=2 must be 0, or 1"):
+        dataclasses.replace(cfg, walk=2).check(128, bf16, "persistent")
+    with pytest.raises(ValueError, match="walk=1 must be 0, or 1 in the dense persistent kernel"):
+        cfg.check(128, bf16, "varlen_persistent")
+
+
 def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off():
     """chained=1 is valid for the dense kernel (one Q slot whatever it says) and must not fail where the override
     turns the persistent kernel off; at D256, where two Q slots overflow the persistent kernel's shared memory, the

@@ -3,12 +3,14 @@
 The dense kernel (`attention_fwd.py`) launches a CTA per 128-192 query rows; at short sequences each pays its
 prologue (barrier setup, four in-kernel tensor maps, the first Q and K latencies) for a few key tiles of work, and
 causal blocks of unequal length leave SMs idle in the last wave. Here the grid is the SM count and every partition
-walks the same static tile list (`_tile`); the rings and their counters run on across tiles, so the producer loads
-tile i+1's Q, K and V while the consumers finish tile i, and no barrier is re-initialised.
+walks the same static tile sequence (`common/tile_scheduler.py`); the rings and their counters run on across tiles,
+so the producer loads tile i+1's Q, K and V while the consumers finish tile i, and no barrier is re-initialised.
 
-Tile order: heads in chunks whose K/V fit in L2 together (`chunk`, from the host), and inside a chunk the longest
-query blocks first with heads fastest (causal: the heavy tiles start first and the round-robin deal spreads each
-length evenly over the CTAs; GQA heads of a group run side by side on the same K/V).
+Tile order (config `walk`): 0, heads in chunks whose K/V fit in L2 together (heads per chunk from the host), and
+inside a chunk the longest query blocks first with heads fastest (causal: the heavy tiles start first and the
+round-robin deal spreads each length evenly over the CTAs; GQA heads of a group run side by side on the same K/V);
+1, a head's query blocks paired longest with shortest (equal causal cost per pair), pairs dealt head-major, so a
+head's K/V is reread within one round rather than a chunk later.
 
 Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_view`): a tile of head (b, h)
 starts at row b * rows_b + h * rows_h, column h * cols_h. Those views do not stop at one head's sequence end, so the
@@ -49,6 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from xkernels.common.seqlen import kv_bounds
+from xkernels.common.tile_scheduler import tile_of, tiles_of, walk_units
 from xkernels.hopper import configs, tma
 from xkernels.hopper.attention_fwd import (
     _attend,
@@ -70,29 +73,16 @@ WG_ROWS = gl.constexpr(configs.WG_ROWS)
 
 
 @gluon.jit
-def _tile(tile, walk):
-    """(batch * head index, query block) of tile `tile` in the walk (n_tiles, m_blocks, BH, chunk) of the module
-    docstring."""
-    m_blocks = walk[1]
-    BH = walk[2]
-    chunk = walk[3]
-    per_chunk = chunk * m_blocks
-    c = tile // per_chunk
-    r = tile % per_chunk
-    heads = gl.minimum(chunk, BH - c * chunk)
-    return c * chunk + r % heads, m_blocks - 1 - r // heads
-
-
-@gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
               GROUP, SKV, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr,
-              NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr, O_STORE: gl.constexpr):
+              NUM_WG: gl.constexpr, CONVERT_STEPS: gl.constexpr, O_STORE: gl.constexpr, WALK: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     Q_SLOTS: gl.constexpr = q_bufs.shape[0] // NUM_WG
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
     it = 0
-    done = 0
-    for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
-        bh, m_block = _tile(tile, walk)
+    for done in range(0, tiles_of(pid, nprog, walk, WALK)):  # `done`: this program's tiles before this one
+        bh, m_block = tile_of(pid, nprog, done, walk, WALK)
         b = bh // HQ
         h = bh % HQ
         hk = h // GROUP
@@ -118,7 +108,6 @@ def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_l
         else:
             it = _load_tiles(q_desc, k_desc, v_desc, q_bufs, slot * NUM_WG, q_ready.index(slot), k, v, v_landed,
                              q_at, kv_at, hi, it, BLOCK_N, CONVERT_V, NUM_WG, CONVERT_STEPS, lo)
-        done += 1
 
 
 @gluon.jit
@@ -143,17 +132,18 @@ def _load_tiles_o_in_v(q_desc, k_desc, v_desc, q_bufs, q_first, q_ready, k, v, o
 def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ,
               SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              NUM_WG: gl.constexpr, O_STORE: gl.constexpr):
+              NUM_WG: gl.constexpr, O_STORE: gl.constexpr, WALK: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     FREE_Q: gl.constexpr = O_STORE != 2  # else the slot frees once O, stored through it, has left
     gl.static_assert(O_STORE != 3 or (BLOCK_N == WG_ROWS and v.bufs.shape[0] >= NUM_WG),
                      "O through the V ring: a warpgroup's O tile per V stage")
     gl.static_assert(O_STORE != 3 or v.bufs.dtype == o_desc.dtype, "O through the V ring: no V conversion")
     q = q_bufs.index(WG)
+    pid = gl.program_id(0)
+    nprog = gl.num_programs(0)
     it = 0
-    for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
-        done = tile // gl.num_programs(0)  # tiles this program finished before this one
-        bh, m_block = _tile(tile, walk)
+    for done in range(0, tiles_of(pid, nprog, walk, WALK)):  # `done`: this program's tiles before this one
+        bh, m_block = tile_of(pid, nprog, done, walk, WALK)
         start_m = m_block * BLOCK_M
         full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         row0 = start_m + WG * WG_ROWS
@@ -215,7 +205,7 @@ def _store_tile(acc, m_i, l_i, o_desc, o_buf, O, o_rs, LSE, at, bh, row0, HQ, SQ
 def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk,
                       HQ, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                       POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
-                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, O_STORE: gl.constexpr):
+                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, O_STORE: gl.constexpr, WALK: gl.constexpr):
     """`_consumer` with the tiles chained: at a tile boundary the next tile's first QK^T is issued together with this
     tile's last P.V, and the next tile's first softmax runs while that P.V is in flight (the window the pipelined
     loop opens between key tiles, opened between work tiles too); the epilogue follows. Needs the next tile's Q
@@ -234,11 +224,12 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
     zero_s = gl.zeros([WG_ROWS, BLOCK_N], gl.float32, s_layout)
     m_0 = gl.full([WG_ROWS], float("-inf"), gl.float32, rows_s)
     l_0 = gl.zeros([WG_ROWS], gl.float32, rows_s)
+    pid = gl.program_id(0)
     nprog = gl.num_programs(0)
-    n_tiles = walk[0]
+    n_tiles = tiles_of(pid, nprog, walk, WALK)  # this program's (at least one: the grid is at most the units)
 
     # the first tile's key tile 0: scores and softmax only (its P.V goes out with key tile 1's QK^T)
-    bh, m_block = _tile(gl.program_id(0), walk)
+    bh, m_block = tile_of(pid, nprog, 0, walk, WALK)
     full_hi, _ = kv_bounds(m_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     offs_m = m_block * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s)
     mbarrier.wait(q_ready.index(0), 0)
@@ -251,10 +242,9 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
     p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
     acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
     it += 1
-    for tile in range(gl.program_id(0), n_tiles, nprog):
-        n = tile // nprog  # this program's tiles before this one
+    for n in range(0, n_tiles):  # `n`: this program's tiles before this one
         slot = n % 2
-        bh, m_block = _tile(tile, walk)
+        bh, m_block = tile_of(pid, nprog, n, walk, WALK)
         start_m = m_block * BLOCK_M
         full_hi, hi = kv_bounds(start_m, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         row0 = start_m + WG * WG_ROWS
@@ -264,9 +254,8 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
                                              POSITIVE_SCALE, OVERLAP, False)
         if O_STORE != 2:
             mbarrier.arrive(q_free.index(slot))  # every QK^T reading this tile's Q has retired
-        nxt = tile + nprog
-        if nxt < n_tiles:
-            n_bh, n_block = _tile(nxt, walk)
+        if n + 1 < n_tiles:
+            n_bh, n_block = tile_of(pid, nprog, n + 1, walk, WALK)
             n_full_hi, _ = kv_bounds(n_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)
             n_offs = n_block * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s)
             mbarrier.wait(q_ready.index(1 - slot), ((n + 1) // 2) & 1)
@@ -303,27 +292,30 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
 def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ,
                     SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                     POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
-                    WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_STORE: gl.constexpr):
+                    WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_STORE: gl.constexpr,
+                    WALK: gl.constexpr):
     if CHAINED:
         _consumer_chained(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                           qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                          O_STORE)
+                          O_STORE, WALK)
     else:
         _consumer(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ, SQ, SKV,
-                  qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE)
+                  qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE,
+                  WALK)
 
 
 @gluon.jit
 def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb,
-                                o_rh, o_ch, o_rs, HQ, GROUP, SQ, SKV, n_tiles, m_blocks, BH, chunk, qk_scale,
+                                o_rh, o_ch, o_rs, HQ, GROUP, SQ, SKV, n_tiles, m_blocks, BH, walk_arg, qk_scale,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
                                 OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
                                 CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr,
-                                O_STORE: gl.constexpr):
-    """O: the output's base (O_STORE 1's stores; o_desc covers the same view), o_rs its view's row stride."""
+                                O_STORE: gl.constexpr, WALK: gl.constexpr):
+    """O: the output's base (O_STORE 1's stores; o_desc covers the same view), o_rs its view's row stride; the walk
+    (`common/tile_scheduler.py`): WALK 0 with walk_arg heads per L2 chunk, WALK 1 with walk_arg the GQA group."""
     at = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch)
-    walk = (n_tiles, m_blocks, BH, chunk)
+    walk = (n_tiles, m_blocks, BH, walk_arg)
     Q_SLOTS: gl.constexpr = 2 if CHAINED else 1
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
     if O_STORE != 0:
@@ -345,27 +337,27 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
-                         GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
+                         GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE, WALK))],
             [4, producer_warps], [regs, producer_regs])
     else:
         gl.static_assert(NUM_WG == 3, "2 or 3 consumer warpgroups")
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
             (_consumer_entry, (2, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
-                         GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE))],
+                         GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE, WALK))],
             [4, 4, producer_warps], [regs, regs, producer_regs])
 
 
@@ -402,17 +394,21 @@ def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int, budget: int)
 def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group: int, elem: int, sms: int, *,
                 is_causal: bool, recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
                 cfg: HopperAttentionConfig) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
-    """(grid, the walk's ints (n_tiles, m_blocks, BH, chunk), constexprs, options); the caller checked the shape
-    (`eligible`)."""
+    """(grid, the walk's ints (n_tiles, m_blocks, BH, walk_arg), constexprs, options); walk_arg is the heads per L2
+    chunk (config walk 0) or the GQA group (walk 1); the caller checked the shape (`eligible`)."""
     cfg.check(head_dim, recipe, "persistent")
     m_blocks = -(-sq // cfg.block_m)
-    n_tiles = m_blocks * batch * heads
-    budget = cfg.l2_budget_kib or configs.l2_budget_kib(head_dim, causal=is_causal, group=group)
-    chunk = heads_per_chunk(skv, head_dim, group, elem, budget << 10)
-    walk = (n_tiles, m_blocks, batch * heads, min(batch * heads, chunk))
+    bh = batch * heads
+    n_tiles = m_blocks * bh
+    if cfg.walk == 0:
+        budget = cfg.l2_budget_kib or configs.l2_budget_kib(head_dim, causal=is_causal, group=group)
+        walk_arg = min(bh, heads_per_chunk(skv, head_dim, group, elem, budget << 10))
+    else:
+        walk_arg = group
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
                                 write_lse=write_lse, persistent=True)
-    return min(n_tiles, sms), walk, constexprs, dict(num_warps=4)
+    grid = min(walk_units(n_tiles, m_blocks, bh, cfg.walk), sms)
+    return grid, (n_tiles, m_blocks, bh, walk_arg), constexprs, dict(num_warps=4)
 
 
 def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAttentionConfig, recipe: AttentionRecipe,

@@ -50,6 +50,9 @@ class HopperAttentionConfig:
     # fp16 recipe's kernel does (no producer conversion; a temporary fp16 copy of V, the same bits); 0, the producer
     # converts each V tile in shared memory
     v_pass: int = 0
+    # the persistent kernels' tile walk (`common/tile_scheduler.py`): 0, L2-sized head chunks, longest query blocks
+    # first; 1, head-major pairs of query blocks (longest with shortest), a head's K/V reread within a round
+    walk: int = 0
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
         """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
@@ -70,6 +73,9 @@ class HopperAttentionConfig:
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2")
         if self.chained not in (0, 1) or self.o_store not in (0, 1, 2, 3):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0 to 3")
+        if self.walk not in (0, 1) or (self.walk and kernel == "varlen_persistent"):
+            raise ValueError(f"config: walk={self.walk} must be 0, or 1 in the dense persistent kernel (the packed "
+                             "one walks (sequence, query block, head) tiles)")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
@@ -121,7 +127,7 @@ class HopperAttentionConfig:
                    write_lse: bool, persistent: bool = False) -> dict[str, object]:
         """The kernel's compile-time arguments for this config (`persistent`: of the persistent kernel, which takes
         CHAINED too): one mapping for the launch and for `inspect`."""
-        extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store) if persistent else {}
+        extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store, WALK=self.walk) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=self.converts_in_kernel(recipe), POSITIVE_SCALE=positive_scale,
                     OVERLAP=bool(self.overlap), NUM_WG=self.consumers,
@@ -133,7 +139,7 @@ class HopperAttentionConfig:
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
-                + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass)
+                + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass + "-wp" * self.walk)
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
