@@ -2,7 +2,8 @@
 D64/D128, full and causal), device time from CUDA-graph replay (no host read of cu_seqlens happens under capture),
 against SDPA-cuDNN on the batch padded to its longest sequence, in the same process: the per-sequence kernel
 (`hopper:persistent=0`), the persistent one as shipped (`hopper:persistent=2`: V's tail rows zeroed by warpgroup 0
-alone behind a barrier), the same with both warpgroups zeroing unsynchronized (ZERO_TAIL=1) and the default's pick.
+alone behind a barrier), the same on the head-major walk (`walk=1`: a head's query blocks side by side on its K/V),
+optionally with both warpgroups zeroing unsynchronized (`--zero-tail-1`, ZERO_TAIL=1), and the default's pick.
 Each output is compared bitwise with the per-sequence kernel's first (the same per-row arithmetic in another order).
 
     python scripts/varlen_ab.py --json varlen_ab.json [--md varlen_ab.md] [--rounds 3]
@@ -29,7 +30,7 @@ CASES = [VarlenCase(32, 256, 4096, 32, 32, 128, False), VarlenCase(32, 256, 4096
          VarlenCase(32, 256, 4096, 32, 32, 64, False), VarlenCase(32, 256, 4096, 32, 32, 64, True)]
 
 
-def row(case: VarlenCase, rounds: int) -> dict:
+def row(case: VarlenCase, rounds: int, zero_tail_ablation: bool = False) -> dict:
     inputs = case.inputs("cuda")
     q, k, v, cu, longest = inputs
     gqa = case.hq != case.hkv
@@ -57,7 +58,10 @@ def row(case: VarlenCase, rounds: int) -> dict:
         cudnn()
     base = ours("hopper:persistent=0")()
     fns = {"cuDNN padded": cudnn, "per-sequence": ours("hopper:persistent=0"),
-           "persistent": ours("hopper:persistent=2"), "persistent ZERO_TAIL=1": zero_tail_1, "auto": ours("auto")}
+           "persistent": ours("hopper:persistent=2"), "persistent walk=1": ours("hopper:persistent=2,walk=1"),
+           "auto": ours("auto")}
+    if zero_tail_ablation:
+        fns["persistent ZERO_TAIL=1"] = zero_tail_1
     for name, fn in list(fns.items())[1:]:
         try:
             o = fn()
@@ -96,8 +100,9 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
+    ap.add_argument("--zero-tail-1", action="store_true", help="also time the ZERO_TAIL=1 ablation")
     args = ap.parse_args()
-    rows = [row(c, args.rounds) for c in CASES]
+    rows = [row(c, args.rounds, args.zero_tail_1) for c in CASES]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -455,9 +455,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_varlen_persistent as hvp
 
     for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # bf16io only with V converted by a pass (opt-in: `hopper:v_pass=1`); D256 has no chained tiles
-        for recipe, ac in [(r, pc) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(pc,
-                                                                                                       v_pass=1))]:
+        # bf16io only with V converted by a pass (opt-in: `hopper:v_pass=1`), bf16 on the head-major walk (opt-in:
+        # `walk=1`); D256 has no chained tiles
+        for recipe, ac in ([(r, pc) for r in ATTENTION_RECIPES.values()]
+                           + [(bf16io, dataclasses.replace(pc, v_pass=1)),
+                              (ATTENTION_RECIPES["bf16"], dataclasses.replace(pc, walk=1))]):
             if ac.converts_in_kernel(recipe) or d > 128:
                 continue
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"

@@ -35,16 +35,18 @@ CASES = [  # (lens_q, lens_k, hq, hkv)
 ]
 
 
+@pytest.mark.parametrize("walk", [0, 1])
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_persistent_varlen_matches_float64_and_per_sequence_kernel(dtype, causal, case, d):
+def test_persistent_varlen_matches_float64_and_per_sequence_kernel(dtype, causal, case, d, walk):
+    """The shipped walk (heads fastest in a sequence) and the head-major one (`walk=1`)."""
     lens_q, lens_k, hq, hkv = CASES[case]
     lens_k = lens_k or lens_q
     q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, d, dtype, "cuda", seed=case + d)
-    o, lse, name = _run(q, k, v, cq, ck, causal)
-    assert "persistent" in name, name
+    o, lse, name = _run(q, k, v, cq, ck, causal, backend="hopper:walk=1" if walk else "auto")
+    assert "persistent" in name and ("-wp" in name) == bool(walk), name
     ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
     c = compare_attention(o, ref_o, ATTENTION_RECIPES["bf16" if dtype == torch.bfloat16 else "fp16"])
     assert c.passed, c

@@ -265,7 +265,7 @@ def test_persistent_walk_head_chunks():
 
 def test_pair_walk_launch_spec_and_checks():
     """`walk=1`: the walk's fourth integer is the GQA group, the grid at most the units (pairs and middle blocks),
-    the name says -wp; the packed kernel, which has its own walk, refuses it, and so does any other value."""
+    the name says -wp; the packed kernel takes it too (its own head-major order); another value is refused."""
     from xkernels.hopper import attention_persistent as hp
     from xkernels.recipes import ATTENTION_RECIPES
 
@@ -285,10 +285,13 @@ def test_pair_walk_launch_spec_and_checks():
     assert spec(1, 32, 512, 1)[2]["WALK"] == 1 and hp.launch_spec(
         1, 32, 512, 512, 128, 1, 2, 132, is_causal=True, recipe=bf16, positive_scale=True, write_lse=False,
         cfg=PERSISTENT_ATTENTION_CONFIGS[128])[2]["WALK"] == 0
-    with pytest.raises(ValueError, match="walk=2 must be 0, or 1"):
+    with pytest.raises(ValueError, match="walk=2 must be 0 or 1"):
         dataclasses.replace(cfg, walk=2).check(128, bf16, "persistent")
-    with pytest.raises(ValueError, match="walk=1 must be 0, or 1 in the dense persistent kernel"):
-        cfg.check(128, bf16, "varlen_persistent")
+    cfg.check(128, bf16, "varlen_persistent")  # the packed kernel's head-major order
+    from xkernels.hopper import attention_varlen_persistent as hvp
+
+    assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=False, recipe=bf16, positive_scale=True, write_lse=False,
+                           cfg=cfg)[2]["WALK"] == 1
 
 
 def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off():

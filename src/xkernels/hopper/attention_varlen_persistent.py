@@ -4,7 +4,10 @@
 Packed batches are mostly short sequences, where a CTA per row block pays its prologue (four in-kernel tensor maps,
 barrier setup, the first Q and K latencies) for a few key tiles; here the grid is the SM count and every partition
 walks the same static list of B * m_blocks * Hq tiles (m_blocks from max_seqlen_q), sequence-major so a sequence's
-K/V stay in L2 while its heads run, longest query blocks first within it. A tile past its sequence's end is skipped by
+K/V stay in L2 while its heads run. Inside a sequence (config `walk`): 0, longest query blocks first with heads
+fastest, so the programs running at one time cover every head of a few query blocks (a long sequence's K/V for all
+heads, 64 MiB at 4K keys, H32 D128, streams again for every few blocks); 1, head-major, a head's query blocks
+consecutive (longest first), so they run side by side on one head's K/V. A tile past its sequence's end is skipped by
 every partition alike (each reads cu_seqlens); a tile whose rows see no key (Sk = 0, or causal with Sq > Sk) loads
 nothing: its consumers store O = 0 and LSE = -inf directly. The walk is a plain `for` over the list in every
 partition; the consumers chain tiles from the next tile's side (`_consumer`), so none scans ahead.
@@ -52,16 +55,21 @@ WG_ROWS = gl.constexpr(configs.WG_ROWS)
 
 
 @gluon.jit
-def _work(tile, CU_Q, CU_K, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile `tile` of the walk (n_tiles, m_blocks, HQ): (h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi); the tile
-    exists when start_m < SQ and loads keys when hi > 0."""
+def _work(tile, CU_Q, CU_K, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+          WALK: gl.constexpr):
+    """Tile `tile` of the walk (n_tiles, m_blocks, HQ) in order WALK (module docstring): (h, q0, SQ, k0, SKV,
+    start_m, diag, full_hi, hi); the tile exists when start_m < SQ and loads keys when hi > 0."""
     m_blocks = walk[1]
     HQ = walk[2]
     per_seq = m_blocks * HQ
     b = tile // per_seq
     r = tile % per_seq
-    h = r % HQ
-    start_m = (m_blocks - 1 - r // HQ) * BLOCK_M
+    if WALK == 0:
+        h = r % HQ
+        start_m = (m_blocks - 1 - r // HQ) * BLOCK_M
+    else:
+        h = r // m_blocks
+        start_m = (m_blocks - 1 - r % m_blocks) * BLOCK_M
     q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
     diag = SKV - SQ  # bottom-right: row i's last key is i + diag
     full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)
@@ -70,12 +78,12 @@ def _work(tile, CU_Q, CU_K, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, at, walk, GROUP,
-              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr):
+              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, WALK: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     it = 0
     done = 0
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
-        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL)
+        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL, WALK)
         if (start_m < SQ) & (hi > 0):
             slot = done % 2
             mbarrier.wait(q_free.index(slot), ((done // 2) & 1) ^ 1)  # each slot's first tile passes at once
@@ -164,7 +172,7 @@ def _tail_ready(WG: gl.constexpr, v_tile, valid, v_zeroed, tile_n, HEAD_DIM: gl.
 def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
               lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr):
+              NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr, WALK: gl.constexpr):
     """`attention_persistent._consumer_chained` on the varlen walk, written from the next tile's side: a loaded tile
     starts by issuing its first QK^T together with the last P.V of the tile before it (pending), runs its first
     softmax under that P.V, then stores the pending tile's O; the program's last tile ends alone after the walk. The
@@ -197,7 +205,7 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
     it = gl.to_tensor(0)
     n = gl.to_tensor(0)
     for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
-        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL)
+        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL, WALK)
         row0 = start_m + WG * WG_ROWS
         if (start_m < SQ) & (hi == 0) & (row0 < SQ):  # rows that see no key: nothing loaded
             _store_empty(WG, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM, WRITE_LSE)
@@ -271,7 +279,7 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
                                        BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
                                        POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
                                        ACC16: gl.constexpr, WRITE_LSE: gl.constexpr, CHAIN: gl.constexpr = True,
-                                       ZERO_TAIL: gl.constexpr = 2):
+                                       ZERO_TAIL: gl.constexpr = 2, WALK: gl.constexpr = 0):
     """q (total_q, Hq, D), k and v (total_k, Hkv, D) through descriptors over their 2-D views (a head's rows start
     at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides; LSE (Hq, total_q)."""
     at = (q_rh, q_ch, kv_rh, kv_ch)
@@ -289,12 +297,12 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     gl.warp_specialize([
         (_consumer, (0, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
                      lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                     CHAIN, ZERO_TAIL)),
+                     CHAIN, ZERO_TAIL, WALK)),
         (_consumer, (1, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
                      lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                     CHAIN, ZERO_TAIL)),
+                     CHAIN, ZERO_TAIL, WALK)),
         (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, at, walk, GROUP,
-                     BLOCK_N, CAUSAL, NUM_WG))], [4, 1], [regs, producer_regs])
+                     BLOCK_N, CAUSAL, NUM_WG, WALK))], [4, 1], [regs, producer_regs])
 
 
 def packed_view(t: torch.Tensor):
@@ -325,7 +333,7 @@ def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: i
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,
                       POSITIVE_SCALE=positive_scale, OVERLAP=bool(cfg.overlap), NUM_WG=cfg.consumers,
                       ACC16=bool(cfg.acc16) or recipe.pv_acc_dtype == torch.float16, WRITE_LSE=write_lse,
-                      CHAIN=True, ZERO_TAIL=2)
+                      CHAIN=True, ZERO_TAIL=2, WALK=cfg.walk)
     return min(n_tiles, sms), (n_tiles, m_blocks, heads), constexprs, dict(num_warps=4)
 
 

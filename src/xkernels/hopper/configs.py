@@ -50,8 +50,9 @@ class HopperAttentionConfig:
     # fp16 recipe's kernel does (no producer conversion; a temporary fp16 copy of V, the same bits); 0, the producer
     # converts each V tile in shared memory
     v_pass: int = 0
-    # the persistent kernels' tile walk (`common/tile_scheduler.py`): 0, L2-sized head chunks, longest query blocks
-    # first; 1, head-major pairs of query blocks (longest with shortest), a head's K/V reread within a round
+    # the persistent kernels' tile walk: 0, the dense one's L2-sized head chunks with the longest query blocks first
+    # (the packed one's: heads fastest inside a sequence); 1, head-major: a head's query blocks run side by side on
+    # its K/V (dense: paired longest with shortest, `common/tile_scheduler.py`)
     walk: int = 0
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
@@ -73,9 +74,8 @@ class HopperAttentionConfig:
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2")
         if self.chained not in (0, 1) or self.o_store not in (0, 1, 2, 3):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0 to 3")
-        if self.walk not in (0, 1) or (self.walk and kernel == "varlen_persistent"):
-            raise ValueError(f"config: walk={self.walk} must be 0, or 1 in the dense persistent kernel (the packed "
-                             "one walks (sequence, query block, head) tiles)")
+        if self.walk not in (0, 1):
+            raise ValueError(f"config: walk={self.walk} must be 0 or 1")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
