@@ -409,14 +409,13 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 # scalars per tile (runs 29, 34: measured as they are), D256 once per tile in the epilogue; bf16io
                 # D128 causal also one reload and store per key tile in the consumers' loop (measured with it:
                 # 0.77-0.98x cuDNN at 512-2K against the dense kernel's 0.47-0.78, 2026-12-03/76); on untested
-                # tritons (3.9) bf16io spills on full rows too; the pair walk at D256 reloads its scalars on full
-                # rows too (2 loads, 1 store of 8 bytes)
+                # tritons (3.9) bf16io spills on full rows too
                 yield KernelConfig(
                     f"hopper.attention persistent {recipe.name} D{d}{' causal' if causal else ''} {cfg}",
                     persistent.attention_persistent_kernel, descs | {"LSE": "*fp32", "O": f"*{dt}", "qk_scale": "fp32"},
                     cfg.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True, persistent=True), 4,
                     gluon=True, spill_free=(not causal or (d == 64 and not cfg.converts_in_kernel(recipe)))
-                    and (TRITON_TESTED or not cfg.converts_in_kernel(recipe)) and not (cfg.walk and d == 256))
+                    and (TRITON_TESTED or not cfg.converts_in_kernel(recipe)))
 
     from xkernels.hopper import attention_varlen as hvarlen
 

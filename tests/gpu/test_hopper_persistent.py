@@ -179,24 +179,26 @@ def test_persistent_variants_match_float64_and_dense(causal, d, b, hq, hkv, sq, 
                                      "hopper:persistent=2,walk=1,o_store=2",
                                      "hopper:persistent=2,walk=1,chained=0,o_store=3,block_n=64,stages=2"])
 @pytest.mark.parametrize("d,b,hq,hkv,sq,skv", [
-    (128, 4, 16, 16, 1024, 1024),  # 8 blocks a head: 4 pairs, 256 units over the SMs (two rounds)
-    (128, 3, 8, 2, 320, 384),  # 3 blocks (the third a half block): 1 pair and a middle block a head, GQA
+    (128, 4, 16, 16, 1024, 1024),  # 8 blocks a head, 64 heads: causal 256 pairs (two rounds), full 512 single tiles
+    (128, 12, 16, 4, 640, 640),  # 5 blocks, 192 heads, GQA: causal 384 pairs, then 192 middle blocks
+    (128, 3, 8, 2, 320, 384),  # 3 blocks (the last half past Sq), 24 pairs < SMs: single tiles, GQA
     (64, 4, 16, 4, 1024, 512),  # Sq > Skv: pairs of unequal cost
-    (256, 16, 16, 4, 384, 384),  # 3 blocks, 256 query heads: middle blocks after the pairs, many per program
-    (128, 1, 2, 1, 128, 128),  # one block a head: no pair, two units (a grid of 2)
-    (128, 64, 16, 16, 256, 128)])  # 2 blocks a head, 1024 units: ~8 pairs a program, both Q slots many times
+    (256, 16, 16, 4, 384, 384),  # 3 blocks, 256 heads: pairs, then middle blocks, many per program
+    (128, 1, 2, 1, 128, 128),  # one block a head: two single tiles (a grid of 2)
+    (128, 64, 16, 16, 256, 128)])  # 2 blocks a head, 1024 pairs: ~8 a program, both Q slots many times
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_major_pair_walk_matches_float64_and_dense(causal, d, b, hq, hkv, sq, skv, backend):
-    """The pair walk (`walk=1`) with the shipped configs (D64 and D128 chained, D256 through the Q slot) and the
-    other O paths: every tile once, the same arithmetic per row as the dense kernel, so bitwise equal to it."""
+def test_head_major_walk_matches_float64_and_dense(causal, d, b, hq, hkv, sq, skv, backend):
+    """The head-major walk (`walk=1`: causal blocks paired where pairs fill the SMs, else single tiles) with the
+    shipped configs (D64 and D128 chained, D256 through the Q slot) and the other O paths: every tile once, the same
+    arithmetic per row as the dense kernel, so bitwise equal to it."""
     q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + d + b + 1)
     dense = "hopper:persistent=0" + (",block_n=64,stages=2" if "block_n=64" in backend else "")
     name = _check(q, k, v, causal, "bf16", backend=backend, dense_backend=dense)
-    assert "-wp persistent" in name, name
+    assert "-hm persistent" in name, name
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_head_major_pair_walk_bf16io(causal):
-    """bf16io (the producer converts V) on the pair walk: float64, the LSE, bitwise against the dense kernel."""
+def test_head_major_walk_bf16io(causal):
+    """bf16io (the producer converts V) on the head-major walk: float64, the LSE, bitwise against the dense kernel."""
     q, k, v = attention_inputs(8, 8, 512, 512, 128, torch.bfloat16, "cuda", hkv=4, seed=5)
-    assert "-wp" in _check(q, k, v, causal, "bf16io", backend="hopper:persistent=2,walk=1,v_pass=0")
+    assert "-hm" in _check(q, k, v, causal, "bf16io", backend="hopper:persistent=2,walk=1,v_pass=0")

@@ -46,7 +46,7 @@ def test_persistent_varlen_matches_float64_and_per_sequence_kernel(dtype, causal
     lens_k = lens_k or lens_q
     q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, d, dtype, "cuda", seed=case + d)
     o, lse, name = _run(q, k, v, cq, ck, causal, backend="hopper:walk=1" if walk else "auto")
-    assert "persistent" in name and ("-wp" in name) == bool(walk), name
+    assert "persistent" in name and ("-hm" in name) == bool(walk), name
     ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
     c = compare_attention(o, ref_o, ATTENTION_RECIPES["bf16" if dtype == torch.bfloat16 else "fp16"])
     assert c.passed, c

@@ -252,44 +252,44 @@ def test_persistent_walk_head_chunks():
 
     default = PERSISTENT_ATTENTION_CONFIGS[128]
     assert "l2c" not in str(default) and default.l2_budget_kib == 0
-    assert walk(default) == (16 * 256, 16, 256, 8)  # full MHA: 8 MiB of K/V, 8 heads
-    assert walk(default, causal=True) == (16 * 256, 16, 256, 32)
-    assert walk(default, group=4) == (16 * 256, 16, 256, 128)  # 32 K/V heads' worth of query heads
+    assert walk(default) == (16 * 256, 16, 256, 8, 0)  # full MHA: 8 MiB of K/V, 8 heads
+    assert walk(default, causal=True) == (16 * 256, 16, 256, 32, 0)
+    assert walk(default, group=4) == (16 * 256, 16, 256, 128, 0)  # 32 K/V heads' worth of query heads
     assert walk(PERSISTENT_ATTENTION_CONFIGS[64], d=64)[3] == 64
     assert configs.l2_budget_kib(128, causal=False, group=1) == configs.FULL_MHA_L2_BUDGET_KIB
     cfg = dataclasses.replace(default, l2_budget_kib=32 << 10)
-    assert str(cfg).endswith("-l2c32768") and walk(cfg) == (16 * 256, 16, 256, 32)
+    assert str(cfg).endswith("-l2c32768") and walk(cfg) == (16 * 256, 16, 256, 32, 0)
     with pytest.raises(ValueError, match="l2_budget_kib=-1 must be positive"):
         dataclasses.replace(cfg, l2_budget_kib=-1).check(128, ATTENTION_RECIPES["bf16"])
 
 
 def test_pair_walk_launch_spec_and_checks():
-    """`walk=1`: the walk's fourth integer is the GQA group, the grid at most the units (pairs and middle blocks),
-    the name says -wp; the packed kernel takes it too (its own head-major order); another value is refused."""
+    """`walk=1`: the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired (enough pairs
+    to fill the SMs; a full mask never), the grid at most the units dealt; the name says -hm; the packed kernel takes
+    it too (its own head-major order); another value is refused."""
     from xkernels.hopper import attention_persistent as hp
+    from xkernels.hopper import attention_varlen_persistent as hvp
     from xkernels.recipes import ATTENTION_RECIPES
 
     bf16 = ATTENTION_RECIPES["bf16"]
     cfg = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], walk=1)
-    assert str(cfg).endswith("-ch-wp")
+    assert str(cfg).endswith("-ch-hm")
 
-    def spec(b, hq, sq, group, sms=132):
-        return hp.launch_spec(b, hq, sq, sq, 128, group, 2, sms, is_causal=True, recipe=bf16, positive_scale=True,
+    def spec(b, hq, sq, group, causal=True, sms=132):
+        return hp.launch_spec(b, hq, sq, sq, 128, group, 2, sms, is_causal=causal, recipe=bf16, positive_scale=True,
                               write_lse=False, cfg=cfg)
 
     grid, walk, constexprs, _ = spec(32, 32, 512, 4)
-    assert (grid, walk, constexprs["WALK"]) == (132, (4 * 1024, 4, 1024, 4), 1)
-    assert spec(1, 8, 512, 1)[0] == 16  # 8 heads x 2 pairs
-    assert spec(1, 8, 384, 2)[0] == 16  # 8 heads x (1 pair + 1 middle block)
-    assert spec(1, 2, 128, 1)[0] == 2  # one block a head: one unit each
-    assert spec(1, 32, 512, 1)[2]["WALK"] == 1 and hp.launch_spec(
-        1, 32, 512, 512, 128, 1, 2, 132, is_causal=True, recipe=bf16, positive_scale=True, write_lse=False,
-        cfg=PERSISTENT_ATTENTION_CONFIGS[128])[2]["WALK"] == 0
+    assert (grid, walk, constexprs["WALK"]) == (132, (4 * 1024, 4, 1024, 4, 1), 1)
+    assert spec(32, 32, 512, 4, causal=False)[1][4] == 0  # a full mask's tiles cost alike: single tiles
+    assert spec(1, 8, 512, 1)[:2] == (32, (32, 4, 8, 1, 0))  # 16 pairs would idle most SMs: 32 single tiles
+    assert spec(1, 8, 384, 2, sms=8)[:2] == (8, (24, 3, 8, 2, 1))  # 8 pairs + 8 middle blocks on 8 programs
+    assert spec(1, 2, 128, 1)[0] == 2  # one block a head
+    assert hp.launch_spec(1, 32, 512, 512, 128, 1, 2, 132, is_causal=True, recipe=bf16, positive_scale=True,
+                          write_lse=False, cfg=PERSISTENT_ATTENTION_CONFIGS[128])[2]["WALK"] == 0
     with pytest.raises(ValueError, match="walk=2 must be 0 or 1"):
         dataclasses.replace(cfg, walk=2).check(128, bf16, "persistent")
     cfg.check(128, bf16, "varlen_persistent")  # the packed kernel's head-major order
-    from xkernels.hopper import attention_varlen_persistent as hvp
-
     assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=False, recipe=bf16, positive_scale=True, write_lse=False,
                            cfg=cfg)[2]["WALK"] == 1
 

@@ -1,35 +1,44 @@
 """The persistent attention forward's tile walks: which (batch * head, query block) tile a program runs n-th.
 
 A persistent program `pid` of `nprog` runs `tiles_of(...)` tiles, the n-th being `tile_of(..., n, ...)`; the walk's
-four integers are (n_tiles, m_blocks, BH, arg) with BH = batch * query heads and m_blocks query blocks per head.
+five integers are (n_tiles, m_blocks, BH, arg, paired) with BH = batch * query heads and m_blocks query blocks per
+head.
 
-WALK 0, L2 chunks, longest first (arg: heads per chunk): heads in chunks whose K/V fit the L2 budget together, and
-inside a chunk the longest query blocks first with heads fastest; program pid takes tiles pid, pid + nprog, ... of
-that list. The round-robin deal spreads each causal length evenly over the programs when a chunk holds several
-rounds of tiles; a head's K/V is read again by its later query blocks up to a chunk's worth of tiles later (its Q
-and O traffic passes through L2 in between).
+WALK 0, L2 chunks, longest first (arg: heads per chunk; paired unused): heads in chunks whose K/V fit the L2 budget
+together, and inside a chunk the longest query blocks first with heads fastest; program pid takes tiles pid,
+pid + nprog, ... of that list. The round-robin deal spreads each causal length evenly over the programs when a chunk
+holds several rounds of tiles; a head's K/V is read again by its later query blocks up to a chunk's worth of tiles
+later (its Q and O traffic passes through L2 in between).
 
-WALK 1, head-major pairs (arg: the GQA group size): the query blocks of a head are paired longest with shortest,
-block m_blocks - 1 - j with block j, so under a causal mask every pair costs the same m_blocks + 1 key tiles (a
-full mask: every tile costs the same). Pairs are dealt round-robin, a program running both tiles of a pair back to
-back; pairs are ordered by KV head, then pair, then the query heads of a GQA group, so the programs running at one
-time cover about nprog / (m_blocks / 2) heads and each head's K/V is read by its query blocks within a round: a
-working set of a few heads instead of an L2 chunk. With an odd m_blocks the middle blocks, one per head, come
-after all pairs, one per unit. The grid is at most the unit count (`walk_units`), so every program has work.
+WALK 1, head-major (arg: the GQA group size): a head's query blocks are dealt next to each other, in (KV head, block,
+query head of the group) order, so the programs running at one time cover a few heads and each head's K/V is
+reread by its query blocks within a round: a working set of a few heads instead of an L2 chunk.
+  paired = 0: single tiles, longest block first, round-robin (full masks, whose tiles all cost the same, and calls
+    with too few pairs to fill the programs).
+  paired = 1 (causal): blocks m_blocks - 1 - j and j form a pair, dealt round-robin, a program running both back to
+    back, the longer first. Causal block m sees (m + 1) * BLOCK_M keys (top-left, Skv >= Sq), so every pair costs
+    the same and a static deal is balanced without longest-first order; with an odd m_blocks the middle blocks, one
+    per head, come after all pairs, one per unit.
+The grid is at most the units dealt (`walk_units`), so every program has work.
 """
 
 import triton
 import triton.language as tl
 
-WALKS = {0: "L2 chunks, longest first", 1: "head-major pairs"}
+WALKS = {0: "L2 chunks, longest first", 1: "head-major"}
 
 
-def walk_units(n_tiles: int, m_blocks: int, bh: int, walk: int) -> int:
-    """Units a walk deals to the programs (tiles for WALK 0, pairs and middle blocks for WALK 1): the grid is at
-    most this."""
-    if walk == 0:
-        return n_tiles
-    return bh * (m_blocks // 2) + bh * (m_blocks % 2)
+def pairs_pay(causal: bool, m_blocks: int, bh: int, sms: int) -> bool:
+    """Whether WALK 1 pairs blocks: causal masks (a full mask's tiles cost the same), and pairs enough to give every
+    program one (fewer would halve the programs at work)."""
+    return causal and bh * (m_blocks // 2) >= sms
+
+
+def walk_units(n_tiles: int, m_blocks: int, bh: int, walk: int, paired: bool) -> int:
+    """Units a walk deals to the programs (tiles, or with pairs: pairs and middle blocks): the grid is at most this."""
+    if walk == 1 and paired:
+        return bh * (m_blocks // 2) + bh * (m_blocks % 2)
+    return n_tiles
 
 
 @triton.jit
@@ -47,36 +56,42 @@ def chunk_tile(tile, walk):
 
 @triton.jit
 def tiles_of(pid, nprog, walk, WALK: tl.constexpr):
-    """How many tiles program `pid` of `nprog` runs."""
-    if WALK == 0:
-        count = (walk[0] - pid + nprog - 1) // nprog
-    else:
-        pairs = walk[2] * (walk[1] // 2)
-        units = pairs + walk[2] * (walk[1] % 2)
-        # units pid, pid + nprog, ... below `units`; those below `pairs` hold two tiles (pid < nprog <= units)
-        count = (units - pid + nprog - 1) // nprog + (pairs - pid + nprog - 1) // nprog
+    """How many tiles program `pid` of `nprog` runs (pid < nprog <= the walk's units)."""
+    count = (walk[0] - pid + nprog - 1) // nprog
+    if WALK == 1:
+        if walk[4] != 0:
+            pairs = walk[2] * (walk[1] // 2)
+            units = pairs + walk[2] * (walk[1] % 2)
+            # units pid, pid + nprog, ... below `units`; those below `pairs` hold two tiles
+            count = (units - pid + nprog - 1) // nprog + (pairs - pid + nprog - 1) // nprog
     return count
 
 
 @triton.jit
 def tile_of(pid, nprog, n, walk, WALK: tl.constexpr):
     """(batch * head index, query block) of the n-th tile program `pid` of `nprog` runs."""
+    m_blocks = walk[1]
     if WALK == 0:
         bh, m_block = chunk_tile(pid + n * nprog, walk)
     else:
-        m_blocks = walk[1]
         BH = walk[2]
         group = walk[3]
-        half = m_blocks // 2
-        pairs = BH * half
-        my_pairs = (pairs - pid + nprog - 1) // nprog
-        if n < 2 * my_pairs:
-            u = pid + (n // 2) * nprog
-            per_kv = group * tl.maximum(half, 1)
-            j = (u // group) % tl.maximum(half, 1)
-            bh = (u // per_kv) * group + u % group
-            m_block = tl.where(n % 2 == 0, m_blocks - 1 - j, j)  # the pair's longer block first
-        else:  # a middle block (odd m_blocks), one per head, after every pair
-            bh = pid + (my_pairs + n - 2 * my_pairs) * nprog - pairs
-            m_block = half
+        if walk[4] != 0:
+            half = m_blocks // 2
+            pairs = BH * half
+            my_pairs = (pairs - pid + nprog - 1) // nprog
+            if n < 2 * my_pairs:
+                u = pid + (n // 2) * nprog
+                per_kv = group * tl.maximum(half, 1)
+                j = (u // group) % tl.maximum(half, 1)
+                bh = (u // per_kv) * group + u % group
+                m_block = tl.where(n % 2 == 0, m_blocks - 1 - j, j)  # the pair's longer block first
+            else:  # a middle block (odd m_blocks), one per head, after every pair
+                bh = pid + (my_pairs + n - 2 * my_pairs) * nprog - pairs
+                m_block = half
+        else:
+            u = pid + n * nprog
+            rest = u // group
+            bh = (rest // m_blocks) * group + u % group
+            m_block = m_blocks - 1 - rest % m_blocks
     return bh, m_block

@@ -9,8 +9,8 @@ so the producer loads tile i+1's Q, K and V while the consumers finish tile i, a
 Tile order (config `walk`): 0, heads in chunks whose K/V fit in L2 together (heads per chunk from the host), and
 inside a chunk the longest query blocks first with heads fastest (causal: the heavy tiles start first and the
 round-robin deal spreads each length evenly over the CTAs; GQA heads of a group run side by side on the same K/V);
-1, a head's query blocks paired longest with shortest (equal causal cost per pair), pairs dealt head-major, so a
-head's K/V is reread within one round rather than a chunk later.
+1, head-major: a head's query blocks dealt side by side (causal ones paired longest with shortest, equal cost per
+pair), so a head's K/V is reread within one round rather than a chunk later.
 
 Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_view`): a tile of head (b, h)
 starts at row b * rows_b + h * rows_h, column h * cols_h. Those views do not stop at one head's sequence end, so the
@@ -51,7 +51,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from xkernels.common.seqlen import kv_bounds
-from xkernels.common.tile_scheduler import tile_of, tiles_of, walk_units
+from xkernels.common.tile_scheduler import pairs_pay, tile_of, tiles_of, walk_units
 from xkernels.hopper import configs, tma
 from xkernels.hopper.attention_fwd import (
     _attend,
@@ -306,16 +306,18 @@ def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, 
 
 @gluon.jit
 def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb,
-                                o_rh, o_ch, o_rs, HQ, GROUP, SQ, SKV, n_tiles, m_blocks, BH, walk_arg, qk_scale,
+                                o_rh, o_ch, o_rs, HQ, GROUP, SQ, SKV, n_tiles, m_blocks, BH, walk_arg, walk_pairs,
+                                qk_scale,
                                 HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                 CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
                                 OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
                                 CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr,
                                 O_STORE: gl.constexpr, WALK: gl.constexpr):
     """O: the output's base (O_STORE 1's stores; o_desc covers the same view), o_rs its view's row stride; the walk
-    (`common/tile_scheduler.py`): WALK 0 with walk_arg heads per L2 chunk, WALK 1 with walk_arg the GQA group."""
+    (`common/tile_scheduler.py`): WALK 0 with walk_arg heads per L2 chunk, WALK 1 with walk_arg the GQA group and
+    walk_pairs 1 where causal blocks are paired."""
     at = (q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, o_rb, o_rh, o_ch)
-    walk = (n_tiles, m_blocks, BH, walk_arg)
+    walk = (n_tiles, m_blocks, BH, walk_arg, walk_pairs)
     Q_SLOTS: gl.constexpr = 2 if CHAINED else 1
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [Q_SLOTS * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
     if O_STORE != 0:
@@ -394,12 +396,14 @@ def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int, budget: int)
 def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group: int, elem: int, sms: int, *,
                 is_causal: bool, recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
                 cfg: HopperAttentionConfig) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
-    """(grid, the walk's ints (n_tiles, m_blocks, BH, walk_arg), constexprs, options); walk_arg is the heads per L2
-    chunk (config walk 0) or the GQA group (walk 1); the caller checked the shape (`eligible`)."""
+    """(grid, the walk's ints (n_tiles, m_blocks, BH, walk_arg, walk_pairs), constexprs, options); walk_arg is the
+    heads per L2 chunk (config walk 0) or the GQA group (walk 1), walk_pairs whether walk 1 pairs causal blocks
+    (`tile_scheduler.pairs_pay`); the caller checked the shape (`eligible`)."""
     cfg.check(head_dim, recipe, "persistent")
     m_blocks = -(-sq // cfg.block_m)
     bh = batch * heads
     n_tiles = m_blocks * bh
+    paired = cfg.walk == 1 and pairs_pay(is_causal, m_blocks, bh, sms)
     if cfg.walk == 0:
         budget = cfg.l2_budget_kib or configs.l2_budget_kib(head_dim, causal=is_causal, group=group)
         walk_arg = min(bh, heads_per_chunk(skv, head_dim, group, elem, budget << 10))
@@ -407,8 +411,8 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
         walk_arg = group
     constexprs = cfg.constexprs(head_dim, recipe, causal=is_causal, positive_scale=positive_scale,
                                 write_lse=write_lse, persistent=True)
-    grid = min(walk_units(n_tiles, m_blocks, bh, cfg.walk), sms)
-    return grid, (n_tiles, m_blocks, bh, walk_arg), constexprs, dict(num_warps=4)
+    grid = min(walk_units(n_tiles, m_blocks, bh, cfg.walk, paired), sms)
+    return grid, (n_tiles, m_blocks, bh, walk_arg, int(paired)), constexprs, dict(num_warps=4)
 
 
 def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAttentionConfig, recipe: AttentionRecipe,

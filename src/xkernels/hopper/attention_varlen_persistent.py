@@ -7,7 +7,8 @@ walks the same static list of B * m_blocks * Hq tiles (m_blocks from max_seqlen_
 K/V stay in L2 while its heads run. Inside a sequence (config `walk`): 0, longest query blocks first with heads
 fastest, so the programs running at one time cover every head of a few query blocks (a long sequence's K/V for all
 heads, 64 MiB at 4K keys, H32 D128, streams again for every few blocks); 1, head-major, a head's query blocks
-consecutive (longest first), so they run side by side on one head's K/V. A tile past its sequence's end is skipped by
+consecutive (longest first, rotated by the head), so they run side by side on one head's K/V. A tile past its
+sequence's end is skipped by
 every partition alike (each reads cu_seqlens); a tile whose rows see no key (Sk = 0, or causal with Sq > Sk) loads
 nothing: its consumers store O = 0 and LSE = -inf directly. The walk is a plain `for` over the list in every
 partition; the consumers chain tiles from the next tile's side (`_consumer`), so none scans ahead.
@@ -67,9 +68,10 @@ def _work(tile, CU_Q, CU_K, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
     if WALK == 0:
         h = r % HQ
         start_m = (m_blocks - 1 - r // HQ) * BLOCK_M
-    else:
+    else:  # a head's blocks longest first, rotated by the head: a short sequence's few blocks, at the end of each
+        # head's run, would otherwise land every m_blocks tiles, on the programs of one residue class
         h = r // m_blocks
-        start_m = (m_blocks - 1 - r % m_blocks) * BLOCK_M
+        start_m = (m_blocks - 1 - (r % m_blocks + h) % m_blocks) * BLOCK_M
     q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
     diag = SKV - SQ  # bottom-right: row i's last key is i + diag
     full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)

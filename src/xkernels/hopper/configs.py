@@ -52,7 +52,7 @@ class HopperAttentionConfig:
     v_pass: int = 0
     # the persistent kernels' tile walk: 0, the dense one's L2-sized head chunks with the longest query blocks first
     # (the packed one's: heads fastest inside a sequence); 1, head-major: a head's query blocks run side by side on
-    # its K/V (dense: paired longest with shortest, `common/tile_scheduler.py`)
+    # its K/V (dense causal: paired longest with shortest, `common/tile_scheduler.py`)
     walk: int = 0
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
@@ -139,7 +139,7 @@ class HopperAttentionConfig:
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
-                + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass + "-wp" * self.walk)
+                + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass + "-hm" * self.walk)
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
