@@ -101,7 +101,8 @@ def test_l2_chunk_walk(device, bh, m_blocks, sms, chunk):
 
 def test_pairs_only_where_they_pay():
     assert pairs_pay(True, 4, 1024, 132) and not pairs_pay(False, 4, 1024, 132)  # a full mask: no pairs
-    assert not pairs_pay(True, 4, 32, 132)  # 64 pairs would leave half the programs idle
+    assert not pairs_pay(True, 4, 32, 132)  # 128 tiles: one round, a tile a program
+    assert pairs_pay(True, 4, 64, 132)  # 256 tiles: two rounds of single tiles could stack two long blocks
     assert not pairs_pay(True, 1, 1024, 132)  # one block a head: nothing to pair
 
 

@@ -181,14 +181,14 @@ def test_persistent_variants_match_float64_and_dense(causal, d, b, hq, hkv, sq, 
 @pytest.mark.parametrize("d,b,hq,hkv,sq,skv", [
     (128, 4, 16, 16, 1024, 1024),  # 8 blocks a head, 64 heads: causal 256 pairs (two rounds), full 512 single tiles
     (128, 12, 16, 4, 640, 640),  # 5 blocks, 192 heads, GQA: causal 384 pairs, then 192 middle blocks
-    (128, 3, 8, 2, 320, 384),  # 3 blocks (the last half past Sq), 24 pairs < SMs: single tiles, GQA
+    (128, 3, 8, 2, 320, 384),  # 3 blocks (the last half past Sq), 72 tiles, one round: single tiles, GQA
     (64, 4, 16, 4, 1024, 512),  # Sq > Skv: pairs of unequal cost
     (256, 16, 16, 4, 384, 384),  # 3 blocks, 256 heads: pairs, then middle blocks, many per program
     (128, 1, 2, 1, 128, 128),  # one block a head: two single tiles (a grid of 2)
     (128, 64, 16, 16, 256, 128)])  # 2 blocks a head, 1024 pairs: ~8 a program, both Q slots many times
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_major_walk_matches_float64_and_dense(causal, d, b, hq, hkv, sq, skv, backend):
-    """The head-major walk (`walk=1`: causal blocks paired where pairs fill the SMs, else single tiles) with the
+    """The head-major walk (`walk=1`: causal blocks paired past one round of tiles, else single tiles) with the
     shipped configs (D64 and D128 chained, D256 through the Q slot) and the other O paths: every tile once, the same
     arithmetic per row as the dense kernel, so bitwise equal to it."""
     q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + d + b + 1)

@@ -264,9 +264,9 @@ def test_persistent_walk_head_chunks():
 
 
 def test_pair_walk_launch_spec_and_checks():
-    """`walk=1`: the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired (enough pairs
-    to fill the SMs; a full mask never), the grid at most the units dealt; the name says -hm; the packed kernel takes
-    it too (its own head-major order); another value is refused."""
+    """`walk=1`: the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired (more tiles
+    than SMs; a full mask never), the grid at most the units dealt; the name says -hm; the packed kernel takes it too
+    (its own head-major order); another value is refused."""
     from xkernels.hopper import attention_persistent as hp
     from xkernels.hopper import attention_varlen_persistent as hvp
     from xkernels.recipes import ATTENTION_RECIPES
@@ -282,7 +282,8 @@ def test_pair_walk_launch_spec_and_checks():
     grid, walk, constexprs, _ = spec(32, 32, 512, 4)
     assert (grid, walk, constexprs["WALK"]) == (132, (4 * 1024, 4, 1024, 4, 1), 1)
     assert spec(32, 32, 512, 4, causal=False)[1][4] == 0  # a full mask's tiles cost alike: single tiles
-    assert spec(1, 8, 512, 1)[:2] == (32, (32, 4, 8, 1, 0))  # 16 pairs would idle most SMs: 32 single tiles
+    assert spec(1, 8, 512, 1)[:2] == (32, (32, 4, 8, 1, 0))  # one round: 32 single tiles on 32 programs
+    assert spec(2, 32, 512, 1)[:2] == (128, (256, 4, 64, 1, 1))  # two rounds: 128 pairs
     assert spec(1, 8, 384, 2, sms=8)[:2] == (8, (24, 3, 8, 2, 1))  # 8 pairs + 8 middle blocks on 8 programs
     assert spec(1, 2, 128, 1)[0] == 2  # one block a head
     assert hp.launch_spec(1, 32, 512, 512, 128, 1, 2, 132, is_causal=True, recipe=bf16, positive_scale=True,

@@ -13,8 +13,8 @@ later (its Q and O traffic passes through L2 in between).
 WALK 1, head-major (arg: the GQA group size): a head's query blocks are dealt next to each other, in (KV head, block,
 query head of the group) order, so the programs running at one time cover a few heads and each head's K/V is
 reread by its query blocks within a round: a working set of a few heads instead of an L2 chunk.
-  paired = 0: single tiles, longest block first, round-robin (full masks, whose tiles all cost the same, and calls
-    with too few pairs to fill the programs).
+  paired = 0: single tiles, longest block first, round-robin (full masks, whose tiles all cost the same, and causal
+    calls of one round of tiles).
   paired = 1 (causal): blocks m_blocks - 1 - j and j form a pair, dealt round-robin, a program running both back to
     back, the longer first. Causal block m sees (m + 1) * BLOCK_M keys (top-left, Skv >= Sq), so every pair costs
     the same and a static deal is balanced without longest-first order; with an odd m_blocks the middle blocks, one
@@ -29,9 +29,11 @@ WALKS = {0: "L2 chunks, longest first", 1: "head-major"}
 
 
 def pairs_pay(causal: bool, m_blocks: int, bh: int, sms: int) -> bool:
-    """Whether WALK 1 pairs blocks: causal masks (a full mask's tiles cost the same), and pairs enough to give every
-    program one (fewer would halve the programs at work)."""
-    return causal and bh * (m_blocks // 2) >= sms
+    """Whether WALK 1 pairs blocks: causal masks (a full mask's tiles cost the same) with more tiles than programs.
+    Within one round every program runs one tile and the longest sets the time; past it single tiles dealt
+    round-robin can stack a head's longest blocks on one program (with SMs a multiple of m_blocks, every program
+    gets the same block each round: 4:1 at 4 blocks a head), while pairs cost the same everywhere."""
+    return causal and m_blocks >= 2 and bh * m_blocks > sms
 
 
 def walk_units(n_tiles: int, m_blocks: int, bh: int, walk: int, paired: bool) -> int:
