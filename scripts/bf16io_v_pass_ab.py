@@ -78,9 +78,13 @@ def time_row(b, hq, hkv, sq, skv, d, causal) -> dict:
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
             return F.scaled_dot_product_attention(q, *kv, is_causal=causal)
 
-    ms = interleaved_graph_ms(fns | {"cudnn": cudnn}, rounds=3)
+    # the pass alone (V to fp16, as `HopperAttentionConfig.kernel_v` does it): whether a v_pass row's extra time is
+    # the copy or the kernel after it
+    ms = interleaved_graph_ms(fns | {"cudnn": cudnn, "pass": lambda: v.to(torch.float16)}, rounds=3)
+    pass_ms = ms.pop("pass")
     flops = 4 * b * hq * sq * skv * d / (2 if causal else 1)
     row = {"shape": f"B{b} H{hq}/{hkv} {sq}x{skv} D{d}{' causal' if causal else ''}", "ms": ms, "kernels": kernels,
+           "pass_ms": pass_ms, "pass_gbps": 2 * v.nbytes / pass_ms / 1e6,
            "tflops": {n: flops / t / 1e9 for n, t in ms.items()},
            "x_bf16_time": {n: ms[n] / ms["bf16"] for n in VARIANTS},
            "x_cudnn": {n: ms["cudnn"] / ms[n] for n in VARIANTS}}
@@ -92,12 +96,13 @@ def markdown(res: dict) -> str:
     names = list(VARIANTS)
     timed = names[1:]
     lines = ["| shape | cuDNN ms | " + " | ".join(f"{n} x cuDNN" for n in names) + " | "
-             + " | ".join(f"{n} / bf16 time" for n in timed) + " | selected |", "|---" * (4 + len(names) + len(timed))
-             + "|"]
+             + " | ".join(f"{n} / bf16 time" for n in timed) + " | pass alone ms (GB/s) | selected |",
+             "|---" * (4 + len(names) + len(timed)) + "|"]
     for r in res["rows"]:
         picked = "v_pass" if "-vp" in r["kernels"]["bf16io"] else "in-kernel"
         lines.append(f"| {r['shape']} | {r['ms']['cudnn']:.3f} | " + " | ".join(f"{r['x_cudnn'][n]:.2f}" for n in names)
-                     + " | " + " | ".join(f"{r['x_bf16_time'][n]:.3f}" for n in timed) + f" | {picked} |")
+                     + " | " + " | ".join(f"{r['x_bf16_time'][n]:.3f}" for n in timed)
+                     + f" | {r['pass_ms']:.3f} ({r['pass_gbps']:.0f}) | {picked} |")
     return "\n".join(lines + check_summary(res["check"])) + "\n"
 
 
