@@ -1,0 +1,108 @@
+"""A model of the persistent forward's DRAM traffic under each tile walk (`common/tile_scheduler.py`), on the CPU: the
+programs run their tiles in simulated time (one unit per key tile), every Q, K, V and O tile access goes through an
+LRU cache of the L2's size, and a miss (or an evicted O tile) is DRAM traffic. It ignores the L2's partitions,
+hashing and prefetch, so it ranks walks rather than predicting bytes; `attn_profile.sh walk` measures them.
+
+    python scripts/walk_l2_model.py [--l2-mib 50] [--sms 132]
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+from collections import OrderedDict
+
+from xkernels.common.tile_scheduler import pairs_pay, walk_units
+from xkernels.hopper import attention_persistent as hp
+from xkernels.hopper import configs
+
+ROWS = [  # (batch, q heads, kv heads, S, D, causal): the sweep's short rows (16K tokens)
+    (32, 32, 32, 512, 128, True), (32, 32, 32, 512, 128, False), (16, 32, 32, 1024, 128, True),
+    (16, 32, 32, 1024, 128, False), (8, 32, 32, 2048, 128, True), (32, 32, 32, 512, 64, True),
+    (16, 32, 32, 1024, 256, False), (32, 32, 8, 512, 128, True)]
+
+
+def programs_tiles(b, hq, hkv, s, d, causal, sms, walk):
+    """Each program's (bh, m_block) list, as `tile_scheduler` deals them (a plain-Python statement of the walks)."""
+    group, m_blocks, bh = hq // hkv, s // 128, b * hq
+    n_tiles = bh * m_blocks
+    if walk == 0:
+        budget = configs.l2_budget_kib(d, causal=causal, group=group) << 10
+        chunk = min(bh, hp.heads_per_chunk(s, d, group, 2, budget))
+        order = []
+        for c in range(0, bh, chunk):
+            heads = min(chunk, bh - c)
+            order += [[(c + r % heads, m_blocks - 1 - r // heads)] for r in range(heads * m_blocks)]
+    elif pairs_pay(causal, m_blocks, bh, sms):
+        half = m_blocks // 2
+        order = [[(kv * group + g, m_blocks - 1 - j), (kv * group + g, j)] for kv in range(bh // group)
+                 for j in range(half) for g in range(group)]
+        order += [[(h, half)] for h in range(bh)] if m_blocks % 2 else []
+    else:
+        order = [[(kv * group + g, m)] for kv in range(bh // group) for m in reversed(range(m_blocks))
+                 for g in range(group)]
+    grid = min(walk_units(n_tiles, m_blocks, bh, walk, pairs_pay(causal, m_blocks, bh, sms)), sms)
+    return [[t for u in order[p::grid] for t in u] for p in range(grid)], group, m_blocks
+
+
+def dram_bytes(b, hq, hkv, s, d, causal, *, sms, l2_bytes, walk) -> tuple[float, float]:
+    """(DRAM bytes read, written) of one call in the model."""
+    progs, group, m_blocks = programs_tiles(b, hq, hkv, s, d, causal, sms, walk)
+    tile = 128 * d * 2  # a Q/O tile of 128 rows, a K/V tile of 128 keys
+    cache: OrderedDict = OrderedDict()  # key -> dirty
+    read = written = 0
+
+    def touch(key, write=False):
+        nonlocal read, written
+        if key in cache:
+            cache.move_to_end(key)
+            cache[key] = cache[key] or write
+        else:
+            read += 0 if write else tile
+            cache[key] = write
+        while len(cache) * tile > l2_bytes:
+            _, dirty = cache.popitem(last=False)
+            written += tile if dirty else 0
+
+    # events: (time, program, tile index, key tile index or -1 for the tile's start)
+    heap = [(0.0, p, 0, -1) for p in range(len(progs))]
+    while heap:
+        t, p, i, j = heapq.heappop(heap)
+        bh, m = progs[p][i]
+        hk = bh // group
+        keys = m + 1 if causal else m_blocks
+        if j == -1:
+            touch(("q", bh, m))
+            heapq.heappush(heap, (t, p, i, 0))
+        elif j < keys:
+            touch(("k", hk, j))
+            touch(("v", hk, j))
+            heapq.heappush(heap, (t + 1.0, p, i, j + 1))
+        else:
+            touch(("o", bh, m), write=True)
+            if i + 1 < len(progs[p]):
+                heapq.heappush(heap, (t, p, i + 1, -1))
+    written += sum(tile for dirty in cache.values() if dirty)
+    return read, written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--l2-mib", type=float, default=50.0)
+    ap.add_argument("--sms", type=int, default=132)
+    args = ap.parse_args()
+    print(f"L2 {args.l2_mib} MiB, {args.sms} programs; DRAM MB read + written (floor: Q, K, V read once, O written)")
+    print(f"{'row':<34} {'floor':>7} {'walk 0':>15} {'walk 1':>15}")
+    for row in ROWS:
+        b, hq, hkv, s, d, causal = row
+        floor = (2 * b * hq * s * d + 2 * b * hkv * s * d) * 2 / 1e6
+        cells = []
+        for walk in (0, 1):
+            r, w = dram_bytes(*row, sms=args.sms, l2_bytes=int(args.l2_mib * 2**20), walk=walk)
+            cells.append(f"{r / 1e6:.0f} + {w / 1e6:.0f}")
+        name = f"B{b} H{hq}/{hkv} {s} D{d}{' causal' if causal else ''}"
+        print(f"{name:<34} {floor:>7.0f} {cells[0]:>15} {cells[1]:>15}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
