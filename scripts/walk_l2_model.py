@@ -1,7 +1,8 @@
 """A model of the persistent forward's DRAM traffic under each tile walk (`common/tile_scheduler.py`), on the CPU: the
 programs run their tiles in simulated time (one unit per key tile), every Q, K, V and O tile access goes through an
 LRU cache of the L2's size, and a miss (or an evicted O tile) is DRAM traffic. It ignores the L2's partitions,
-hashing and prefetch, so it ranks walks rather than predicting bytes; `attn_profile.sh walk` measures them.
+hashing and prefetch, so it ranks walks rather than predicting bytes; `attn_profile.sh walk` measures them. Dense
+rows of 16K tokens, then the packed batch of `varlen_ab.py` on the packed kernel's two walks.
 
     python scripts/walk_l2_model.py [--l2-mib 50] [--sms 132]
 """
@@ -15,6 +16,7 @@ from collections import OrderedDict
 from xkernels.common.tile_scheduler import pairs_pay, walk_units
 from xkernels.hopper import attention_persistent as hp
 from xkernels.hopper import configs
+from xkernels.testing.cases import VarlenCase
 
 ROWS = [  # (batch, q heads, kv heads, S, D, causal): the sweep's short rows (16K tokens)
     (32, 32, 32, 512, 128, True), (32, 32, 32, 512, 128, False), (16, 32, 32, 1024, 128, True),
@@ -86,6 +88,71 @@ def dram_bytes(b, hq, hkv, s, d, causal, *, sms, l2_bytes, walk) -> tuple[float,
     return read, written
 
 
+def varlen_programs(lengths, hq, sms, walk, causal):
+    """The packed persistent kernel's deal (`attention_varlen_persistent._work`), (sequence, head, m_block) lists.
+    Walk 0: every program walks tile indices pid, pid + sms, ... of B * m_blocks * Hq, skipping those past their
+    sequence's end; walk 1: units of real tiles (a block, or causal pairs of blocks, of a head) dealt round-robin."""
+    if walk == 0:
+        m_blocks = -(-max(lengths) // 128)
+        per_seq = m_blocks * hq
+        progs = [[] for _ in range(sms)]
+        for tile in range(len(lengths) * per_seq):
+            seq, r = divmod(tile, per_seq)
+            h, m = r % hq, m_blocks - 1 - r // hq
+            if m * 128 < lengths[seq]:
+                progs[tile % sms].append((seq, h, m))
+        return progs
+    units = []
+    for seq, n in enumerate(lengths):
+        m = -(-n // 128)
+        for h in range(hq):
+            if causal:
+                units += [[(seq, h, m - 1 - j)] + ([(seq, h, j)] if j != m - 1 - j else [])
+                          for j in range((m + 1) // 2)]
+            else:
+                units += [[(seq, h, blk)] for blk in reversed(range(m))]
+    return [[t for u in units[p::sms] for t in u] for p in range(sms)]
+
+
+def varlen_dram_bytes(lengths, hq, hkv, d, causal, *, sms, l2_bytes, walk) -> tuple[float, float]:
+    """(DRAM bytes read, written) of a packed call in the model (K/V tiles keyed by sequence, KV head, key tile)."""
+    progs = varlen_programs(lengths, hq, sms, walk, causal)
+    group, tile = hq // hkv, 128 * d * 2
+    cache: OrderedDict = OrderedDict()
+    read = written = 0
+
+    def touch(key, write=False):
+        nonlocal read, written
+        if key in cache:
+            cache.move_to_end(key)
+            cache[key] = cache[key] or write
+        else:
+            read += 0 if write else tile
+            cache[key] = write
+        while len(cache) * tile > l2_bytes:
+            _, dirty = cache.popitem(last=False)
+            written += tile if dirty else 0
+
+    heap = [(0.0, p, 0, -1) for p in range(len(progs)) if progs[p]]
+    while heap:
+        t, p, i, j = heapq.heappop(heap)
+        seq, h, m = progs[p][i]
+        keys = m + 1 if causal else -(-lengths[seq] // 128)
+        if j == -1:
+            touch(("q", seq, h, m))
+            heapq.heappush(heap, (t, p, i, 0))
+        elif j < keys:
+            touch(("k", seq, h // group, j))
+            touch(("v", seq, h // group, j))
+            heapq.heappush(heap, (t + 1.0, p, i, j + 1))
+        else:
+            touch(("o", seq, h, m), write=True)
+            if i + 1 < len(progs[p]):
+                heapq.heappush(heap, (t, p, i + 1, -1))
+    written += sum(tile for dirty in cache.values() if dirty)
+    return read, written
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--l2-mib", type=float, default=50.0)
@@ -101,6 +168,17 @@ def main() -> None:
             r, w = dram_bytes(*row, sms=args.sms, l2_bytes=int(args.l2_mib * 2**20), walk=walk)
             cells.append(f"{r / 1e6:.0f} + {w / 1e6:.0f}")
         name = f"B{b} H{hq}/{hkv} {s} D{d}{' causal' if causal else ''}"
+        print(f"{name:<34} {floor:>7.0f} {cells[0]:>15} {cells[1]:>15}", flush=True)
+    # the packed batch of `xkernels bench --suite varlen` / varlen_ab.py: 32 sequences of 256-4096 tokens
+    lengths = VarlenCase(32, 256, 4096, 32, 32, 128, False).lengths
+    for hq, hkv, causal in ((32, 32, False), (32, 32, True), (32, 8, False)):
+        floor = (2 * hq + 2 * hkv) * sum(-(-n // 128) * 128 for n in lengths) * 128 * 2 / 1e6
+        cells = []
+        for walk in (0, 1):
+            r, w = varlen_dram_bytes(lengths, hq, hkv, 128, causal, sms=args.sms,
+                                     l2_bytes=int(args.l2_mib * 2**20), walk=walk)
+            cells.append(f"{r / 1e6:.0f} + {w / 1e6:.0f}")
+        name = f"packed 32 x 256-4096 H{hq}/{hkv} D128{' causal' if causal else ''}"
         print(f"{name:<34} {floor:>7.0f} {cells[0]:>15} {cells[1]:>15}", flush=True)
 
 

@@ -476,10 +476,17 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(
                     f"hopper.attention_varlen persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                     hvp.attention_varlen_persistent_kernel,
-                    descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "qk_scale": "fp32"},
+                    descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "UNITS": "*i32",
+                             "qk_scale": "fp32"},
                     constexprs, 4, gluon=True, spill_free=d != 128 and (TRITON_TESTED or not causal),
-                    divisible=("O", "LSE", "CU_Q", "CU_K", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
+                    divisible=("O", "LSE", "CU_Q", "CU_K", "UNITS", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
                                "kv_ch"))
+    from xkernels.common import tile_scheduler
+
+    for pairs in (False, True):  # the head-major walk's unit counts per sequence (walk=1): no matrix instruction
+        yield KernelConfig(f"hopper.attention_varlen persistent unit counts{' (causal pairs)' * pairs}",
+                           tile_scheduler.packed_units_kernel, {"CU_Q": "*i32", "UNITS": "*i32"},
+                           dict(BLOCK_M=128, PAIRS=pairs, BLOCK=1024), 4, matrix_op=None)
 
     from xkernels.hopper import attention_bwd as bwd
     from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS, FUSED_BWD_CONFIGS

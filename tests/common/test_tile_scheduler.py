@@ -2,6 +2,8 @@
 the CPU (on a GPU compiled): each program's tile list equal to a plain-Python statement of the walk, every tile
 exactly once, and the head-major walk's balance and locality."""
 
+import itertools
+
 import pytest
 import torch
 import triton
@@ -9,7 +11,15 @@ import triton.language as tl
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from xkernels.common.tile_scheduler import pairs_pay, tile_of, tiles_of, walk_units
+from xkernels.common.tile_scheduler import (
+    packed_tile,
+    packed_tiles_of,
+    packed_units_kernel,
+    pairs_pay,
+    tile_of,
+    tiles_of,
+    walk_units,
+)
 
 
 @triton.jit
@@ -124,3 +134,66 @@ def test_a_broken_walk_is_caught(device):
         _covers_once([t[:-1] if p == 3 else t for p, t in enumerate(lists)], 32, 4)
     swapped = [[t for a, b in zip(tiles[0::2], tiles[1::2], strict=True) for t in (b, a)] for tiles in lists]
     assert swapped != reference_lists(32, 4, 20, 1, 1, True)
+
+
+@triton.jit
+def _enumerate_packed(CU_Q, UNITS, OUT, COUNT, B, HQ, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, MAX: tl.constexpr):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    count = packed_tiles_of(pid, nprog, UNITS, B, PAIRS)
+    tl.store(COUNT + pid, count)
+    for n in range(0, tl.minimum(count, MAX)):
+        seq, h, block = packed_tile(n, pid, nprog, UNITS, CU_Q, B, BLOCK_M, PAIRS)
+        tl.store(OUT + (pid * MAX + n) * 3, seq)
+        tl.store(OUT + (pid * MAX + n) * 3 + 1, h)
+        tl.store(OUT + (pid * MAX + n) * 3 + 2, block)
+
+
+def packed_lists(lengths, hq, sms, pairs, device, block_m=128):
+    """Each program's (sequence, head, block) tiles from the kernels, absent second tiles dropped."""
+    cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32, device=device)
+    b = len(lengths)
+    units = torch.full((b + 1,), -1, dtype=torch.int32, device=device)
+    packed_units_kernel[(1,)](cu, units, b, hq, BLOCK_M=block_m, PAIRS=pairs, BLOCK=8)
+    blocks = [-(-n // block_m) for n in lengths]
+    per_seq = [hq * ((m + 1) // 2 if pairs else m) for m in blocks]
+    assert units.cpu().tolist() == [0] + list(itertools.accumulate(per_seq)), "unit counts per sequence"
+    total = sum(blocks) * hq
+    out = torch.full((sms, total + 2, 3), -1, dtype=torch.int32, device=device)
+    count = torch.full((sms,), -1, dtype=torch.int32, device=device)
+    _enumerate_packed[(sms,)](cu, units, out, count, b, hq, BLOCK_M=block_m, PAIRS=pairs, MAX=total + 2)
+    out, count = out.cpu(), count.cpu()
+    return [[tuple(int(x) for x in out[p, n]) for n in range(int(count[p])) if out[p, n, 2] < blocks[out[p, n, 0]]]
+            for p in range(sms)]
+
+
+def packed_reference(lengths, hq, sms, pairs, block_m=128):
+    units = []
+    for s, n in enumerate(lengths):
+        m = -(-n // block_m)
+        for h in range(hq):
+            if pairs:
+                units += [[(s, h, m - 1 - j)] + ([(s, h, j)] if j != m - 1 - j else []) for j in range((m + 1) // 2)]
+            else:
+                units += [[(s, h, blk)] for blk in reversed(range(m))]
+    return [[t for u in units[p::sms] for t in u] for p in range(sms)]
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize("lengths,hq,sms", [([300, 0, 129, 1, 640, 0], 4, 7), ([128] * 5, 2, 3), ([0, 0], 2, 4),
+                                            ([1000, 64, 255, 512, 3], 3, 16)])
+def test_packed_walk_deals_real_tiles(device, lengths, hq, sms, pairs):
+    """The packed kernel's WALK 1: unit counts per sequence (empty sequences hold none), each program's tiles as the
+    reference deals them, every (sequence, head, block) tile once; programs past the units run none."""
+    lists = packed_lists(lengths, hq, sms, pairs, device)
+    assert lists == packed_reference(lengths, hq, sms, pairs)
+    want = sorted((s, h, blk) for s, n in enumerate(lengths) for h in range(hq) for blk in range(-(-n // 128)))
+    assert sorted(t for tiles in lists for t in tiles) == want
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lengths=st.lists(st.integers(0, 700), min_size=1, max_size=10), hq=st.integers(1, 4),
+       sms=st.integers(1, 20), pairs=st.booleans())
+def test_packed_walk_any_batch(device, lengths, hq, sms, pairs):
+    lists = packed_lists(lengths, hq, sms, pairs, device)
+    assert lists == packed_reference(lengths, hq, sms, pairs)

@@ -97,3 +97,67 @@ def tile_of(pid, nprog, n, walk, WALK: tl.constexpr):
             bh = (rest // m_blocks) * group + u % group
             m_block = m_blocks - 1 - rest % m_blocks
     return bh, m_block
+
+
+# The packed (varlen) persistent kernel's WALK 1 deals units of real tiles, not tile indices: with indices over
+# B * m_blocks * Hq (m_blocks from the longest sequence), a short sequence's few real tiles fall on a few programs,
+# and the programs drift apart through the list, so the tiles running at one time spread over dozens of (sequence,
+# head) pairs whatever the order. Units: a query block of a head (full masks), or a pair of blocks m_blocks - 1 - j
+# and j (causal: bottom-right, every pair of a sequence costs the same) and a middle block; a sequence's units are
+# head-major, and `packed_units_kernel` counts them per sequence on the device (the kernel then finds a unit's
+# sequence by a binary search of those counts).
+
+
+@triton.jit
+def packed_units_kernel(CU_Q, UNITS, B, HQ, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr):
+    """UNITS (B + 1 int32): the units of the sequences before each one, UNITS[B] all of them (one program)."""
+    tl.store(UNITS, 0)
+    carry = B * 0
+    for start in range(0, B, BLOCK):
+        i = start + tl.arange(0, BLOCK)
+        inside = i < B
+        sq = tl.load(CU_Q + i + 1, mask=inside, other=0) - tl.load(CU_Q + i, mask=inside, other=0)
+        blocks = (tl.maximum(sq, 0) + BLOCK_M - 1) // BLOCK_M
+        if PAIRS:
+            blocks = (blocks + 1) // 2
+        cum = tl.cumsum(blocks * HQ, 0) + carry
+        tl.store(UNITS + 1 + i, cum, mask=inside)
+        carry = tl.max(tl.where(inside, cum, 0), 0)
+
+
+@triton.jit
+def packed_tiles_of(pid, nprog, UNITS, B, PAIRS: tl.constexpr):
+    """How many tiles program `pid` of `nprog` runs in the packed WALK 1 (with PAIRS two per unit, the second of a
+    middle block's unit absent: `packed_tile` says so)."""
+    count = (tl.load(UNITS + B) - pid + nprog - 1) // nprog
+    if PAIRS:
+        count = 2 * count
+    return count
+
+
+@triton.jit
+def packed_tile(n, pid, nprog, UNITS, CU_Q, B, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr):
+    """(sequence, query head, query block) of the n-th tile program `pid` runs in the packed WALK 1; the block is
+    the sequence's block count (past its end: no tile) for the absent second tile of a middle block's unit."""
+    if PAIRS:
+        unit = pid + (n // 2) * nprog
+    else:
+        unit = pid + n * nprog
+    lo = B * 0  # UNITS[lo] <= unit < UNITS[hi]: the unit's sequence is the last lo with UNITS[lo] <= unit
+    hi = B
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        below = tl.load(UNITS + mid) <= unit
+        lo = tl.where(below, mid, lo)
+        hi = tl.where(below, hi, mid)
+    r = unit - tl.load(UNITS + lo)
+    blocks = (tl.load(CU_Q + lo + 1) - tl.load(CU_Q + lo) + BLOCK_M - 1) // BLOCK_M
+    if PAIRS:
+        per_head = (blocks + 1) // 2
+        h = r // per_head
+        j = r % per_head
+        block = tl.where(n % 2 == 0, blocks - 1 - j, tl.where(j == blocks - 1 - j, blocks, j))
+    else:
+        h = r // blocks
+        block = blocks - 1 - r % blocks
+    return lo, h, block

@@ -6,9 +6,9 @@ barrier setup, the first Q and K latencies) for a few key tiles; here the grid i
 walks the same static list of B * m_blocks * Hq tiles (m_blocks from max_seqlen_q), sequence-major so a sequence's
 K/V stay in L2 while its heads run. Inside a sequence (config `walk`): 0, longest query blocks first with heads
 fastest, so the programs running at one time cover every head of a few query blocks (a long sequence's K/V for all
-heads, 64 MiB at 4K keys, H32 D128, streams again for every few blocks); 1, head-major, a head's query blocks
-consecutive (longest first, rotated by the head), so they run side by side on one head's K/V. A tile past its
-sequence's end is skipped by
+heads, 64 MiB at 4K keys, H32 D128, streams again for every few blocks); 1, units of real tiles dealt head-major
+(`common/tile_scheduler.py`: a head's blocks, or causal pairs of them, side by side on one head's K/V; no tile past
+a sequence's end, so the programs do not drift apart). A tile past its sequence's end (WALK 0) is skipped by
 every partition alike (each reads cu_seqlens); a tile whose rows see no key (Sk = 0, or causal with Sq > Sk) loads
 nothing: its consumers store O = 0 and LSE = -inf directly. The walk is a plain `for` over the list in every
 partition; the consumers chain tiles from the next tile's side (`_consumer`), so none scans ahead.
@@ -36,6 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 )
 
 from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
+from xkernels.common.tile_scheduler import packed_tile, packed_tiles_of
 from xkernels.hopper import configs
 from xkernels.hopper.attention_fwd import (
     _key_steps,
@@ -56,22 +57,38 @@ WG_ROWS = gl.constexpr(configs.WG_ROWS)
 
 
 @gluon.jit
-def _work(tile, CU_Q, CU_K, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          WALK: gl.constexpr):
-    """Tile `tile` of the walk (n_tiles, m_blocks, HQ) in order WALK (module docstring): (h, q0, SQ, k0, SKV,
-    start_m, diag, full_hi, hi); the tile exists when start_m < SQ and loads keys when hi > 0."""
-    m_blocks = walk[1]
-    HQ = walk[2]
-    per_seq = m_blocks * HQ
-    b = tile // per_seq
-    r = tile % per_seq
+def _walk_range(UNITS, walk, CAUSAL: gl.constexpr, WALK: gl.constexpr):
+    """(start, stop, step) of this program's loop: WALK 0, over the list's tile indices (past a sequence's end
+    included); WALK 1, over the n-th tiles of its units."""
     if WALK == 0:
+        start = gl.program_id(0)
+        stop = walk[0]
+        step = gl.num_programs(0)
+    else:
+        start = 0
+        stop = packed_tiles_of(gl.program_id(0), gl.num_programs(0), UNITS, walk[0] // (walk[1] * walk[2]), CAUSAL)
+        step = 1
+    return start, stop, step
+
+
+@gluon.jit
+def _work(n, CU_Q, CU_K, UNITS, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+          WALK: gl.constexpr):
+    """Tile n of the walk (n_tiles, m_blocks, HQ) in order WALK (module docstring; WALK 0: the list's n-th, WALK 1:
+    this program's n-th): (h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi); the tile exists when start_m < SQ and
+    loads keys when hi > 0."""
+    if WALK == 0:
+        m_blocks = walk[1]
+        HQ = walk[2]
+        tile = n
+        b = tile // (m_blocks * HQ)
+        r = tile % (m_blocks * HQ)
         h = r % HQ
         start_m = (m_blocks - 1 - r // HQ) * BLOCK_M
-    else:  # a head's blocks longest first, rotated by the head: a short sequence's few blocks, at the end of each
-        # head's run, would otherwise land every m_blocks tiles, on the programs of one residue class
-        h = r // m_blocks
-        start_m = (m_blocks - 1 - (r % m_blocks + h) % m_blocks) * BLOCK_M
+    else:
+        b, h, block = packed_tile(n, gl.program_id(0), gl.num_programs(0), UNITS, CU_Q,
+                                  walk[0] // (walk[1] * walk[2]), BLOCK_M, CAUSAL)
+        start_m = block * BLOCK_M
     q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
     diag = SKV - SQ  # bottom-right: row i's last key is i + diag
     full_hi, hi = kv_bounds_shifted(start_m, diag, SKV, BLOCK_M, BLOCK_N, CAUSAL)
@@ -79,13 +96,15 @@ def _work(tile, CU_Q, CU_K, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, 
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, at, walk, GROUP,
+def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, UNITS, at, walk, GROUP,
               BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, WALK: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     it = 0
     done = 0
-    for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
-        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL, WALK)
+    start, stop, step = _walk_range(UNITS, walk, CAUSAL, WALK)
+    for tile in range(start, stop, step):
+        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, UNITS, walk, BLOCK_M, BLOCK_N, CAUSAL,
+                                                               WALK)
         if (start_m < SQ) & (hi > 0):
             slot = done % 2
             mbarrier.wait(q_free.index(slot), ((done // 2) & 1) ^ 1)  # each slot's first tile passes at once
@@ -171,7 +190,8 @@ def _tail_ready(WG: gl.constexpr, v_tile, valid, v_zeroed, tile_n, HEAD_DIM: gl.
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
+def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st,
+              o_sh,
               lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
               NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr, WALK: gl.constexpr):
@@ -206,8 +226,10 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
     p_tail = gl.to_tensor(0)  # rows of its last V tile inside the sequence (BLOCK_N: all)
     it = gl.to_tensor(0)
     n = gl.to_tensor(0)
-    for tile in range(gl.program_id(0), walk[0], gl.num_programs(0)):
-        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, walk, BLOCK_M, BLOCK_N, CAUSAL, WALK)
+    start, stop, step = _walk_range(UNITS, walk, CAUSAL, WALK)
+    for tile in range(start, stop, step):
+        h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, UNITS, walk, BLOCK_M, BLOCK_N, CAUSAL,
+                                                               WALK)
         row0 = start_m + WG * WG_ROWS
         if (start_m < SQ) & (hi == 0) & (row0 < SQ):  # rows that see no key: nothing loaded
             _store_empty(WG, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM, WRITE_LSE)
@@ -276,14 +298,16 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_f
 
 
 @gluon.jit(do_not_specialize=["GROUP", "n_tiles", "m_blocks", "HQ"])
-def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, q_rh, q_ch, kv_rh, kv_ch, o_st,
-                                       o_sh, lse_sh, GROUP, n_tiles, m_blocks, HQ, qk_scale, HEAD_DIM: gl.constexpr,
-                                       BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
-                                       POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, NUM_WG: gl.constexpr,
-                                       ACC16: gl.constexpr, WRITE_LSE: gl.constexpr, CHAIN: gl.constexpr = True,
-                                       ZERO_TAIL: gl.constexpr = 2, WALK: gl.constexpr = 0):
+def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, UNITS, q_rh, q_ch, kv_rh, kv_ch,
+                                       o_st, o_sh, lse_sh, GROUP, n_tiles, m_blocks, HQ, qk_scale,
+                                       HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                       CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr,
+                                       NUM_WG: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
+                                       CHAIN: gl.constexpr = True, ZERO_TAIL: gl.constexpr = 2,
+                                       WALK: gl.constexpr = 0):
     """q (total_q, Hq, D), k and v (total_k, Hkv, D) through descriptors over their 2-D views (a head's rows start
-    at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides; LSE (Hq, total_q)."""
+    at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides; LSE (Hq, total_q);
+    UNITS (B + 1) the units before each sequence (WALK 1, `tile_scheduler.packed_units_kernel`; else not read)."""
     at = (q_rh, q_ch, kv_rh, kv_ch)
     walk = (n_tiles, m_blocks, HQ)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
@@ -297,14 +321,14 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     producer_regs: gl.constexpr = producer_registers(NUM_WG, False, 8)
     gl.static_assert(NUM_WG == 2, "two consumer warpgroups")
     gl.warp_specialize([
-        (_consumer, (0, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
+        (_consumer, (0, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
                      lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
                      CHAIN, ZERO_TAIL, WALK)),
-        (_consumer, (1, O, LSE, CU_Q, CU_K, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
+        (_consumer, (1, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
                      lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
                      CHAIN, ZERO_TAIL, WALK)),
-        (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, at, walk, GROUP,
-                     BLOCK_N, CAUSAL, NUM_WG, WALK))], [4, 1], [regs, producer_regs])
+        (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, UNITS, at, walk,
+                     GROUP, BLOCK_N, CAUSAL, NUM_WG, WALK))], [4, 1], [regs, producer_regs])
 
 
 def packed_view(t: torch.Tensor):
