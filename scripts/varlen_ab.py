@@ -2,8 +2,9 @@
 D64/D128, full and causal), device time from CUDA-graph replay (no host read of cu_seqlens happens under capture),
 against SDPA-cuDNN on the batch padded to its longest sequence, in the same process: the per-sequence kernel
 (`hopper:persistent=0`), the persistent one as shipped (`hopper:persistent=2`: V's tail rows zeroed by warpgroup 0
-alone behind a barrier), the same on the head-major walk (`walk=1`: a head's query blocks side by side on its K/V),
-optionally with both warpgroups zeroing unsynchronized (`--zero-tail-1`, ZERO_TAIL=1), and the default's pick.
+alone behind a barrier), the same on the head-major walk (`walk=1`: units of real tiles, a head's blocks or causal
+pairs of them, dealt round-robin), optionally with both warpgroups zeroing unsynchronized (`--zero-tail-1`,
+ZERO_TAIL=1), and the default's pick.
 Each output is compared bitwise with the per-sequence kernel's first (the same per-row arithmetic in another order).
 
     python scripts/varlen_ab.py --json varlen_ab.json [--md varlen_ab.md] [--rounds 3]
