@@ -471,6 +471,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                        f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
                 _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
                                                       positive_scale=True, write_lse=True, cfg=ac)
+                if ac.walk:  # causal: the pairs the walk deals past one round of tiles (`packed_pairs_pay`)
+                    constexprs = constexprs | {"PAIRS": causal}
                 # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the
                 # key loop (triton 3.9, compiled, never run: 136-344 bytes); on 3.9 the D64 causal variants reload 8
                 yield KernelConfig(
@@ -486,7 +488,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
     for pairs in (False, True):  # the head-major walk's unit counts per sequence (walk=1): no matrix instruction
         yield KernelConfig(f"hopper.attention_varlen persistent unit counts{' (causal pairs)' * pairs}",
                            tile_scheduler.packed_units_kernel, {"CU_Q": "*i32", "UNITS": "*i32"},
-                           dict(BLOCK_M=128, PAIRS=pairs, BLOCK=1024), 4, matrix_op=None)
+                           dict(BLOCK_M=128, PAIRS=pairs, BLOCK=tile_scheduler.PACKED_UNITS_BLOCK), 4, matrix_op=None)
 
     from xkernels.hopper import attention_bwd as bwd
     from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS, FUSED_BWD_CONFIGS

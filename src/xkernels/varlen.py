@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from xkernels import plans, select
 from xkernels.common import launch
@@ -147,12 +146,13 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     (_, _, (_, q_rh, q_ch)), (_, _, (_, kv_rh, kv_ch)) = hvp.packed_view(q), hvp.packed_view(k)
     units = cu_seqlens_q  # not read unless the walk deals units of real tiles (walk 1), counted here on the device
     if cfg.walk:
-        from xkernels.common.tile_scheduler import packed_units_kernel
+        from xkernels.common import tile_scheduler as ts
 
+        pairs = ts.packed_pairs_pay(is_causal, hq, total_q, cfg.block_m, sm_count(q.device.index))
+        constexprs = constexprs | {"PAIRS": pairs}
         units = torch.empty(batch + 1, dtype=torch.int32, device=q.device)
-        launch.run(packed_units_kernel, 1, (cu_seqlens_q, units, batch, hq),
-                   dict(BLOCK_M=cfg.block_m, PAIRS=is_causal, BLOCK=max(16, min(1024, triton.next_power_of_2(batch)))),
-                   dict(num_warps=4))
+        launch.run(ts.packed_units_kernel, 1, (cu_seqlens_q, units, batch, hq),
+                   dict(BLOCK_M=cfg.block_m, PAIRS=pairs, BLOCK=ts.PACKED_UNITS_BLOCK), dict(num_warps=4))
     args = (*hvp.descriptors(q, k, v, block_n=cfg.block_n), out, out if lse is None else lse, cu_seqlens_q,
             cu_seqlens_k, units, q_rh, q_ch, kv_rh, kv_ch, *out.stride()[:2], total_q if lse is not None else 0,
             hq // k.shape[1], *walk, qk_scale)

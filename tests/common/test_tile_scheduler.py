@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xkernels.common.tile_scheduler import (
+    packed_pairs_pay,
     packed_tile,
     packed_tiles_of,
     packed_units_kernel,
@@ -163,17 +164,18 @@ def packed_lists(lengths, hq, sms, pairs, device, block_m=128):
     count = torch.full((sms,), -1, dtype=torch.int32, device=device)
     _enumerate_packed[(sms,)](cu, units, out, count, b, hq, BLOCK_M=block_m, PAIRS=pairs, MAX=total + 2)
     out, count = out.cpu(), count.cpu()
-    return [[tuple(int(x) for x in out[p, n]) for n in range(int(count[p])) if out[p, n, 2] < blocks[out[p, n, 0]]]
-            for p in range(sms)]
+    return [[tuple(int(x) for x in out[p, n]) for n in range(int(count[p]))] for p in range(sms)]
 
 
 def packed_reference(lengths, hq, sms, pairs, block_m=128):
+    """Each program's tiles as the module states the deal; the absent second tile of a middle block's unit as
+    (sequence, head, block count), which the kernels skip (its rows start past the sequence)."""
     units = []
     for s, n in enumerate(lengths):
         m = -(-n // block_m)
         for h in range(hq):
             if pairs:
-                units += [[(s, h, m - 1 - j)] + ([(s, h, j)] if j != m - 1 - j else []) for j in range((m + 1) // 2)]
+                units += [[(s, h, m - 1 - j), (s, h, j if j != m - 1 - j else m)] for j in range((m + 1) // 2)]
             else:
                 units += [[(s, h, blk)] for blk in reversed(range(m))]
     return [[t for u in units[p::sms] for t in u] for p in range(sms)]
@@ -188,7 +190,19 @@ def test_packed_walk_deals_real_tiles(device, lengths, hq, sms, pairs):
     lists = packed_lists(lengths, hq, sms, pairs, device)
     assert lists == packed_reference(lengths, hq, sms, pairs)
     want = sorted((s, h, blk) for s, n in enumerate(lengths) for h in range(hq) for blk in range(-(-n // 128)))
-    assert sorted(t for tiles in lists for t in tiles) == want
+    assert sorted(t for tiles in lists for t in tiles if t[2] < -(-lengths[t[0]] // 128)) == want
+
+
+def test_packed_unit_counts_over_many_steps(device):
+    """More sequences than a step of the count holds (the test's BLOCK is 8): the sum carries across steps."""
+    lengths = [(37 * i) % 300 for i in range(45)]
+    assert packed_lists(lengths, 3, 11, True, device) == packed_reference(lengths, 3, 11, True)
+
+
+def test_packed_pairs_only_past_one_round():
+    assert packed_pairs_pay(True, 32, 4096, 128, 132)  # 1024 tiles at least
+    assert not packed_pairs_pay(True, 8, 1024, 128, 132)  # 64 tiles: one round, pairs would idle half the SMs
+    assert not packed_pairs_pay(False, 32, 1 << 20, 128, 132)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -68,3 +68,29 @@ def test_a_neighbours_inf_does_not_reach_a_sequence(causal):
     assert "persistent" in name, name
     ref_o, _ = reference_attention_varlen(q[:100], k[:100], v[:100], cq[:2], ck[:2], is_causal=causal)
     assert compare_attention(o[:100], ref_o, ATTENTION_RECIPES["bf16"]).passed
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lens", [[1000], [1 + i % 3 for i in range(1100)], [700] * 3 + [5] * 300])
+def test_head_major_walk_batches(causal, lens):
+    """The unit deal (`walk=1`) on one sequence (32 units: most programs have none), on more sequences than a step
+    of the unit count (1100 of 1-3 tokens: its sum carried over steps), and on long and short sequences whose causal
+    calls pair blocks: float64 and bitwise against the per-sequence kernel."""
+    q, k, v, cq, ck = packed(lens, lens, 4, 2, 128, torch.bfloat16, "cuda", seed=len(lens))
+    o, lse, name = _run(q, k, v, cq, ck, causal, backend="hopper:walk=1")
+    assert "persistent" in name and "-hm" in name, name
+    ref_o, _ = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
+    assert compare_attention(o, ref_o, ATTENTION_RECIPES["bf16"]).passed
+    o_seq, lse_seq, _ = _run(q, k, v, cq, ck, causal, backend="hopper:persistent=0")
+    assert torch.equal(o, o_seq) and torch.equal(lse, lse_seq)
+
+
+def test_head_major_walk_bad_call_is_nan():
+    """cu_seqlens that break a check, with sync_checks=False: every output NaN on the unit deal too (its counts
+    come from the zeroed copy: no tile runs)."""
+    q, k, v, cq, ck = packed([200, 100], [200, 100], 4, 4, 128, torch.bfloat16, "cuda", seed=9)
+    bad = cq.clone()
+    bad[1] = 250  # past cu_seqlens[2]: decreasing
+    o = xkernels.attention_varlen(q, k, v, bad, ck, 300, 300, is_causal=True, sync_checks=False,
+                                  backend="hopper:walk=1")
+    assert torch.isnan(o).all()

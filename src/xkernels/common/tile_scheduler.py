@@ -102,13 +102,21 @@ def tile_of(pid, nprog, n, walk, WALK: tl.constexpr):
 # The packed (varlen) persistent kernel's WALK 1 deals units of real tiles, not tile indices: with indices over
 # B * m_blocks * Hq (m_blocks from the longest sequence), a short sequence's few real tiles fall on a few programs,
 # and the programs drift apart through the list, so the tiles running at one time spread over dozens of (sequence,
-# head) pairs whatever the order. Units: a query block of a head (full masks), or a pair of blocks m_blocks - 1 - j
-# and j (causal: bottom-right, every pair of a sequence costs the same) and a middle block; a sequence's units are
-# head-major, and `packed_units_kernel` counts them per sequence on the device (the kernel then finds a unit's
-# sequence by a binary search of those counts).
+# head) pairs whatever the order. Units: a query block of a head, or with pairs (causal calls of more tiles than
+# programs, `packed_pairs_pay`) blocks m_blocks - 1 - j and j together and a middle block (bottom-right causal: the
+# pairs of a sequence cost the same where Sk >= Sq); a sequence's units are head-major, and `packed_units_kernel`
+# counts them per sequence on the device (the kernel then finds a unit's sequence by a binary search of those
+# counts).
+PACKED_UNITS_BLOCK = 256  # sequences per step of the count (any batch: the loop carries the sum)
 
 
-@triton.jit
+def packed_pairs_pay(causal: bool, heads: int, total_q: int, block_m: int, sms: int) -> bool:
+    """Whether the packed WALK 1 pairs blocks: `pairs_pay`'s rule, with heads * ceil(total_q / block_m) (at most the
+    batch's real tiles) for its tile count."""
+    return causal and heads * -(-total_q // block_m) > sms
+
+
+@triton.jit(do_not_specialize=["B", "HQ"])
 def packed_units_kernel(CU_Q, UNITS, B, HQ, BLOCK_M: tl.constexpr, PAIRS: tl.constexpr, BLOCK: tl.constexpr):
     """UNITS (B + 1 int32): the units of the sequences before each one, UNITS[B] all of them (one program)."""
     tl.store(UNITS, 0)
@@ -120,9 +128,9 @@ def packed_units_kernel(CU_Q, UNITS, B, HQ, BLOCK_M: tl.constexpr, PAIRS: tl.con
         blocks = (tl.maximum(sq, 0) + BLOCK_M - 1) // BLOCK_M
         if PAIRS:
             blocks = (blocks + 1) // 2
-        cum = tl.cumsum(blocks * HQ, 0) + carry
-        tl.store(UNITS + 1 + i, cum, mask=inside)
-        carry = tl.max(tl.where(inside, cum, 0), 0)
+        units = tl.where(inside, blocks * HQ, 0)
+        tl.store(UNITS + 1 + i, tl.cumsum(units, 0) + carry, mask=inside)
+        carry += tl.sum(units, 0)
 
 
 @triton.jit

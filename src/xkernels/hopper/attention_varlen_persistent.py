@@ -57,7 +57,7 @@ WG_ROWS = gl.constexpr(configs.WG_ROWS)
 
 
 @gluon.jit
-def _walk_range(UNITS, walk, CAUSAL: gl.constexpr, WALK: gl.constexpr):
+def _walk_range(UNITS, walk, PAIRS: gl.constexpr, WALK: gl.constexpr):
     """(start, stop, step) of this program's loop: WALK 0, over the list's tile indices (past a sequence's end
     included); WALK 1, over the n-th tiles of its units."""
     if WALK == 0:
@@ -66,14 +66,14 @@ def _walk_range(UNITS, walk, CAUSAL: gl.constexpr, WALK: gl.constexpr):
         step = gl.num_programs(0)
     else:
         start = 0
-        stop = packed_tiles_of(gl.program_id(0), gl.num_programs(0), UNITS, walk[0] // (walk[1] * walk[2]), CAUSAL)
+        stop = packed_tiles_of(gl.program_id(0), gl.num_programs(0), UNITS, walk[0] // (walk[1] * walk[2]), PAIRS)
         step = 1
     return start, stop, step
 
 
 @gluon.jit
 def _work(n, CU_Q, CU_K, UNITS, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-          WALK: gl.constexpr):
+          WALK: gl.constexpr, PAIRS: gl.constexpr):
     """Tile n of the walk (n_tiles, m_blocks, HQ) in order WALK (module docstring; WALK 0: the list's n-th, WALK 1:
     this program's n-th): (h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi); the tile exists when start_m < SQ and
     loads keys when hi > 0."""
@@ -87,7 +87,7 @@ def _work(n, CU_Q, CU_K, UNITS, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
         start_m = (m_blocks - 1 - r // HQ) * BLOCK_M
     else:
         b, h, block = packed_tile(n, gl.program_id(0), gl.num_programs(0), UNITS, CU_Q,
-                                  walk[0] // (walk[1] * walk[2]), BLOCK_M, CAUSAL)
+                                  walk[0] // (walk[1] * walk[2]), BLOCK_M, PAIRS)
         start_m = block * BLOCK_M
     q0, SQ, k0, SKV = sequence_bounds(CU_Q, CU_K, b)
     diag = SKV - SQ  # bottom-right: row i's last key is i + diag
@@ -97,14 +97,15 @@ def _work(n, CU_Q, CU_K, UNITS, walk, BLOCK_M: gl.constexpr, BLOCK_N: gl.constex
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, UNITS, at, walk, GROUP,
-              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, WALK: gl.constexpr):
+              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, NUM_WG: gl.constexpr, WALK: gl.constexpr,
+              PAIRS: gl.constexpr):
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     it = 0
     done = 0
-    start, stop, step = _walk_range(UNITS, walk, CAUSAL, WALK)
+    start, stop, step = _walk_range(UNITS, walk, PAIRS, WALK)
     for tile in range(start, stop, step):
         h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, UNITS, walk, BLOCK_M, BLOCK_N, CAUSAL,
-                                                               WALK)
+                                                               WALK, PAIRS)
         if (start_m < SQ) & (hi > 0):
             slot = done % 2
             mbarrier.wait(q_free.index(slot), ((done // 2) & 1) ^ 1)  # each slot's first tile passes at once
@@ -194,7 +195,8 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_rea
               o_sh,
               lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr, WALK: gl.constexpr):
+              NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr, WALK: gl.constexpr,
+              PAIRS: gl.constexpr):
     """`attention_persistent._consumer_chained` on the varlen walk, written from the next tile's side: a loaded tile
     starts by issuing its first QK^T together with the last P.V of the tile before it (pending), runs its first
     softmax under that P.V, then stores the pending tile's O; the program's last tile ends alone after the walk. The
@@ -226,10 +228,10 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_rea
     p_tail = gl.to_tensor(0)  # rows of its last V tile inside the sequence (BLOCK_N: all)
     it = gl.to_tensor(0)
     n = gl.to_tensor(0)
-    start, stop, step = _walk_range(UNITS, walk, CAUSAL, WALK)
+    start, stop, step = _walk_range(UNITS, walk, PAIRS, WALK)
     for tile in range(start, stop, step):
         h, q0, SQ, k0, SKV, start_m, diag, full_hi, hi = _work(tile, CU_Q, CU_K, UNITS, walk, BLOCK_M, BLOCK_N, CAUSAL,
-                                                               WALK)
+                                                               WALK, PAIRS)
         row0 = start_m + WG * WG_ROWS
         if (start_m < SQ) & (hi == 0) & (row0 < SQ):  # rows that see no key: nothing loaded
             _store_empty(WG, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM, WRITE_LSE)
@@ -304,10 +306,11 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
                                        CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr,
                                        NUM_WG: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
                                        CHAIN: gl.constexpr = True, ZERO_TAIL: gl.constexpr = 2,
-                                       WALK: gl.constexpr = 0):
+                                       WALK: gl.constexpr = 0, PAIRS: gl.constexpr = False):
     """q (total_q, Hq, D), k and v (total_k, Hkv, D) through descriptors over their 2-D views (a head's rows start
     at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides; LSE (Hq, total_q);
-    UNITS (B + 1) the units before each sequence (WALK 1, `tile_scheduler.packed_units_kernel`; else not read)."""
+    UNITS (B + 1) the units before each sequence (WALK 1, `tile_scheduler.packed_units_kernel`, with PAIRS causal
+    blocks paired as it counted them; else not read)."""
     at = (q_rh, q_ch, kv_rh, kv_ch)
     walk = (n_tiles, m_blocks, HQ)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
@@ -323,12 +326,12 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     gl.warp_specialize([
         (_consumer, (0, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
                      lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                     CHAIN, ZERO_TAIL, WALK)),
+                     CHAIN, ZERO_TAIL, WALK, PAIRS)),
         (_consumer, (1, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
                      lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                     CHAIN, ZERO_TAIL, WALK)),
+                     CHAIN, ZERO_TAIL, WALK, PAIRS)),
         (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, UNITS, at, walk,
-                     GROUP, BLOCK_N, CAUSAL, NUM_WG, WALK))], [4, 1], [regs, producer_regs])
+                     GROUP, BLOCK_N, CAUSAL, NUM_WG, WALK, PAIRS))], [4, 1], [regs, producer_regs])
 
 
 def packed_view(t: torch.Tensor):
