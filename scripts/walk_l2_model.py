@@ -47,10 +47,9 @@ def programs_tiles(b, hq, hkv, s, d, causal, sms, walk):
     return [[t for u in order[p::grid] for t in u] for p in range(grid)], group, m_blocks
 
 
-def dram_bytes(b, hq, hkv, s, d, causal, *, sms, l2_bytes, walk) -> tuple[float, float]:
-    """(DRAM bytes read, written) of one call in the model."""
-    progs, group, m_blocks = programs_tiles(b, hq, hkv, s, d, causal, sms, walk)
-    tile = 128 * d * 2  # a Q/O tile of 128 rows, a K/V tile of 128 keys
+def replay(progs, group: int, keys_of, tile: int, l2_bytes: int) -> tuple[float, float]:
+    """(DRAM bytes read, written): each program's (sequence, head, block) tiles in simulated time (a unit per key
+    tile; `keys_of(sequence, block)` key tiles each), every tile's Q, K, V and O through an LRU of `l2_bytes`."""
     cache: OrderedDict = OrderedDict()  # key -> dirty
     read = written = 0
 
@@ -67,25 +66,30 @@ def dram_bytes(b, hq, hkv, s, d, causal, *, sms, l2_bytes, walk) -> tuple[float,
             written += tile if dirty else 0
 
     # events: (time, program, tile index, key tile index or -1 for the tile's start)
-    heap = [(0.0, p, 0, -1) for p in range(len(progs))]
+    heap = [(0.0, p, 0, -1) for p in range(len(progs)) if progs[p]]
     while heap:
         t, p, i, j = heapq.heappop(heap)
-        bh, m = progs[p][i]
-        hk = bh // group
-        keys = m + 1 if causal else m_blocks
+        seq, h, m = progs[p][i]
         if j == -1:
-            touch(("q", bh, m))
+            touch(("q", seq, h, m))
             heapq.heappush(heap, (t, p, i, 0))
-        elif j < keys:
-            touch(("k", hk, j))
-            touch(("v", hk, j))
+        elif j < keys_of(seq, m):
+            touch(("k", seq, h // group, j))
+            touch(("v", seq, h // group, j))
             heapq.heappush(heap, (t + 1.0, p, i, j + 1))
         else:
-            touch(("o", bh, m), write=True)
+            touch(("o", seq, h, m), write=True)
             if i + 1 < len(progs[p]):
                 heapq.heappush(heap, (t, p, i + 1, -1))
     written += sum(tile for dirty in cache.values() if dirty)
     return read, written
+
+
+def dram_bytes(b, hq, hkv, s, d, causal, *, sms, l2_bytes, walk) -> tuple[float, float]:
+    """(DRAM bytes read, written) of one call in the model (a Q/O tile of 128 rows, a K/V tile of 128 keys)."""
+    progs, group, m_blocks = programs_tiles(b, hq, hkv, s, d, causal, sms, walk)
+    return replay([[(0, bh, m) for bh, m in tiles] for tiles in progs], group,
+                  lambda seq, m: m + 1 if causal else m_blocks, 128 * d * 2, l2_bytes)
 
 
 def varlen_programs(lengths, hq, sms, walk, causal):
@@ -115,42 +119,10 @@ def varlen_programs(lengths, hq, sms, walk, causal):
 
 
 def varlen_dram_bytes(lengths, hq, hkv, d, causal, *, sms, l2_bytes, walk) -> tuple[float, float]:
-    """(DRAM bytes read, written) of a packed call in the model (K/V tiles keyed by sequence, KV head, key tile)."""
+    """(DRAM bytes read, written) of a packed call in the model."""
     progs = varlen_programs(lengths, hq, sms, walk, causal)
-    group, tile = hq // hkv, 128 * d * 2
-    cache: OrderedDict = OrderedDict()
-    read = written = 0
-
-    def touch(key, write=False):
-        nonlocal read, written
-        if key in cache:
-            cache.move_to_end(key)
-            cache[key] = cache[key] or write
-        else:
-            read += 0 if write else tile
-            cache[key] = write
-        while len(cache) * tile > l2_bytes:
-            _, dirty = cache.popitem(last=False)
-            written += tile if dirty else 0
-
-    heap = [(0.0, p, 0, -1) for p in range(len(progs)) if progs[p]]
-    while heap:
-        t, p, i, j = heapq.heappop(heap)
-        seq, h, m = progs[p][i]
-        keys = m + 1 if causal else -(-lengths[seq] // 128)
-        if j == -1:
-            touch(("q", seq, h, m))
-            heapq.heappush(heap, (t, p, i, 0))
-        elif j < keys:
-            touch(("k", seq, h // group, j))
-            touch(("v", seq, h // group, j))
-            heapq.heappush(heap, (t + 1.0, p, i, j + 1))
-        else:
-            touch(("o", seq, h, m), write=True)
-            if i + 1 < len(progs[p]):
-                heapq.heappush(heap, (t, p, i + 1, -1))
-    written += sum(tile for dirty in cache.values() if dirty)
-    return read, written
+    return replay(progs, hq // hkv, lambda seq, m: m + 1 if causal else -(-lengths[seq] // 128), 128 * d * 2,
+                  l2_bytes)
 
 
 def main() -> None:
