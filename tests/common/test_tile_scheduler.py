@@ -159,11 +159,12 @@ def packed_lists(lengths, hq, sms, pairs, device, block_m=128):
     blocks = [-(-n // block_m) for n in lengths]
     per_seq = [hq * ((m + 1) // 2 if pairs else m) for m in blocks]
     assert units.cpu().tolist() == [0] + list(itertools.accumulate(per_seq)), "unit counts per sequence"
-    total = sum(blocks) * hq
-    out = torch.full((sms, total + 2, 3), -1, dtype=torch.int32, device=device)
+    most = 2 * sum(blocks) * hq + 1  # a program's tiles: at most every tile, each with an absent partner
+    out = torch.full((sms, most, 3), -1, dtype=torch.int32, device=device)
     count = torch.full((sms,), -1, dtype=torch.int32, device=device)
-    _enumerate_packed[(sms,)](cu, units, out, count, b, hq, BLOCK_M=block_m, PAIRS=pairs, MAX=total + 2)
+    _enumerate_packed[(sms,)](cu, units, out, count, b, hq, BLOCK_M=block_m, PAIRS=pairs, MAX=most)
     out, count = out.cpu(), count.cpu()
+    assert 0 <= int(count.min()) and int(count.max()) <= most
     return [[tuple(int(x) for x in out[p, n]) for n in range(int(count[p]))] for p in range(sms)]
 
 
