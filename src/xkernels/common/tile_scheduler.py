@@ -111,9 +111,9 @@ PACKED_UNITS_BLOCK = 256  # sequences per step of the count (any batch: the loop
 
 
 def packed_pairs_pay(causal: bool, heads: int, total_q: int, block_m: int, sms: int) -> bool:
-    """Whether the packed WALK 1 pairs blocks: `pairs_pay`'s rule, with heads * ceil(total_q / block_m) (at most the
-    batch's real tiles) for its tile count."""
-    return causal and heads * -(-total_q // block_m) > sms
+    """Whether the packed WALK 1 pairs blocks: `pairs_pay` with the batch's rows as one sequence, whose
+    heads * ceil(total_q / block_m) tiles are at most the batch's real ones."""
+    return pairs_pay(causal, -(-total_q // block_m), heads, sms)
 
 
 @triton.jit(do_not_specialize=["B", "HQ"])

@@ -192,8 +192,7 @@ def _tail_ready(WG: gl.constexpr, v_tile, valid, v_zeroed, tile_n, HEAD_DIM: gl.
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st,
-              o_sh,
-              lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+              o_sh, lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
               POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
               NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr, WALK: gl.constexpr,
               PAIRS: gl.constexpr):
