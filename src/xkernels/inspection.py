@@ -391,11 +391,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_persistent as persistent
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # every recipe, bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on the head-major pair
-        # walk (opt-in: `walk=1`)
+        # every recipe, bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on the L2-chunk walk
+        # (by override: `walk=0`)
         for recipe, cfg in ([(r, ac) for r in ATTENTION_RECIPES.values()]
                             + [(bf16io, dataclasses.replace(ac, v_pass=1)),
-                               (ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=1))]):
+                               (ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0))]):
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
             for causal in (False, True):
@@ -454,11 +454,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_varlen_persistent as hvp
 
     for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # bf16io only with V converted by a pass (opt-in: `hopper:v_pass=1`), bf16 on the head-major walk (opt-in:
-        # `walk=1`); D256 has no chained tiles
+        # bf16io only with V converted by a pass (`hopper:v_pass=1`), bf16 on the L2-chunk walk (by override:
+        # `walk=0`); D256 has no chained tiles
         for recipe, ac in ([(r, pc) for r in ATTENTION_RECIPES.values()]
                            + [(bf16io, dataclasses.replace(pc, v_pass=1)),
-                              (ATTENTION_RECIPES["bf16"], dataclasses.replace(pc, walk=1))]):
+                              (ATTENTION_RECIPES["bf16"], dataclasses.replace(pc, walk=0))]):
             if ac.converts_in_kernel(recipe) or d > 128:
                 continue
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
@@ -486,7 +486,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                "kv_ch"))
     from xkernels.common import tile_scheduler
 
-    for pairs in (False, True):  # the head-major walk's unit counts per sequence (walk=1): no matrix instruction
+    for pairs in (False, True):  # the head-major walk's unit counts per sequence: no matrix instruction
         yield KernelConfig(f"hopper.attention_varlen persistent unit counts{' (causal pairs)' * pairs}",
                            tile_scheduler.packed_units_kernel, {"CU_Q": "*i32", "UNITS": "*i32"},
                            dict(BLOCK_M=128, PAIRS=pairs, BLOCK=tile_scheduler.PACKED_UNITS_BLOCK), 4, matrix_op=None)

@@ -156,11 +156,13 @@ def test_persistent_descriptor_views():
         if d <= 128:
             cfg.check(d, rec, "varlen_persistent")
     cfg256 = PERSISTENT_ATTENTION_CONFIGS[256]
-    assert cfg256.persistent == 1  # the measured rule: D256 up to 2K keys
+    assert cfg256.persistent == 1  # the measured rule: D256 up to 4K keys
     q256 = torch.empty(1, 4, 2048, 256, device="meta", dtype=torch.bfloat16)
     assert hp.eligible(q256, q256, q256, cfg256, rec, causal=True)
-    assert not hp.eligible(q256, q256[:, :, :1024].repeat(1, 1, 4, 1), q256[:, :, :1024].repeat(1, 1, 4, 1), cfg256,
-                           rec, causal=True)  # 4K keys: the dense kernel
+    kv4k = q256.repeat(1, 1, 2, 1)
+    assert hp.eligible(q256, kv4k, kv4k, cfg256, rec, causal=True)
+    assert not hp.eligible(q256, kv4k.repeat(1, 1, 2, 1), kv4k.repeat(1, 1, 2, 1), cfg256, rec,
+                           causal=True)  # 8K keys: the dense kernel
     bf16io = ATTENTION_RECIPES["bf16io"]
     assert hp.eligible(q256[:, :, :1024], q256[:, :, :1024], q256[:, :, :1024], cfg256, bf16io, causal=True)
     assert not hp.eligible(q256, q256, q256, cfg256, bf16io, causal=True)  # bf16io at D256: up to 1K keys
@@ -234,9 +236,9 @@ def test_gemm_pingpong_and_shared_memory_checks():
 
 
 def test_persistent_walk_head_chunks():
-    """The persistent walk's head chunk: query heads whose K/V fit the L2 budget together, whole GQA groups, at least
-    one group. The budget follows the shape (8 MiB for full MHA at D128, else 32) unless the config names one (an A/B
-    switch, shown in the name)."""
+    """The L2-chunk walk's (`walk=0`) head chunk: query heads whose K/V fit the L2 budget together, whole GQA groups,
+    at least one group. The budget follows the shape (8 MiB for full MHA at D128, else 32) unless the config names
+    one (an A/B switch, shown in the name)."""
     from xkernels.hopper import attention_persistent as hp
     from xkernels.hopper import configs
     from xkernels.recipes import ATTENTION_RECIPES
@@ -250,30 +252,31 @@ def test_persistent_walk_head_chunks():
         return hp.launch_spec(8, 32, 2048, 2048, d, group, 2, 132, is_causal=causal,
                               recipe=ATTENTION_RECIPES["bf16"], positive_scale=True, write_lse=False, cfg=cfg)[1]
 
-    default = PERSISTENT_ATTENTION_CONFIGS[128]
+    default = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], walk=0)
     assert "l2c" not in str(default) and default.l2_budget_kib == 0
     assert walk(default) == (16 * 256, 16, 256, 8, 0)  # full MHA: 8 MiB of K/V, 8 heads
     assert walk(default, causal=True) == (16 * 256, 16, 256, 32, 0)
     assert walk(default, group=4) == (16 * 256, 16, 256, 128, 0)  # 32 K/V heads' worth of query heads
-    assert walk(PERSISTENT_ATTENTION_CONFIGS[64], d=64)[3] == 64
+    assert walk(dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[64], walk=0), d=64)[3] == 64
     assert configs.l2_budget_kib(128, causal=False, group=1) == configs.FULL_MHA_L2_BUDGET_KIB
     cfg = dataclasses.replace(default, l2_budget_kib=32 << 10)
-    assert str(cfg).endswith("-l2c32768") and walk(cfg) == (16 * 256, 16, 256, 32, 0)
+    assert str(cfg).endswith("-l2c32768-l2") and walk(cfg) == (16 * 256, 16, 256, 32, 0)
     with pytest.raises(ValueError, match="l2_budget_kib=-1 must be positive"):
         dataclasses.replace(cfg, l2_budget_kib=-1).check(128, ATTENTION_RECIPES["bf16"])
 
 
 def test_pair_walk_launch_spec_and_checks():
-    """`walk=1`: the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired (more tiles
-    than SMs; a full mask never), the grid at most the units dealt; the name says -hm; the packed kernel takes it too
-    (its own head-major order); another value is refused."""
+    """`walk=1` (the default): the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired
+    (more tiles than SMs; a full mask never), the grid at most the units dealt; walk 0's name says -l2; the packed
+    kernel takes walk 1 too (its own head-major order); another value is refused."""
     from xkernels.hopper import attention_persistent as hp
     from xkernels.hopper import attention_varlen_persistent as hvp
     from xkernels.recipes import ATTENTION_RECIPES
 
     bf16 = ATTENTION_RECIPES["bf16"]
-    cfg = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], walk=1)
-    assert str(cfg).endswith("-ch-hm")
+    cfg = PERSISTENT_ATTENTION_CONFIGS[128]
+    assert cfg.walk == 1 and str(cfg).endswith("-ch")
+    assert str(dataclasses.replace(cfg, walk=0)).endswith("-ch-l2")  # the L2-chunk walk, by override
 
     def spec(b, hq, sq, group, causal=True, sms=132):
         return hp.launch_spec(b, hq, sq, sq, 128, group, 2, sms, is_causal=causal, recipe=bf16, positive_scale=True,
@@ -287,12 +290,31 @@ def test_pair_walk_launch_spec_and_checks():
     assert spec(1, 8, 384, 2, sms=8)[:2] == (8, (24, 3, 8, 2, 1))  # 8 pairs + 8 middle blocks on 8 programs
     assert spec(1, 2, 128, 1)[0] == 2  # one block a head
     assert hp.launch_spec(1, 32, 512, 512, 128, 1, 2, 132, is_causal=True, recipe=bf16, positive_scale=True,
-                          write_lse=False, cfg=PERSISTENT_ATTENTION_CONFIGS[128])[2]["WALK"] == 0
+                          write_lse=False, cfg=dataclasses.replace(cfg, walk=0))[2]["WALK"] == 0
     with pytest.raises(ValueError, match="walk=2 must be 0 or 1"):
         dataclasses.replace(cfg, walk=2).check(128, bf16, "persistent")
     cfg.check(128, bf16, "varlen_persistent")  # the packed kernel's head-major order
     assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=False, recipe=bf16, positive_scale=True, write_lse=False,
                            cfg=cfg)[2]["WALK"] == 1
+
+
+@pytest.mark.parametrize("walk", [0, 1])
+def test_launch_specs_name_every_constexpr(walk):
+    """The fast launch passes constexprs by position (`launch.constexpr_tail`): each persistent kernel's launch spec
+    names every one of them, defaults included, on either walk."""
+    from xkernels.common.launch import constexpr_tail
+    from xkernels.hopper import attention_persistent as hp
+    from xkernels.hopper import attention_varlen_persistent as hvp
+
+    bf16 = ATTENTION_RECIPES["bf16"]
+    cfg = dataclasses.replace(PERSISTENT_ATTENTION_CONFIGS[128], walk=walk)
+    for causal in (False, True):
+        dense = hp.launch_spec(4, 32, 1024, 1024, 128, 1, 2, 132, is_causal=causal, recipe=bf16, positive_scale=True,
+                               write_lse=True, cfg=cfg)[2]
+        packed = hvp.launch_spec(4, 32, 1024, 128, 132, is_causal=causal, recipe=bf16, positive_scale=True,
+                                 write_lse=True, cfg=cfg)[2]
+        assert len(constexpr_tail(hp.attention_persistent_kernel, dense)) == len(dense)
+        assert len(constexpr_tail(hvp.attention_varlen_persistent_kernel, packed)) == len(packed)
 
 
 def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off():

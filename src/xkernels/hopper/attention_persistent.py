@@ -437,13 +437,14 @@ def prefer_persistent(skv: int, causal: bool, group: int, head_dim: int, convert
     """The measured rule (benchmarks/results/h200/2026-11-30/29-persistent-attention): up to 4K keys the persistent
     walk wins (1.05-1.9x the dense kernel at 512-2K); beyond, the dense grid is level or ahead (0.91-1.02x), except
     causal GQA, whose group's heads share K/V in L2 (1.02-1.07x at 8K-16K). D256 (O through the Q slot, whose
-    reload each tile waits for): up to 2K keys, 1.01-1.33x the dense kernel, at 4K 0.87-0.98x
-    (2026-12-03/73-persistent-d256-o-store, 74-*); bf16io at D256 (the conversion keeps the first K and V loads
+    reload each tile waits for): up to 4K keys on the head-major walk, 1.01-1.33x the dense kernel at 512-2K
+    (2026-12-03/73-persistent-d256-o-store, 74-*), at 4K 1.01x full and 1.11x causal (h100/2026-12-06/01-walk;
+    0.87-0.98x on the L2-chunk walk, runs 73-74); bf16io at D256 (the conversion keeps the first K and V loads
     behind that reload) up to 1K keys: 1.15-1.21x at 512, 0.99-1.08x at 1K, 0.94-0.97x at 2K
     (2026-12-03/76-persistent-bf16io). bf16io at D64/D128 follows bf16's rule (1.06-2.0x the dense kernel at
     512-2K, run 76)."""
     if head_dim > 128:
-        return skv <= (1024 if converts_v else 2048)
+        return skv <= (1024 if converts_v else 4096)
     return skv <= 4096 or (causal and group > 1)
 
 

@@ -361,7 +361,7 @@ def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: i
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,
                       POSITIVE_SCALE=positive_scale, OVERLAP=bool(cfg.overlap), NUM_WG=cfg.consumers,
                       ACC16=bool(cfg.acc16) or recipe.pv_acc_dtype == torch.float16, WRITE_LSE=write_lse,
-                      CHAIN=True, ZERO_TAIL=2, WALK=cfg.walk)
+                      CHAIN=True, ZERO_TAIL=2, WALK=cfg.walk, PAIRS=False)
     return min(n_tiles, sms), (n_tiles, m_blocks, heads), constexprs, dict(num_warps=4)
 
 

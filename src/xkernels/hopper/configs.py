@@ -50,10 +50,12 @@ class HopperAttentionConfig:
     # fp16 recipe's kernel does (no producer conversion; a temporary fp16 copy of V, the same bits); 0, the producer
     # converts each V tile in shared memory
     v_pass: int = 0
-    # the persistent kernels' tile walk: 0, the dense one's L2-sized head chunks with the longest query blocks first
-    # (the packed one's: heads fastest inside a sequence); 1, head-major: a head's query blocks run side by side on
-    # its K/V (dense causal: paired longest with shortest, `common/tile_scheduler.py`)
-    walk: int = 0
+    # the persistent kernels' tile walk (`common/tile_scheduler.py`): 1, head-major, a head's query blocks side by
+    # side on its K/V (dense causal: the longest paired with the shortest; packed: units of real tiles); 0, L2-sized
+    # head chunks with the longest query blocks first (the packed one's: heads fastest inside a sequence), which
+    # reread a head's K/V rounds later: 1.46x cuDNN's DRAM reads at 512 causal D128, 2.1x at 1K causal D256
+    # (benchmarks/results/h100/2026-12-06/01-walk)
+    walk: int = 1
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
         """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
@@ -139,7 +141,8 @@ class HopperAttentionConfig:
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
-                + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass + "-hm" * self.walk)
+                + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass
+                + "-l2" * (self.persistent > 0 and self.walk == 0))
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
