@@ -6,11 +6,12 @@ causal blocks of unequal length leave SMs idle in the last wave. Here the grid i
 walks the same static tile sequence (`common/tile_scheduler.py`); the rings and their counters run on across tiles,
 so the producer loads tile i+1's Q, K and V while the consumers finish tile i, and no barrier is re-initialised.
 
-Tile order (config `walk`): 0, heads in chunks whose K/V fit in L2 together (heads per chunk from the host), and
-inside a chunk the longest query blocks first with heads fastest (causal: the heavy tiles start first and the
-round-robin deal spreads each length evenly over the CTAs; GQA heads of a group run side by side on the same K/V);
-1, head-major: a head's query blocks dealt side by side (causal ones paired longest with shortest, equal cost per
-pair), so a head's K/V is reread within one round rather than a chunk later.
+Tile order (config `walk`): 1 (the default), head-major: a head's query blocks dealt side by side (causal ones
+paired longest with shortest, equal cost per pair), GQA heads of a group next to each other, so a head's K/V is
+reread within one round; 0, heads in chunks whose K/V fit in L2 together (heads per chunk from the host), and inside
+a chunk the longest query blocks first with heads fastest (the heavy tiles first, each length spread evenly over the
+CTAs), which rereads a head's K/V a chunk of tiles later: 1.46x cuDNN's DRAM reads at B32 H32 512 causal D128, 2.1x
+at 1K causal D256 (walk 1: 1.04x and 1.00x; benchmarks/results/h100/2026-12-06/01-walk).
 
 Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_view`): a tile of head (b, h)
 starts at row b * rows_b + h * rows_h, column h * cols_h. Those views do not stop at one head's sequence end, so the
