@@ -5,9 +5,10 @@
 targets: the D128 and D64 bf16 rows, ours then cuDNN. bf16io: bf16 then bf16io at D128 and D256, ours only (where
 does the V conversion's time go). persistent: the persistent kernel's weakest rows, ours then cuDNN. bwd: the
 backward at B1 H32 8K D128 bf16, dQ fused into the dK/dV kernel, then the shipped dK/dV and dQ kernels, then
-cuDNN's (`bwd_main`). walk: the persistent forward's short rows (B32 H32 512 causal D128, the H100's 0.73x cuDNN;
-B16 H32 1K D256 full), its L2-chunk walk then its head-major pair walk (`walk=1`), then cuDNN (`walk_main`): DRAM
-bytes and the L2 hit rate say whether a head's K/V is read from DRAM more than once. Every kernel is
+cuDNN's (`bwd_main`). walk: the persistent forward on the L2-chunk walk (`walk=0`), then the head-major walk (the
+default), then cuDNN (`walk_main`), on B32 H32 512 causal D128, B16 H32 1K D256 full, and the rows where walk 0
+measured ahead: B8 H32/8 2K causal D128 (GQA) and B32 H32 512 causal D64: DRAM bytes and the L2 hit rate say
+whether a head's K/V is read from DRAM more than once. Every kernel is
 compiled and warmed outside the profiled range; inside it each row launches once, so ncu sees exactly those launches
 (its replays restore memory between passes).
 """
@@ -76,17 +77,19 @@ def walk_main() -> None:
     from xkernels.testing import attention_inputs
 
     launches = []
-    for b, s, d, causal in ((32, 512, 128, True), (16, 1024, 256, False)):
-        q, k, v = attention_inputs(b, 32, s, s, d, torch.bfloat16, "cuda", seed=0)
-        for backend in ("hopper:persistent=2", "hopper:persistent=2,walk=1"):
-            launches.append(lambda q=q, k=k, v=v, c=causal, be=backend: xkernels.attention(q, k, v, is_causal=c,
-                                                                                          backend=be))
+    for b, s, d, causal, hkv in ((32, 512, 128, True, 32), (16, 1024, 256, False, 32), (8, 2048, 128, True, 8),
+                                 (32, 512, 64, True, 32)):
+        q, k, v = attention_inputs(b, 32, s, s, d, torch.bfloat16, "cuda", hkv=hkv, seed=0)
+        gqa = hkv != 32
+        for backend in ("hopper:persistent=2,walk=0", "hopper:persistent=2,walk=1"):
+            launches.append(lambda q=q, k=k, v=v, c=causal, be=backend, g=gqa: xkernels.attention(
+                q, k, v, is_causal=c, backend=be, enable_gqa=g))
             launches[-1]()
             print(b, s, d, causal, xkernels.last_backend(), flush=True)
 
-        def cudnn(q=q, k=k, v=v, c=causal):
+        def cudnn(q=q, k=k, v=v, c=causal, g=gqa):
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=c)
+                return F.scaled_dot_product_attention(q, k, v, is_causal=c, enable_gqa=g)
 
         cudnn()
         launches.append(cudnn)

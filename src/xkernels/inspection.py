@@ -391,10 +391,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_persistent as persistent
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # every recipe, bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on the L2-chunk walk
-        # (by override: `walk=0`)
-        for recipe, cfg in ([(r, ac) for r in ATTENTION_RECIPES.values()]
-                            + [(bf16io, dataclasses.replace(ac, v_pass=1)),
+        # every recipe on the head-major walk, bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on
+        # the L2-chunk walk (config walk=2 picks either per shape)
+        hm = dataclasses.replace(ac, walk=1)
+        for recipe, cfg in ([(r, hm) for r in ATTENTION_RECIPES.values()]
+                            + [(bf16io, dataclasses.replace(hm, v_pass=1)),
                                (ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0))]):
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
@@ -454,11 +455,12 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_varlen_persistent as hvp
 
     for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # bf16io only with V converted by a pass (`hopper:v_pass=1`), bf16 on the L2-chunk walk (by override:
-        # `walk=0`); D256 has no chained tiles
+        # bf16io only with V converted by a pass (`hopper:v_pass=1`), bf16 on the head-major walk (by override:
+        # `walk=1`; the default is `PACKED_WALK`); D256 has no chained tiles
+        pc = dataclasses.replace(pc, walk=hvp.PACKED_WALK)
         for recipe, ac in ([(r, pc) for r in ATTENTION_RECIPES.values()]
                            + [(bf16io, dataclasses.replace(pc, v_pass=1)),
-                              (ATTENTION_RECIPES["bf16"], dataclasses.replace(pc, walk=0))]):
+                              (ATTENTION_RECIPES["bf16"], dataclasses.replace(pc, walk=1))]):
             if ac.converts_in_kernel(recipe) or d > 128:
                 continue
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
@@ -471,7 +473,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                                        f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
                 _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
                                                       positive_scale=True, write_lse=True, cfg=ac)
-                if ac.walk:  # causal: the pairs the walk deals past one round of tiles (`packed_pairs_pay`)
+                if constexprs["WALK"]:  # causal: the pairs the walk deals past one round (`packed_pairs_pay`)
                     constexprs = constexprs | {"PAIRS": causal}
                 # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the
                 # key loop (triton 3.9, compiled, never run: 136-344 bytes); on 3.9 the D64 causal variants reload 8,
@@ -481,7 +483,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     hvp.attention_varlen_persistent_kernel,
                     descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "UNITS": "*i32",
                              "qk_scale": "fp32"},
-                    constexprs, 4, gluon=True, spill_free=d != 128 and (TRITON_TESTED or not (causal or ac.walk)),
+                    constexprs, 4, gluon=True,
+                    spill_free=d != 128 and (TRITON_TESTED or not (causal or constexprs["WALK"])),
                     divisible=("O", "LSE", "CU_Q", "CU_K", "UNITS", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
                                "kv_ch"))
     from xkernels.common import tile_scheduler

@@ -93,9 +93,10 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
     # the persistent kernel has no band, sinks or soft cap
     if (choice.layer == "hopper" and not (band.windowed or sinks is not None or softcap)
             and _persistent(q, k, v, max_seqlen_k, is_causal, recipe, choice.config.persistent)):
-        _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, qk_scale, is_causal=is_causal,
-                        positive_scale=scale is None or scale > 0, recipe=recipe, cfg=choice.config.persistent)
-        return f"hopper.attention_varlen[{recipe.name} {choice.config.persistent} persistent]"
+        walk = _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, qk_scale,
+                               is_causal=is_causal, positive_scale=scale is None or scale > 0, recipe=recipe,
+                               cfg=choice.config.persistent)
+        return f"hopper.attention_varlen[{recipe.name} {choice.config.persistent} persistent walk={walk}]"
     if choice.layer == "hopper":
         from xkernels.hopper import attention_varlen as hopper_kernel  # Gluon: imported where it can run
 
@@ -131,9 +132,10 @@ def _persistent(q, k, v, max_seqlen_k: int, is_causal: bool, recipe, cfg) -> boo
 
 def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, qk_scale: float, *,
                     is_causal: bool, positive_scale: bool, recipe, cfg, knobs: dict | None = None,
-                    grid: int | None = None) -> None:
-    """Launch the persistent varlen kernel. Scripts only: `knobs` (CHAIN, ZERO_TAIL) are its ablation switches,
-    `grid` a program count other than the SMs' (1: one program walks every tile)."""
+                    grid: int | None = None) -> int:
+    """Launch the persistent varlen kernel; returns the tile walk it ran (0 or 1). Scripts only: `knobs` (CHAIN,
+    ZERO_TAIL) are its ablation switches, `grid` a program count other than the SMs' (1: one program walks every
+    tile)."""
     from xkernels.common.runtime import sm_count
     from xkernels.hopper import attention_varlen_persistent as hvp
 
@@ -145,7 +147,7 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
                                                           cfg=cfg)
     (_, _, (_, q_rh, q_ch)), (_, _, (_, kv_rh, kv_ch)) = hvp.packed_view(q), hvp.packed_view(k)
     units = cu_seqlens_q  # not read unless the walk deals units of real tiles (walk 1), counted here on the device
-    if cfg.walk:
+    if constexprs["WALK"]:
         from xkernels.common import tile_scheduler as ts
 
         pairs = ts.packed_pairs_pay(is_causal, hq, total_q, cfg.block_m, sm_count(q.device.index))
@@ -158,3 +160,4 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
             hq // k.shape[1], *walk, qk_scale)
     launch.run(hvp.attention_varlen_persistent_kernel, grid or sms_grid, args,
                constexprs | (knobs or {}), options)
+    return constexprs["WALK"]

@@ -199,11 +199,11 @@ def test_head_major_walk_matches_float64_and_dense(causal, d, b, hq, hkv, sq, sk
     q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + d + b + 1)
     dense = "hopper:persistent=0" + (",block_n=64,stages=2" if "block_n=64" in backend else "")
     name = _check(q, k, v, causal, "bf16", backend=backend, dense_backend=dense)
-    assert "-l2" not in name and "persistent" in name, name
+    assert "-hm persistent" in name and "walk=1]" in name, name
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_major_walk_bf16io(causal):
     """bf16io (the producer converts V) on the head-major walk: float64, the LSE, bitwise against the dense kernel."""
     q, k, v = attention_inputs(8, 8, 512, 512, 128, torch.bfloat16, "cuda", hkv=4, seed=5)
-    assert "-l2" not in _check(q, k, v, causal, "bf16io", backend="hopper:persistent=2,walk=1,v_pass=0")
+    assert "walk=1]" in _check(q, k, v, causal, "bf16io", backend="hopper:persistent=2,walk=1,v_pass=0")

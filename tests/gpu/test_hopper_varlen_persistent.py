@@ -41,12 +41,12 @@ CASES = [  # (lens_q, lens_k, hq, hkv)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_persistent_varlen_matches_float64_and_per_sequence_kernel(dtype, causal, case, d, walk):
-    """The shipped walk (head-major units) and the L2-chunk one (`walk=0`: heads fastest in a sequence)."""
+    """The default walk (the L2-chunk one: heads fastest in a sequence) and the head-major unit deal (`walk=1`)."""
     lens_q, lens_k, hq, hkv = CASES[case]
     lens_k = lens_k or lens_q
     q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, d, dtype, "cuda", seed=case + d)
-    o, lse, name = _run(q, k, v, cq, ck, causal, backend="auto" if walk else "hopper:walk=0")
-    assert "persistent" in name and ("-l2" in name) == (not walk), name
+    o, lse, name = _run(q, k, v, cq, ck, causal, backend="hopper:walk=1" if walk else "auto")
+    assert "persistent" in name and f"walk={walk}]" in name, name
     ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
     c = compare_attention(o, ref_o, ATTENTION_RECIPES["bf16" if dtype == torch.bfloat16 else "fp16"])
     assert c.passed, c
@@ -78,7 +78,7 @@ def test_head_major_walk_batches(causal, lens):
     calls pair blocks: float64 and bitwise against the per-sequence kernel."""
     q, k, v, cq, ck = packed(lens, lens, 4, 2, 128, torch.bfloat16, "cuda", seed=len(lens))
     o, lse, name = _run(q, k, v, cq, ck, causal, backend="hopper:walk=1")
-    assert "persistent" in name and "-l2" not in name, name
+    assert "persistent" in name and "walk=1]" in name, name
     ref_o, _ = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
     assert compare_attention(o, ref_o, ATTENTION_RECIPES["bf16"]).passed
     o_seq, lse_seq, _ = _run(q, k, v, cq, ck, causal, backend="hopper:persistent=0")

@@ -61,8 +61,8 @@ def test_v_pass_turns_the_producer_conversion_off():
         assert not cfg.constexprs(d, bf16io, causal=False, positive_scale=True, write_lse=True)["CONVERT_V"]
         assert str(cfg).endswith("-vp") and cfg.converts_in_kernel(bf16io) is False
     for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        on = dataclasses.replace(pc, v_pass=1).constexprs(d, bf16io, causal=True, positive_scale=True,
-                                                         write_lse=True, persistent=True)
+        on = dataclasses.replace(pc, v_pass=1, walk=1).constexprs(d, bf16io, causal=True, positive_scale=True,
+                                                                  write_lse=True, persistent=True)
         assert not on["CONVERT_V"]
     assert "v_pass" in dict(select.parse_backend("hopper:v_pass=1").config)
     # O through the V ring needs V in O's dtype: bf16io's V is fp16 with or without the pass
@@ -266,16 +266,18 @@ def test_persistent_walk_head_chunks():
 
 
 def test_pair_walk_launch_spec_and_checks():
-    """`walk=1` (the default): the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired
-    (more tiles than SMs; a full mask never), the grid at most the units dealt; walk 0's name says -l2; the packed
-    kernel takes walk 1 too (its own head-major order); another value is refused."""
+    """`walk=1`: the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired (more tiles
+    than SMs; a full mask never), the grid at most the units dealt; names say -hm / -l2 for an explicit walk; the
+    packed kernel takes walk 1 too (its own head-major order); another value is refused. The default (walk=2)
+    resolves per shape (`preferred_walk`; the packed kernel: `PACKED_WALK`)."""
     from xkernels.hopper import attention_persistent as hp
     from xkernels.hopper import attention_varlen_persistent as hvp
     from xkernels.recipes import ATTENTION_RECIPES
 
     bf16 = ATTENTION_RECIPES["bf16"]
-    cfg = PERSISTENT_ATTENTION_CONFIGS[128]
-    assert cfg.walk == 1 and str(cfg).endswith("-ch")
+    default = PERSISTENT_ATTENTION_CONFIGS[128]
+    cfg = dataclasses.replace(default, walk=1)
+    assert default.walk == 2 and str(default).endswith("-ch") and str(cfg).endswith("-ch-hm")
     assert str(dataclasses.replace(cfg, walk=0)).endswith("-ch-l2")  # the L2-chunk walk, by override
 
     def spec(b, hq, sq, group, causal=True, sms=132):
@@ -291,14 +293,28 @@ def test_pair_walk_launch_spec_and_checks():
     assert spec(1, 2, 128, 1)[0] == 2  # one block a head
     assert hp.launch_spec(1, 32, 512, 512, 128, 1, 2, 132, is_causal=True, recipe=bf16, positive_scale=True,
                           write_lse=False, cfg=dataclasses.replace(cfg, walk=0))[2]["WALK"] == 0
-    with pytest.raises(ValueError, match="walk=2 must be 0 or 1"):
-        dataclasses.replace(cfg, walk=2).check(128, bf16, "persistent")
+    with pytest.raises(ValueError, match="walk=3 must be 0, 1 or 2"):
+        dataclasses.replace(cfg, walk=3).check(128, bf16, "persistent")
+    with pytest.raises(ValueError, match="resolved walk"):
+        default.constexprs(128, bf16, causal=True, positive_scale=True, write_lse=False, persistent=True)
+
+    def resolved(d, hq, hkv, s, causal):
+        return hp.launch_spec(16384 // s, hq, s, s, d, hq // hkv, 2, 132, is_causal=causal, recipe=bf16,
+                              positive_scale=True, write_lse=False, cfg=PERSISTENT_ATTENTION_CONFIGS[d])[2]["WALK"]
+
+    # the measured rule: head-major, but GQA from 2K keys (D64/D128) and D64 causal at 512 keys
+    assert [resolved(128, 32, 32, s, c) for s in (512, 2048, 4096) for c in (False, True)] == [1] * 6
+    assert [resolved(128, 32, 8, s, c) for s in (512, 1024, 2048, 4096) for c in (False, True)] == [1] * 4 + [0] * 4
+    assert [resolved(64, 32, 32, 512, c) for c in (False, True)] == [1, 0]
+    assert resolved(64, 32, 32, 1024, True) == resolved(256, 32, 8, 2048, True) == 1
+    assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=True, recipe=bf16, positive_scale=True, write_lse=False,
+                           cfg=default)[2]["WALK"] == hvp.PACKED_WALK == 0
     cfg.check(128, bf16, "varlen_persistent")  # the packed kernel's head-major order
     assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=False, recipe=bf16, positive_scale=True, write_lse=False,
                            cfg=cfg)[2]["WALK"] == 1
 
 
-@pytest.mark.parametrize("walk", [0, 1])
+@pytest.mark.parametrize("walk", [0, 1, 2])
 def test_launch_specs_name_every_constexpr(walk):
     """The fast launch passes constexprs by position (`launch.constexpr_tail`): each persistent kernel's launch spec
     names every one of them, defaults included, on either walk."""

@@ -10,7 +10,8 @@ pid + nprog, ... of that list. The round-robin deal spreads each causal length e
 holds several rounds of tiles; a head's K/V is read again by its later query blocks up to a chunk's worth of tiles
 later (its Q and O traffic passes through L2 in between).
 
-WALK 1 (the configs' default), head-major (arg: the GQA group size): a head's query blocks are dealt next to each other, in (KV head, block,
+WALK 1, head-major (arg: the GQA group size; the dense kernel's default on most shapes,
+`attention_persistent.preferred_walk`): a head's query blocks are dealt next to each other, in (KV head, block,
 query head of the group) order, so the programs running at one time cover a few heads and each head's K/V is
 reread by its query blocks within a round: a working set of a few heads instead of an L2 chunk.
   paired = 0: single tiles, longest block first, round-robin (full masks, whose tiles all cost the same, and causal

@@ -41,6 +41,8 @@ instead, and the kernel has no O buffers (`_store_tile`; D256 needs that to fit 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -401,6 +403,8 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
     heads per L2 chunk (config walk 0) or the GQA group (walk 1), walk_pairs whether walk 1 pairs causal blocks
     (`tile_scheduler.pairs_pay`); the caller checked the shape (`eligible`)."""
     cfg.check(head_dim, recipe, "persistent")
+    if cfg.walk == 2:
+        cfg = dataclasses.replace(cfg, walk=preferred_walk(skv, is_causal, group, head_dim))
     m_blocks = -(-sq // cfg.block_m)
     bh = batch * heads
     n_tiles = m_blocks * bh
@@ -447,6 +451,19 @@ def prefer_persistent(skv: int, causal: bool, group: int, head_dim: int, convert
     if head_dim > 128:
         return skv <= (1024 if converts_v else 4096)
     return skv <= 4096 or (causal and group > 1)
+
+
+def preferred_walk(skv: int, causal: bool, group: int, head_dim: int) -> int:
+    """The tile walk of config walk=2 (the default): head-major (1) but where the L2-chunk walk (0) measured ahead in
+    CUDA-graph replay, twice on the H100 (benchmarks/results/h100/2026-12-06/01-walk, 02-*): GQA at D64/D128 from 2K
+    keys (B8 H32/8 2K D128: 1.17 / 1.10x cuDNN causal / full on walk 0, 1.06 / 1.03x on walk 1; level at 4K; walk 0
+    measured at 8K-16K), and D64 causal up to 512 keys (0.80 against 0.76x). ncu times the GQA 2K and D64 512 rows
+    alike on both walks (cold L2 per launch), so back-to-back launches make the difference; not yet explained."""
+    if head_dim <= 128 and group > 1 and skv >= 2048:
+        return 0
+    if head_dim == 64 and causal and skv <= 512:
+        return 0
+    return 1
 
 
 def descriptors(tensors, views, *, block_n: int) -> list:

@@ -351,17 +351,25 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAtten
         and packed_view(v)[1:] == kv[1:]
 
 
+# Config walk=2's order here: the L2-chunk walk. On the packed batch of `scripts/varlen_ab.py` (32 sequences of
+# 256-4096, H100) the head-major unit deal ran 0.98-1.02x its time (full, causal, GQA, D64), though it reads each
+# tile about once (the CPU model, `scripts/walk_l2_model.py`: full MHA 9.2 -> 2.1 GB), and it costs a launch more
+# (the unit count): benchmarks/results/h100/2026-12-06/02-walk-default.
+PACKED_WALK = 0
+
+
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: int, *, is_causal: bool,
                 recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
                 cfg: HopperAttentionConfig) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int]]:
     """(grid, the walk (n_tiles, m_blocks, HQ), constexprs, options)."""
     cfg.check(head_dim, recipe, "varlen_persistent")
+    walk = PACKED_WALK if cfg.walk == 2 else cfg.walk
     m_blocks = -(-max_seqlen_q // cfg.block_m)
     n_tiles = batch * m_blocks * heads
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,
                       POSITIVE_SCALE=positive_scale, OVERLAP=bool(cfg.overlap), NUM_WG=cfg.consumers,
                       ACC16=bool(cfg.acc16) or recipe.pv_acc_dtype == torch.float16, WRITE_LSE=write_lse,
-                      CHAIN=True, ZERO_TAIL=2, WALK=cfg.walk, PAIRS=False)
+                      CHAIN=True, ZERO_TAIL=2, WALK=walk, PAIRS=False)
     return min(n_tiles, sms), (n_tiles, m_blocks, heads), constexprs, dict(num_warps=4)
 
 

@@ -54,8 +54,9 @@ class HopperAttentionConfig:
     # side on its K/V (dense causal: the longest paired with the shortest; packed: units of real tiles); 0, L2-sized
     # head chunks with the longest query blocks first (the packed one's: heads fastest inside a sequence), which
     # reread a head's K/V rounds later: 1.46x cuDNN's DRAM reads at 512 causal D128, 2.1x at 1K causal D256
-    # (benchmarks/results/h100/2026-12-06/01-walk)
-    walk: int = 1
+    # (benchmarks/results/h100/2026-12-06/01-walk); 2 (the default), the measured rule per shape
+    # (`attention_persistent.preferred_walk`; the packed kernel: `attention_varlen_persistent.PACKED_WALK`)
+    walk: int = 2
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
         """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
@@ -76,8 +77,8 @@ class HopperAttentionConfig:
             raise ValueError(f"config: persistent={self.persistent} needs 0, 1 or 2")
         if self.chained not in (0, 1) or self.o_store not in (0, 1, 2, 3):
             raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0 to 3")
-        if self.walk not in (0, 1):
-            raise ValueError(f"config: walk={self.walk} must be 0 or 1")
+        if self.walk not in (0, 1, 2):
+            raise ValueError(f"config: walk={self.walk} must be 0, 1 or 2")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
@@ -129,6 +130,8 @@ class HopperAttentionConfig:
                    write_lse: bool, persistent: bool = False) -> dict[str, object]:
         """The kernel's compile-time arguments for this config (`persistent`: of the persistent kernel, which takes
         CHAINED too): one mapping for the launch and for `inspect`."""
+        if persistent and self.walk not in (0, 1):
+            raise ValueError(f"config: walk={self.walk}: the kernel takes a resolved walk, 0 or 1 (the launch spec's)")
         extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store, WALK=self.walk) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=self.converts_in_kernel(recipe), POSITIVE_SCALE=positive_scale,
@@ -142,7 +145,7 @@ class HopperAttentionConfig:
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
                 + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass
-                + "-l2" * (self.persistent > 0 and self.walk == 0))
+                + (("-l2", "-hm", "")[self.walk] if self.persistent else ""))
 
 
 # The dense kernel's configs per head dim: the largest ring that fits shared memory. D64: three consumer warpgroups
