@@ -391,10 +391,12 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_persistent as persistent
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # every recipe on the head-major walk, bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on
+        # every recipe on the head-major walk (bf16io at D256, converting V in the producer, on the L2-chunk walk
+        # that `preferred_walk` keeps for it), bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on
         # the L2-chunk walk (config walk=2 picks either per shape)
         hm = dataclasses.replace(ac, walk=1)
-        for recipe, cfg in ([(r, hm) for r in ATTENTION_RECIPES.values()]
+        for recipe, cfg in ([(r, dataclasses.replace(ac, walk=persistent.preferred_walk(
+                                 4096, False, 1, d, ac.converts_in_kernel(r)))) for r in ATTENTION_RECIPES.values()]
                             + [(bf16io, dataclasses.replace(hm, v_pass=1)),
                                (ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0))]):
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"

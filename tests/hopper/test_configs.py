@@ -307,6 +307,9 @@ def test_pair_walk_launch_spec_and_checks():
     assert [resolved(128, 32, 8, s, c) for s in (512, 1024, 2048, 4096) for c in (False, True)] == [1] * 4 + [0] * 4
     assert [resolved(64, 32, 32, 512, c) for c in (False, True)] == [1, 0]
     assert resolved(64, 32, 32, 1024, True) == resolved(256, 32, 8, 2048, True) == 1
+    assert hp.launch_spec(16, 32, 1024, 1024, 256, 1, 2, 132, is_causal=False, recipe=ATTENTION_RECIPES["bf16io"],
+                          positive_scale=True, write_lse=False,
+                          cfg=PERSISTENT_ATTENTION_CONFIGS[256])[2]["WALK"] == 0  # converting V in the producer
     assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=True, recipe=bf16, positive_scale=True, write_lse=False,
                            cfg=default)[2]["WALK"] == hvp.PACKED_WALK == 0
     cfg.check(128, bf16, "varlen_persistent")  # the packed kernel's head-major order
@@ -331,6 +334,24 @@ def test_launch_specs_name_every_constexpr(walk):
                                  write_lse=True, cfg=cfg)[2]
         assert len(constexpr_tail(hp.attention_persistent_kernel, dense)) == len(dense)
         assert len(constexpr_tail(hvp.attention_varlen_persistent_kernel, packed)) == len(packed)
+
+
+@pytest.mark.parametrize("hkv,s,d,causal,walk", [(8, 2048, 128, True, 0), (8, 1024, 128, True, 1),
+                                                   (32, 2048, 128, True, 1), (32, 512, 64, True, 0),
+                                                   (32, 512, 64, False, 1), (8, 4096, 256, False, 1)])
+def test_persistent_plan_runs_and_names_the_resolved_walk(monkeypatch, hkv, s, d, causal, walk):
+    """A call's plan (meta tensors, 132 SMs) launches the walk `preferred_walk` picks for the default config, with
+    that walk's integers (walk 0: heads per L2 chunk; walk 1: the GQA group), and its name says which."""
+    from xkernels import plans
+
+    monkeypatch.setattr(plans, "sm_count", lambda index: 132)
+    q = torch.empty(16384 // s, 32, s, d, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(16384 // s, hkv, s, d, device="meta", dtype=torch.bfloat16)
+    plan = plans.PersistentAttention.make(q, k, k, None, ATTENTION_RECIPES["bf16"], PERSISTENT_ATTENTION_CONFIGS[d],
+                                          is_causal=causal, return_lse=False, positive_scale=True)
+    assert plan.name.endswith(f"persistent grid=132 walk={walk}]") and plan.constexprs["WALK"] == walk
+    if walk:
+        assert plan.ints[-2] == 32 // hkv
 
 
 def test_an_override_is_not_checked_against_a_persistent_config_that_stays_off():

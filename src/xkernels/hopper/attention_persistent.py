@@ -404,7 +404,8 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
     (`tile_scheduler.pairs_pay`); the caller checked the shape (`eligible`)."""
     cfg.check(head_dim, recipe, "persistent")
     if cfg.walk == 2:
-        cfg = dataclasses.replace(cfg, walk=preferred_walk(skv, is_causal, group, head_dim))
+        cfg = dataclasses.replace(cfg, walk=preferred_walk(skv, is_causal, group, head_dim,
+                                                           cfg.converts_in_kernel(recipe)))
     m_blocks = -(-sq // cfg.block_m)
     bh = batch * heads
     n_tiles = m_blocks * bh
@@ -453,12 +454,16 @@ def prefer_persistent(skv: int, causal: bool, group: int, head_dim: int, convert
     return skv <= 4096 or (causal and group > 1)
 
 
-def preferred_walk(skv: int, causal: bool, group: int, head_dim: int) -> int:
+def preferred_walk(skv: int, causal: bool, group: int, head_dim: int, converts_v: bool = False) -> int:
     """The tile walk of config walk=2 (the default): head-major (1) but where the L2-chunk walk (0) measured ahead in
     CUDA-graph replay, twice on the H100 (benchmarks/results/h100/2026-12-06/01-walk, 02-*): GQA at D64/D128 from 2K
     keys (B8 H32/8 2K D128: 1.17 / 1.10x cuDNN causal / full on walk 0, 1.06 / 1.03x on walk 1; level at 4K; walk 0
     measured at 8K-16K), and D64 causal up to 512 keys (0.80 against 0.76x). ncu times the GQA 2K and D64 512 rows
-    alike on both walks (cold L2 per launch), so back-to-back launches make the difference; not yet explained."""
+    alike on both walks (cold L2 per launch), so back-to-back launches make the difference; not yet explained.
+    bf16io at D256 with the producer converting V keeps walk 0, measured (run 76), where walk 1 reloads 8 bytes from
+    the stack on triton 3.6."""
+    if head_dim > 128 and converts_v:
+        return 0
     if head_dim <= 128 and group > 1 and skv >= 2048:
         return 0
     if head_dim == 64 and causal and skv <= 512:
