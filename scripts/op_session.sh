@@ -65,8 +65,8 @@ for part in "${@:-smoke host}"; do
           --json "$OUT/chain_ab_d64.json" --md "$OUT/chain_ab_d64.md" ;;
       l2chunk)  # the persistent walk's head chunk (K/V bytes walked together) on the sweep's 1K-4K rows
         stage timeout 300 python3 scripts/persistent_ab.py --dims 128 64 --lengths 1024 2048 4096 \
-          --variants hopper:persistent=2 hopper:persistent=2,l2_budget_kib=32768 \
-          hopper:persistent=2,l2_budget_kib=8192 --json "$OUT/l2chunk_ab.json" --md "$OUT/l2chunk_ab.md" ;;
+          --variants hopper:persistent=2,walk=0 hopper:persistent=2,walk=0,l2_budget_kib=32768 \
+          hopper:persistent=2,walk=0,l2_budget_kib=8192 --json "$OUT/l2chunk_ab.json" --md "$OUT/l2chunk_ab.md" ;;
       persistent256)  # the persistent walk at D256 (one Q slot, 64-key tiles, O through the Q slot or from registers;
         # the 32-key tiles with O buffers, and chained with O through the Q slots) against the dense kernel, 512-4K
         stage timeout 300 python3 scripts/persistent_ab.py --dims 256 --lengths 512 1024 2048 4096 \

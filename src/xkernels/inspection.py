@@ -391,14 +391,16 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_persistent as persistent
 
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # every recipe on the head-major walk (bf16io at D256, converting V in the producer, on the L2-chunk walk
-        # that `preferred_walk` keeps for it), bf16io with V converted by a pass (`select.v_pass_pays`), and bf16 on
-        # the L2-chunk walk (config walk=2 picks either per shape)
-        hm = dataclasses.replace(ac, walk=1)
-        for recipe, cfg in ([(r, dataclasses.replace(ac, walk=persistent.preferred_walk(
-                                 4096, False, 1, d, ac.converts_in_kernel(r)))) for r in ATTENTION_RECIPES.values()]
-                            + [(bf16io, dataclasses.replace(hm, v_pass=1)),
-                               (ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0))]):
+        # every recipe, and bf16io with V converted by a pass (`select.v_pass_pays`), on each walk the default
+        # (config walk=2, `preferred_walk`) can pick for it: both at D64/D128; at D256 the L2-chunk walk where the
+        # producer converts V, else the head-major one, and bf16 on the L2-chunk walk too (by override)
+        variants = []
+        for recipe, c in [(r, ac) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(ac, v_pass=1))]:
+            walks = (0, 1) if d <= 128 else (0 if c.converts_in_kernel(recipe) else 1,)
+            variants += [(recipe, dataclasses.replace(c, walk=w)) for w in walks]
+        if d > 128:
+            variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0)))
+        for recipe, cfg in variants:
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
             for causal in (False, True):

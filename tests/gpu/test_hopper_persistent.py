@@ -42,8 +42,10 @@ def _check(q, k, v, causal, recipe, backend="auto", dense_backend="hopper:persis
     return name
 
 
+# 2K keys with GQA: the default's L2-chunk walk (`preferred_walk`); the other rows its head-major walk
 @pytest.mark.parametrize("d,sq,skv", [(128, 128, 128), (128, 512, 1024), (128, 1024, 256), (128, 320, 384),
-                                      (64, 192, 128), (64, 768, 1536), (64, 512, 384), (64, 320, 256)])
+                                      (128, 1024, 2048), (64, 192, 128), (64, 768, 1536), (64, 512, 384),
+                                      (64, 320, 256)])
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (4, 1)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("recipe", ["bf16", "fp16", "bf16io"])
@@ -137,7 +139,8 @@ def test_persistent_head_chunks(causal):
     """Head chunks of 8 query heads (4 K/V heads of 640 KiB, groups of 2) over B*H = 12: a whole chunk, then a
     partial one."""
     q, k, v = attention_inputs(2, 6, 384, 1280, 128, torch.bfloat16, "cuda", hkv=3, seed=11)
-    assert "-l2c2560" in _check(q, k, v, causal, "bf16", backend="hopper:persistent=2,l2_budget_kib=2560")
+    name = _check(q, k, v, causal, "bf16", backend="hopper:persistent=2,l2_budget_kib=2560")
+    assert "-l2c2560" in name and "walk=0]" in name, name  # a chunk budget implies the L2-chunk walk
 
 
 @pytest.mark.parametrize("sq,skv", [(1000, 1024), (1024, 1000), (256, 8192)])
@@ -164,20 +167,23 @@ VARIANTS = {"hopper:persistent=2,chained=0": "-p2 persistent", "hopper:persisten
             "hopper:persistent=2,chained=0,o_store=2": "-p2-oq persistent"}
 
 
+@pytest.mark.parametrize("walk", [0, 1])
 @pytest.mark.parametrize("backend", list(VARIANTS))
 @pytest.mark.parametrize("d,b,hq,hkv,sq,skv", [(128, 4, 16, 16, 1024, 1024), (128, 3, 8, 2, 320, 384),
                                                (64, 4, 16, 4, 1024, 512), (64, 2, 6, 3, 576, 640),
                                                (128, 1, 2, 1, 128, 128)])
 @pytest.mark.parametrize("causal", [False, True])
-def test_persistent_variants_match_float64_and_dense(causal, d, b, hq, hkv, sq, skv, backend):
-    """The shipped configs (chained tiles) and the other variants over several tiles per program (up to ~4 here, so
-    both Q slots turn over), a program with one tile, Sq a multiple of 64 only, GQA; the same arithmetic per row as
-    the dense kernel, so bitwise equal to it."""
+def test_persistent_variants_match_float64_and_dense(causal, d, b, hq, hkv, sq, skv, backend, walk):
+    """The shipped configs (chained tiles) and the other variants, on either tile walk, over several tiles per
+    program (up to ~4 here, so both Q slots turn over), a program with one tile, Sq a multiple of 64 only, GQA; the
+    same arithmetic per row as the dense kernel, so bitwise equal to it."""
     if d != 64 and "consumers=3" in backend:
         pytest.skip("three consumers need D64")
     q, k, v = attention_inputs(b, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=sq + d + b)
     assert "-ch persistent" in _check(q, k, v, causal, "bf16")
-    assert VARIANTS[backend] in _check(q, k, v, causal, "bf16", backend=backend)
+    want = VARIANTS[backend].replace(" persistent", ("-l2", "-hm")[walk] + " persistent")
+    name = _check(q, k, v, causal, "bf16", backend=f"{backend},walk={walk}")
+    assert want in name and f"walk={walk}]" in name, name
 
 
 @pytest.mark.parametrize("backend", ["hopper:persistent=2,walk=1", "hopper:persistent=2,walk=1,chained=0",

@@ -312,6 +312,16 @@ def test_pair_walk_launch_spec_and_checks():
                           cfg=PERSISTENT_ATTENTION_CONFIGS[256])[2]["WALK"] == 0  # converting V in the producer
     assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=True, recipe=bf16, positive_scale=True, write_lse=False,
                            cfg=default)[2]["WALK"] == hvp.PACKED_WALK == 0
+    # a chunk budget implies the L2-chunk walk; with walk=1 it is refused
+    budget = dataclasses.replace(default, l2_budget_kib=2560)
+    assert hp.resolved(budget, bf16, 512, True, 1, 128).walk == 0
+    with pytest.raises(ValueError, match="l2_budget_kib=2560 sizes the L2-chunk walk"):
+        dataclasses.replace(budget, walk=1).check(128, bf16, "persistent")
+    # D256 runs persistently to 4K keys on the head-major walk, to 2K on the L2-chunk walk (measured there)
+    q256 = torch.empty(1, 4, 4096, 256, device="meta", dtype=torch.bfloat16)
+    cfg256 = PERSISTENT_ATTENTION_CONFIGS[256]
+    assert hp.eligible(q256, q256, q256, cfg256, bf16, causal=True)
+    assert not hp.eligible(q256, q256, q256, dataclasses.replace(cfg256, walk=0), bf16, causal=True)
     cfg.check(128, bf16, "varlen_persistent")  # the packed kernel's head-major order
     assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=False, recipe=bf16, positive_scale=True, write_lse=False,
                            cfg=cfg)[2]["WALK"] == 1

@@ -6,12 +6,13 @@ causal blocks of unequal length leave SMs idle in the last wave. Here the grid i
 walks the same static tile sequence (`common/tile_scheduler.py`); the rings and their counters run on across tiles,
 so the producer loads tile i+1's Q, K and V while the consumers finish tile i, and no barrier is re-initialised.
 
-Tile order (config `walk`): 1 (the default), head-major: a head's query blocks dealt side by side (causal ones
-paired longest with shortest, equal cost per pair), GQA heads of a group next to each other, so a head's K/V is
-reread within one round; 0, heads in chunks whose K/V fit in L2 together (heads per chunk from the host), and inside
-a chunk the longest query blocks first with heads fastest (the heavy tiles first, each length spread evenly over the
-CTAs), which rereads a head's K/V a chunk of tiles later: 1.46x cuDNN's DRAM reads at B32 H32 512 causal D128, 2.1x
-at 1K causal D256 (walk 1: 1.04x and 1.00x; benchmarks/results/h100/2026-12-06/01-walk).
+Tile order (config `walk`; the default, 2, picks per shape: `preferred_walk`): 1, head-major: a head's query blocks
+dealt side by side (causal ones paired longest with shortest, equal cost per pair), GQA heads of a group next to
+each other, so a head's K/V is reread within one round; 0, heads in chunks whose K/V fit in L2 together (heads per
+chunk from the host), and inside a chunk the longest query blocks first with heads fastest (the heavy tiles first,
+each length spread evenly over the CTAs), which rereads a head's K/V a chunk of tiles later: 1.46x cuDNN's DRAM
+reads at B32 H32 512 causal D128, 2.1x at 1K causal D256 (walk 1: 1.04x and 1.00x;
+benchmarks/results/h100/2026-12-06/01-walk).
 
 Descriptors are made once on the host over 2-D views of Q, K, V and O (`descriptor_view`): a tile of head (b, h)
 starts at row b * rows_b + h * rows_h, column h * cols_h. Those views do not stop at one head's sequence end, so the
@@ -400,12 +401,10 @@ def launch_spec(batch: int, heads: int, sq: int, skv: int, head_dim: int, group:
                 is_causal: bool, recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
                 cfg: HopperAttentionConfig) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
     """(grid, the walk's ints (n_tiles, m_blocks, BH, walk_arg, walk_pairs), constexprs, options); walk_arg is the
-    heads per L2 chunk (config walk 0) or the GQA group (walk 1), walk_pairs whether walk 1 pairs causal blocks
-    (`tile_scheduler.pairs_pay`); the caller checked the shape (`eligible`)."""
+    heads per L2 chunk (resolved walk 0, `resolved`) or the GQA group (walk 1), walk_pairs whether walk 1 pairs
+    causal blocks (`tile_scheduler.pairs_pay`); the caller checked the shape (`eligible`)."""
     cfg.check(head_dim, recipe, "persistent")
-    if cfg.walk == 2:
-        cfg = dataclasses.replace(cfg, walk=preferred_walk(skv, is_causal, group, head_dim,
-                                                           cfg.converts_in_kernel(recipe)))
+    cfg = resolved(cfg, recipe, skv, is_causal, group, head_dim)
     m_blocks = -(-sq // cfg.block_m)
     bh = batch * heads
     n_tiles = m_blocks * bh
@@ -431,27 +430,39 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAtten
         return False
     if not cfg.persistent or sq % configs.WG_ROWS or skv % cfg.block_n:
         return False
-    if cfg.persistent == 1 and not prefer_persistent(skv, causal, q.shape[1] // k.shape[1], q.shape[-1],
-                                                     cfg.converts_in_kernel(recipe)):
+    group, d = q.shape[1] // k.shape[1], q.shape[-1]
+    if cfg.persistent == 1 and not prefer_persistent(skv, causal, group, d, cfg.converts_in_kernel(recipe),
+                                                     resolved(cfg, recipe, skv, causal, group, d).walk):
         return False
     kv = descriptor_view(k)
     return (descriptor_view(q) is not None and kv is not None and descriptor_view(v) is not None
             and descriptor_view(v)[1:] == kv[1:])
 
 
-def prefer_persistent(skv: int, causal: bool, group: int, head_dim: int, converts_v: bool = False) -> bool:
+def prefer_persistent(skv: int, causal: bool, group: int, head_dim: int, converts_v: bool = False,
+                      walk: int = 1) -> bool:
     """The measured rule (benchmarks/results/h200/2026-11-30/29-persistent-attention): up to 4K keys the persistent
     walk wins (1.05-1.9x the dense kernel at 512-2K); beyond, the dense grid is level or ahead (0.91-1.02x), except
     causal GQA, whose group's heads share K/V in L2 (1.02-1.07x at 8K-16K). D256 (O through the Q slot, whose
     reload each tile waits for): up to 4K keys on the head-major walk, 1.01-1.33x the dense kernel at 512-2K
     (2026-12-03/73-persistent-d256-o-store, 74-*), at 4K 1.01x full and 1.11x causal (h100/2026-12-06/01-walk;
-    0.87-0.98x on the L2-chunk walk, runs 73-74); bf16io at D256 (the conversion keeps the first K and V loads
-    behind that reload) up to 1K keys: 1.15-1.21x at 512, 0.99-1.08x at 1K, 0.94-0.97x at 2K
+    0.87-0.98x on the L2-chunk walk, runs 73-74, which keeps 2K); bf16io at D256 (the conversion keeps the first K
+    and V loads behind that reload) up to 1K keys: 1.15-1.21x at 512, 0.99-1.08x at 1K, 0.94-0.97x at 2K
     (2026-12-03/76-persistent-bf16io). bf16io at D64/D128 follows bf16's rule (1.06-2.0x the dense kernel at
     512-2K, run 76)."""
     if head_dim > 128:
-        return skv <= (1024 if converts_v else 4096)
+        return skv <= (1024 if converts_v else 4096 if walk == 1 else 2048)
     return skv <= 4096 or (causal and group > 1)
+
+
+def resolved(cfg: HopperAttentionConfig, recipe: AttentionRecipe, skv: int, causal: bool, group: int,
+             head_dim: int) -> HopperAttentionConfig:
+    """`cfg` with the walk it runs: an explicit 0 or 1 as given; 2 (the default) by `preferred_walk`, or 0 where the
+    config names an L2 chunk budget (`l2_budget_kib`, which only that walk reads)."""
+    if cfg.walk != 2:
+        return cfg
+    walk = 0 if cfg.l2_budget_kib else preferred_walk(skv, causal, group, head_dim, cfg.converts_in_kernel(recipe))
+    return dataclasses.replace(cfg, walk=walk)
 
 
 def preferred_walk(skv: int, causal: bool, group: int, head_dim: int, converts_v: bool = False) -> int:

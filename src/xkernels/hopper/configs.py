@@ -41,7 +41,8 @@ class HopperAttentionConfig:
     persistent: int = 0  # one CTA per SM walking tiles (`attention_persistent.py`): 1 where measured faster, 2 always
     chained: int = 0  # the next tile's first QK^T issued with this tile's last P.V (two Q slots; the dense kernel,
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
-    l2_budget_kib: int = 0  # persistent walk: K/V KiB of the heads walked together; 0: `l2_budget_kib()`
+    l2_budget_kib: int = 0  # L2-chunk walk: K/V KiB of the heads walked together; 0: `l2_budget_kib()`; set, it
+    # implies that walk (walk=2 resolves to 0)
     # the persistent kernel's O path (`attention_persistent._store_tile`): 0, O buffers and TMA stores; 1, from the
     # accumulator's registers; 2, through the tile's Q slot and TMA; 3, through the V ring and TMA (64-key tiles,
     # not chained); 1-3: no O buffers in shared memory
@@ -100,6 +101,9 @@ class HopperAttentionConfig:
                              "two Q slots)")
         if self.l2_budget_kib < 0:
             raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} must be positive (or 0: by the shape)")
+        if self.l2_budget_kib and self.walk == 1:
+            raise ValueError(f"config: l2_budget_kib={self.l2_budget_kib} sizes the L2-chunk walk's chunks; walk=1 "
+                             "(head-major) has none")
         if self.consumers not in (2, 3) or (self.consumers == 3 and head_dim != 64):
             raise ValueError(f"config: consumers={self.consumers} needs 2, or 3 with head dim 64 (registers)")
         if self.acc16 and recipe.pv_dtype != torch.float16:
