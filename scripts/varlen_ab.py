@@ -3,11 +3,11 @@ D64/D128, full and causal), device time from CUDA-graph replay (no host read of 
 against SDPA-cuDNN on the batch padded to its longest sequence, in the same process: the per-sequence kernel
 (`hopper:persistent=0`), the persistent one as shipped (`hopper:persistent=2`: V's tail rows zeroed by warpgroup 0
 alone behind a barrier), the same on the head-major walk (`walk=1`: units of real tiles, a head's blocks or causal
-pairs of them, dealt round-robin), optionally with both warpgroups zeroing unsynchronized (`--zero-tail-1`,
-ZERO_TAIL=1), and the default's pick.
+pairs of them, dealt round-robin), optionally with the kernel's switches (`--ablate ZERO_TAIL=0 CHAIN=0`:
+no tail zeroing, the per-tile cost of making a neighbour's rows safe; unchained tiles), and the default's pick.
 Each output is compared bitwise with the per-sequence kernel's first (the same per-row arithmetic in another order).
 
-    python scripts/varlen_ab.py --json varlen_ab.json [--md varlen_ab.md] [--rounds 3]
+    python scripts/varlen_ab.py --json varlen_ab.json [--md varlen_ab.md] [--rounds 3] [--ablate ZERO_TAIL=0]
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ CASES = [VarlenCase(32, 256, 4096, 32, 32, 128, False), VarlenCase(32, 256, 4096
          VarlenCase(32, 256, 4096, 32, 32, 64, False), VarlenCase(32, 256, 4096, 32, 32, 64, True)]
 
 
-def row(case: VarlenCase, rounds: int, zero_tail_ablation: bool = False) -> dict:
+def row(case: VarlenCase, rounds: int, ablations: dict[str, dict] | None = None) -> dict:
     inputs = case.inputs("cuda")
     q, k, v, cu, longest = inputs
     gqa = case.hq != case.hkv
@@ -42,14 +42,16 @@ def row(case: VarlenCase, rounds: int, zero_tail_ablation: bool = False) -> dict
         return lambda: xkernels.attention_varlen(q, k, v, cu, cu, longest, longest, is_causal=case.causal,
                                                  backend=backend)
 
-    def zero_tail_1():
-        o = torch.empty_like(q)
-        _, choice = select.resolve_attention_varlen(q, k, v, cu, cu, longest, longest, precision="bf16",
-                                                    backend="hopper:persistent=2")
-        varlen._run_persistent(q, k, v, o, None, cu, cu, longest, case.d ** -0.5 * math.log2(math.e),
-                               is_causal=case.causal, positive_scale=True, recipe=ATTENTION_RECIPES["bf16"],
-                               cfg=choice.config.persistent, knobs=dict(ZERO_TAIL=1))
-        return o
+    def ablated(knobs):
+        def fn():
+            o = torch.empty_like(q)
+            _, choice = select.resolve_attention_varlen(q, k, v, cu, cu, longest, longest, precision="bf16",
+                                                        backend="hopper:persistent=2")
+            varlen._run_persistent(q, k, v, o, None, cu, cu, longest, case.d ** -0.5 * math.log2(math.e),
+                                   is_causal=case.causal, positive_scale=True, recipe=ATTENTION_RECIPES["bf16"],
+                                   cfg=choice.config.persistent, knobs=knobs)
+            return o
+        return fn
 
     ours("auto")()
     out["auto_kernel"] = xkernels.last_backend()
@@ -61,8 +63,8 @@ def row(case: VarlenCase, rounds: int, zero_tail_ablation: bool = False) -> dict
     fns = {"cuDNN padded": cudnn, "per-sequence": ours("hopper:persistent=0"),
            "persistent": ours("hopper:persistent=2"), "persistent walk=1": ours("hopper:persistent=2,walk=1"),
            "auto": ours("auto")}
-    if zero_tail_ablation:
-        fns["persistent ZERO_TAIL=1"] = zero_tail_1
+    for name, knobs in (ablations or {}).items():
+        fns[f"persistent {name}"] = ablated(knobs)
     for name, fn in list(fns.items())[1:]:
         try:
             o = fn()
@@ -102,8 +104,16 @@ def main() -> None:
     ap.add_argument("--md")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
     ap.add_argument("--zero-tail-1", action="store_true", help="also time the ZERO_TAIL=1 ablation")
+    ap.add_argument("--ablate", nargs="*", default=[], metavar="KNOB=VALUE",
+                    help="also time the persistent kernel with these switches, each alone: ZERO_TAIL=0 (no tail "
+                         "zeroing: unsafe where a neighbour's V holds inf, the zeroing's cost), ZERO_TAIL=1, CHAIN=0")
     args = ap.parse_args()
-    rows = [row(c, args.rounds, args.zero_tail_1) for c in CASES]
+    knobs = args.ablate + ["ZERO_TAIL=1"] * args.zero_tail_1
+    ablations = {kv: {kv.split("=")[0]: int(kv.split("=")[1])} for kv in knobs}
+    for kv in ablations.values():
+        if "CHAIN" in kv:
+            kv["CHAIN"] = bool(kv["CHAIN"])
+    rows = [row(c, args.rounds, ablations) for c in CASES]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
