@@ -106,7 +106,8 @@ def main() -> None:
     ap.add_argument("--zero-tail-1", action="store_true", help="also time the ZERO_TAIL=1 ablation")
     ap.add_argument("--ablate", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="also time the persistent kernel with these switches, each alone: ZERO_TAIL=0 (no tail "
-                         "zeroing: unsafe where a neighbour's V holds inf, the zeroing's cost), ZERO_TAIL=1, CHAIN=0")
+                         "zeroing: unsafe where a neighbour's V holds inf, the zeroing's cost), ZERO_TAIL=1, "
+                         "ZERO_TAIL=3 (only the chunks past the end), CHAIN=0")
     args = ap.parse_args()
     knobs = args.ablate + ["ZERO_TAIL=1"] * args.zero_tail_1
     ablations = {kv: {kv.split("=")[0]: int(kv.split("=")[1])} for kv in knobs}

@@ -70,6 +70,34 @@ def test_a_neighbours_inf_does_not_reach_a_sequence(causal):
     assert compare_attention(o[:100], ref_o, ATTENTION_RECIPES["bf16"]).passed
 
 
+@pytest.mark.parametrize("zero_tail", [2, 3])
+@pytest.mark.parametrize("causal", [False, True])
+def test_tail_zeroing_variants_keep_a_neighbours_inf_out(causal, zero_tail):
+    """The kernel's V-tail switch run directly (`varlen._run_persistent`): the shipped 2 and the candidate 3 (only
+    the 32-row chunks past the end rewritten). Each sequence in turn keeps its V and every other row of V is inf or
+    NaN; its tail ends inside a chunk (100, 37, 70 keys), on a chunk edge (96, 64) or at a tile edge (128)."""
+    import math
+
+    from xkernels import select, varlen
+
+    lens = [100, 37, 96, 128, 70, 64]
+    q, k, v, cq, ck = packed(lens, lens, 4, 2, 128, torch.bfloat16, "cuda", seed=21)
+    ref_o, _ = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
+    _, choice = select.resolve_attention_varlen(q, k, v, cq, ck, max(lens), max(lens), precision="bf16",
+                                                backend="hopper:persistent=2")
+    starts = cq.tolist()
+    for t in range(len(lens)):
+        own = slice(starts[t], starts[t + 1])
+        poisoned = torch.full_like(v, float("inf") if t % 2 else float("nan"))
+        poisoned[own] = v[own]
+        o = torch.full_like(q, float("nan"))
+        varlen._run_persistent(q, k, poisoned, o, None, cq, ck, max(lens), 128 ** -0.5 * math.log2(math.e),
+                               is_causal=causal, positive_scale=True, recipe=ATTENTION_RECIPES["bf16"],
+                               cfg=choice.config.persistent, knobs=dict(ZERO_TAIL=zero_tail))
+        assert not torch.isnan(o[own]).any(), (t, lens[t])
+        assert compare_attention(o[own], ref_o[own], ATTENTION_RECIPES["bf16"]).passed, (t, lens[t])
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lens", [[1000], [1 + i % 3 for i in range(1100)], [700] * 3 + [5] * 300])
 def test_head_major_walk_batches(causal, lens):

@@ -155,17 +155,27 @@ def _store_empty(WG: gl.constexpr, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, l
 
 
 @gluon.jit
-def _zero_tail(v_tile, valid, HEAD_DIM: gl.constexpr):
+def _zero_chunk(v_tile, r: gl.constexpr, valid, layout: gl.constexpr, CHUNK: gl.constexpr):
+    part = v_tile.slice(r, CHUNK)
+    rows = r + gl.arange(0, CHUNK, gl.SliceLayout(1, layout))
+    part.store(gl.where(gl.expand_dims(rows < valid, 1), part.load(layout), 0.0).to(v_tile.dtype))
+
+
+@gluon.jit
+def _zero_tail(v_tile, valid, HEAD_DIM: gl.constexpr, PAST_END_ONLY: gl.constexpr = False):
     """Rows >= valid of a V tile in shared memory set to 0 (keys past the sequence end: another sequence's values,
-    which P = 0 would not cancel if they were inf or NaN), then fenced for the async P.V that reads the tile."""
+    which P = 0 would not cancel if they were inf or NaN), then fenced for the async P.V that reads the tile.
+    PAST_END_ONLY: only the 32-row chunks that hold such rows are rewritten (the others are left as loaded)."""
     rows_n: gl.constexpr = v_tile.shape[0]
     td: gl.constexpr = HEAD_DIM // 8
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 // td, td], [4, 1], [1, 0])
     CHUNK: gl.constexpr = 32
     for r in gl.static_range(0, rows_n, CHUNK):
-        part = v_tile.slice(r, CHUNK)
-        rows = r + gl.arange(0, CHUNK, gl.SliceLayout(1, layout))
-        part.store(gl.where(gl.expand_dims(rows < valid, 1), part.load(layout), 0.0).to(v_tile.dtype))
+        if PAST_END_ONLY:
+            if r + CHUNK > valid:
+                _zero_chunk(v_tile, r, valid, layout, CHUNK)
+        else:
+            _zero_chunk(v_tile, r, valid, layout, CHUNK)
     fence_async_shared()
 
 
@@ -175,16 +185,17 @@ def _tail_ready(WG: gl.constexpr, v_tile, valid, v_zeroed, tile_n, HEAD_DIM: gl.
     """The last V tile of this program's loaded tile `tile_n` made safe for its P.V: rows >= valid (another
     sequence's values) zeroed. ZERO_TAIL 2 (shipped): warpgroup 0 alone zeroes, then arrives on the tile slot's
     `v_zeroed` barrier, which warpgroup 1 waits on before its P.V reads the tile (every tile arrives, tail or not,
-    so the phases count tiles); no store races another warpgroup's async read. Ablations: 1, both warpgroups rewrite
-    the tile (the same zeros, unsynchronized: a race by the memory model's rules, no faster when measured); 0, no
+    so the phases count tiles); no store races another warpgroup's async read. Ablations: 3, as 2 but rewriting only
+    the 32-row chunks that hold rows past the end (a candidate, not yet measured); 1, both warpgroups rewrite the
+    tile (the same zeros, unsynchronized: a race by the memory model's rules, no faster when measured); 0, no
     zeroing (a neighbour's inf or NaN then reaches the sequence)."""
     if ZERO_TAIL == 1:
         if valid < BLOCK_N:
             _zero_tail(v_tile, valid, HEAD_DIM)
-    elif ZERO_TAIL == 2:
+    elif ZERO_TAIL >= 2:
         if WG == 0:
             if valid < BLOCK_N:
-                _zero_tail(v_tile, valid, HEAD_DIM)
+                _zero_tail(v_tile, valid, HEAD_DIM, ZERO_TAIL == 3)
             mbarrier.arrive(v_zeroed.index(tile_n % 4))
         else:
             mbarrier.wait(v_zeroed.index(tile_n % 4), (tile_n // 4) & 1)
