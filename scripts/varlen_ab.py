@@ -107,13 +107,15 @@ def main() -> None:
     ap.add_argument("--ablate", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="also time the persistent kernel with these switches, each alone: ZERO_TAIL=0 (no tail "
                          "zeroing: unsafe where a neighbour's V holds inf, the zeroing's cost), ZERO_TAIL=1, "
-                         "ZERO_TAIL=3 (only the chunks past the end), CHAIN=0")
+                         "ZERO_TAIL=3 (only the chunks past the end), CHAIN=0, O_TMA=1 (TMA-store the 64-row "
+                         "blocks inside a sequence)")
     args = ap.parse_args()
     knobs = args.ablate + ["ZERO_TAIL=1"] * args.zero_tail_1
     ablations = {kv: {kv.split("=")[0]: int(kv.split("=")[1])} for kv in knobs}
     for kv in ablations.values():
-        if "CHAIN" in kv:
-            kv["CHAIN"] = bool(kv["CHAIN"])
+        for name in ("CHAIN", "O_TMA"):
+            if name in kv:
+                kv[name] = bool(kv[name])
     rows = [row(c, args.rounds, ablations) for c in CASES]
     if args.json:
         with open(args.json, "w") as f:

@@ -471,7 +471,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
             for causal in (False, True):
                 descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
-                         for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n))}
+                         for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n),
+                                            ("o_desc", 64))}
                 if recipe.converts_v:  # V converted to fp16 by the pass
                     descs["v_desc"] = (f"tensordesc<fp16[{ac.block_n}, {d}],"
                                        f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
@@ -490,7 +491,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     constexprs, 4, gluon=True,
                     spill_free=d != 128 and (TRITON_TESTED or not (causal or constexprs["WALK"])),
                     divisible=("O", "LSE", "CU_Q", "CU_K", "UNITS", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
-                               "kv_ch"))
+                               "kv_ch", "o_rh", "o_ch"))
     from xkernels.common import tile_scheduler
 
     for pairs in (False, True):  # the head-major walk's unit counts per sequence: no matrix instruction

@@ -145,7 +145,7 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
                                                           is_causal=is_causal, recipe=recipe,
                                                           positive_scale=positive_scale, write_lse=lse is not None,
                                                           cfg=cfg)
-    (_, _, (_, q_rh, q_ch)), (_, _, (_, kv_rh, kv_ch)) = hvp.packed_view(q), hvp.packed_view(k)
+    (_, q_rh, q_ch), (_, kv_rh, kv_ch), (_, o_rh, o_ch) = (hvp.packed_view(t)[2] for t in (q, k, out))
     units = cu_seqlens_q  # not read unless the walk deals units of real tiles (walk 1), counted here on the device
     if constexprs["WALK"]:
         from xkernels.common import tile_scheduler as ts
@@ -155,9 +155,9 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
         units = torch.empty(batch + 1, dtype=torch.int32, device=q.device)
         launch.run(ts.packed_units_kernel, 1, (cu_seqlens_q, units, batch, hq),
                    dict(BLOCK_M=cfg.block_m, PAIRS=pairs, BLOCK=ts.PACKED_UNITS_BLOCK), dict(num_warps=4))
-    args = (*hvp.descriptors(q, k, v, block_n=cfg.block_n), out, out if lse is None else lse, cu_seqlens_q,
-            cu_seqlens_k, units, q_rh, q_ch, kv_rh, kv_ch, *out.stride()[:2], total_q if lse is not None else 0,
-            hq // k.shape[1], *walk, qk_scale)
+    args = (*hvp.descriptors(q, k, v, out, block_n=cfg.block_n), out, out if lse is None else lse, cu_seqlens_q,
+            cu_seqlens_k, units, q_rh, q_ch, kv_rh, kv_ch, o_rh, o_ch, *out.stride()[:2],
+            total_q if lse is not None else 0, hq // k.shape[1], *walk, qk_scale)
     launch.run(hvp.attention_varlen_persistent_kernel, grid or sms_grid, args,
                constexprs | (knobs or {}), options)
     return constexprs["WALK"]

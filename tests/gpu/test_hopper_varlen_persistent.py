@@ -98,6 +98,35 @@ def test_tail_zeroing_variants_keep_a_neighbours_inf_out(causal, zero_tail):
         assert compare_attention(o[own], ref_o[own], ATTENTION_RECIPES["bf16"]).passed, (t, lens[t])
 
 
+@pytest.mark.parametrize("walk", [0, 1])
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize("causal", [False, True])
+def test_tma_store_of_inside_rows(causal, case, walk):
+    """The O_TMA switch (`varlen._run_persistent`): 64-row blocks inside a sequence leave by TMA store, its last
+    rows by masked stores. Bitwise against the per-sequence kernel over a NaN-poisoned output: a block stored past
+    its sequence's end would overwrite a neighbour's rows (whose tile may have run first)."""
+    import math
+
+    from xkernels import select, varlen
+
+    lens_q, lens_k, hq, hkv = CASES[case]
+    lens_k = lens_k or lens_q
+    q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, 128, torch.bfloat16, "cuda", seed=case + 40)
+    lq = max(lens_q)
+    _, choice = select.resolve_attention_varlen(q, k, v, cq, ck, lq, max(lens_k), precision="bf16",
+                                                backend=f"hopper:persistent=2,walk={walk}")
+    o = torch.full_like(q, float("nan"))
+    lse = torch.full((hq, q.shape[0]), float("nan"), device="cuda")
+    ran = varlen._run_persistent(q, k, v, o, lse, cq, ck, lq, 128 ** -0.5 * math.log2(math.e), is_causal=causal,
+                                 positive_scale=True, recipe=ATTENTION_RECIPES["bf16"],
+                                 cfg=choice.config.persistent, knobs=dict(O_TMA=True))
+    assert ran == walk
+    o_seq, lse_seq, seq_name = _run(q, k, v, cq, ck, causal, backend="hopper:persistent=0")
+    assert "persistent" not in seq_name, seq_name
+    assert not torch.isnan(o).any()
+    assert torch.equal(o, o_seq) and torch.equal(lse, lse_seq)
+
+
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lens", [[1000], [1 + i % 3 for i in range(1100)], [700] * 3 + [5] * 300])
 def test_head_major_walk_batches(causal, lens):

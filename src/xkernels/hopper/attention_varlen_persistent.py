@@ -19,7 +19,8 @@ of (1, H, total, D)), so a tile does not stop at its sequence's end:
   * K rows past the end get a -inf score (`mask_scores` against the sequence's own Sk);
   * V rows past the end would meet P = 0, but 0 * inf is NaN: each consumer zeroes them in shared memory before the
     tail tile's P.V (`_zero_tail`), so no neighbour's values reach a sequence;
-  * O leaves through the consumer's O buffer and masked stores (a TMA store would write the neighbour's rows).
+  * O leaves through the consumer's O buffer: a warpgroup's 64 rows all inside the sequence by a TMA store left in
+    flight (O_TMA), the sequence's last rows by masked stores (a TMA store would write the neighbour's rows).
 Causal is aligned bottom-right per sequence, as every varlen kernel here.
 """
 
@@ -37,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from xkernels.common.seqlen import kv_bounds_shifted, sequence_bounds
 from xkernels.common.tile_scheduler import packed_tile, packed_tiles_of
-from xkernels.hopper import configs
+from xkernels.hopper import configs, tma
 from xkernels.hopper.attention_fwd import (
     _key_steps,
     _load_tiles,
@@ -131,11 +132,21 @@ def _store_rows(x, ptr_base, row_stride, rows_left, o_buf, HEAD_DIM: gl.constexp
 
 
 @gluon.jit
-def _epilogue(acc, m_i, l_i, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM: gl.constexpr,
-              CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr):
-    """A warpgroup's rows of one tile: O = acc / l (rows that saw no key: 0) and the LSE, rows inside the sequence."""
+def _epilogue(acc, m_i, l_i, o_buf, o_desc, O, LSE, h, q0, SQ, row0, o_at, o_st, o_sh, lse_sh, HEAD_DIM: gl.constexpr,
+              CAUSAL: gl.constexpr, WRITE_LSE: gl.constexpr, O_TMA: gl.constexpr):
+    """A warpgroup's rows of one tile: O = acc / l (rows that saw no key: 0) and the LSE, rows inside the sequence.
+    O_TMA: 64 rows inside the sequence leave by a TMA store left in flight (the buffer's next user waits for it)."""
     out, lse = _normalize(acc, m_i, l_i, CAUSAL)
-    _store_rows(out, O + (q0 + row0) * o_st + h.to(gl.int64) * o_sh, o_st, SQ - row0, o_buf, HEAD_DIM)
+    if O_TMA:
+        tma.store_wait(0)  # the previous tile's O store has read this buffer
+        if row0 + WG_ROWS <= SQ:
+            o_buf.store(out.to(o_buf.dtype))
+            fence_async_shared()
+            tma.async_store(o_desc, [(h * o_at[0] + q0 + row0).to(gl.int32), h * o_at[1]], o_buf)
+        else:
+            _store_rows(out, O + (q0 + row0) * o_st + h.to(gl.int64) * o_sh, o_st, SQ - row0, o_buf, HEAD_DIM)
+    else:
+        _store_rows(out, O + (q0 + row0) * o_st + h.to(gl.int64) * o_sh, o_st, SQ - row0, o_buf, HEAD_DIM)
     if WRITE_LSE:
         offs = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
         gl.store(LSE + h.to(gl.int64) * lse_sh + q0 + offs, lse, mask=offs < SQ)
@@ -143,9 +154,11 @@ def _epilogue(acc, m_i, l_i, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh,
 
 @gluon.jit
 def _store_empty(WG: gl.constexpr, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM: gl.constexpr,
-                 WRITE_LSE: gl.constexpr):
+                 WRITE_LSE: gl.constexpr, O_TMA: gl.constexpr):
     """O = 0 and LSE = -inf for a warpgroup's rows of a tile that sees no key."""
     zero = gl.zeros([WG_ROWS, HEAD_DIM], gl.float32, wgmma_acc(HEAD_DIM))
+    if O_TMA:
+        tma.store_wait(0)  # the O buffer is free
     _store_rows(zero, O + (q0 + row0) * o_st + h.to(gl.int64) * o_sh, o_st, SQ - row0, o_buf, HEAD_DIM)
     if WRITE_LSE:
         lse_layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -202,11 +215,11 @@ def _tail_ready(WG: gl.constexpr, v_tile, valid, v_zeroed, tile_n, HEAD_DIM: gl.
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st,
-              o_sh, lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-              POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
-              NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr, WALK: gl.constexpr,
-              PAIRS: gl.constexpr):
+def _consumer(WG: gl.constexpr, o_desc, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed,
+              walk, o_at, o_st, o_sh, lse_sh, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
+              CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
+              WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAIN: gl.constexpr, ZERO_TAIL: gl.constexpr,
+              WALK: gl.constexpr, PAIRS: gl.constexpr, O_TMA: gl.constexpr):
     """`attention_persistent._consumer_chained` on the varlen walk, written from the next tile's side: a loaded tile
     starts by issuing its first QK^T together with the last P.V of the tile before it (pending), runs its first
     softmax under that P.V, then stores the pending tile's O; the program's last tile ends alone after the walk. The
@@ -244,7 +257,7 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_rea
                                                                WALK, PAIRS)
         row0 = start_m + WG * WG_ROWS
         if (start_m < SQ) & (hi == 0) & (row0 < SQ):  # rows that see no key: nothing loaded
-            _store_empty(WG, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM, WRITE_LSE)
+            _store_empty(WG, o_buf, O, LSE, h, q0, SQ, row0, o_st, o_sh, lse_sh, HEAD_DIM, WRITE_LSE, O_TMA)
         if (start_m < SQ) & (hi > 0):
             slot = n % 2
             offs_m = row0 + gl.arange(0, WG_ROWS, rows_s) + diag
@@ -266,14 +279,14 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_rea
                     acc, p_op = warpgroup_mma_wait(0, deps=[acc_tok, p_op])
                     v.release(it - 1)
                     if p_row0 < p_sq:
-                        _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh,
-                                  HEAD_DIM, CAUSAL, WRITE_LSE)
+                        _epilogue(acc, m_i, l_i, o_buf, o_desc, O, LSE, p_h, p_q0, p_sq, p_row0, o_at, o_st, o_sh,
+                                  lse_sh, HEAD_DIM, CAUSAL, WRITE_LSE, O_TMA)
                 else:  # ablation: the pending tile ends (P.V, epilogue) before this tile's first QK^T is issued
                     acc = warpgroup_mma(p_op, v_tile, acc)
                     v.release(it - 1)
                     if p_row0 < p_sq:
-                        _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh,
-                                  HEAD_DIM, CAUSAL, WRITE_LSE)
+                        _epilogue(acc, m_i, l_i, o_buf, o_desc, O, LSE, p_h, p_q0, p_sq, p_row0, o_at, o_st, o_sh,
+                                  lse_sh, HEAD_DIM, CAUSAL, WRITE_LSE, O_TMA)
                     qk = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
                                        use_acc=False)
                     k.release(it)
@@ -305,23 +318,28 @@ def _consumer(WG: gl.constexpr, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_rea
         acc = warpgroup_mma(p_op, v_tile, acc)
         v.release(it - 1)
         if p_row0 < p_sq:
-            _epilogue(acc, m_i, l_i, o_buf, O, LSE, p_h, p_q0, p_sq, p_row0, o_st, o_sh, lse_sh, HEAD_DIM, CAUSAL,
-                      WRITE_LSE)
+            _epilogue(acc, m_i, l_i, o_buf, o_desc, O, LSE, p_h, p_q0, p_sq, p_row0, o_at, o_st, o_sh, lse_sh,
+                      HEAD_DIM, CAUSAL, WRITE_LSE, O_TMA)
+    if O_TMA:
+        tma.store_wait(0)
 
 
 @gluon.jit(do_not_specialize=["GROUP", "n_tiles", "m_blocks", "HQ"])
-def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_K, UNITS, q_rh, q_ch, kv_rh, kv_ch,
-                                       o_st, o_sh, lse_sh, GROUP, n_tiles, m_blocks, HQ, qk_scale,
+def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, o_desc, O, LSE, CU_Q, CU_K, UNITS, q_rh, q_ch, kv_rh,
+                                       kv_ch, o_rh, o_ch, o_st, o_sh, lse_sh, GROUP, n_tiles, m_blocks, HQ, qk_scale,
                                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                                        CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr,
                                        NUM_WG: gl.constexpr, ACC16: gl.constexpr, WRITE_LSE: gl.constexpr,
                                        CHAIN: gl.constexpr = True, ZERO_TAIL: gl.constexpr = 2,
-                                       WALK: gl.constexpr = 0, PAIRS: gl.constexpr = False):
+                                       WALK: gl.constexpr = 0, PAIRS: gl.constexpr = False,
+                                       O_TMA: gl.constexpr = False):
     """q (total_q, Hq, D), k and v (total_k, Hkv, D) through descriptors over their 2-D views (a head's rows start
-    at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides; LSE (Hq, total_q);
+    at h * *_rh, its columns at h * *_ch); O (total_q, Hq, D) by its (token, head) strides, and (O_TMA) through
+    o_desc over its 2-D view (o_rh, o_ch); LSE (Hq, total_q);
     UNITS (B + 1) the units before each sequence (WALK 1, `tile_scheduler.packed_units_kernel`, with PAIRS causal
     blocks paired as it counted them; else not read)."""
     at = (q_rh, q_ch, kv_rh, kv_ch)
+    o_at = (o_rh, o_ch)
     walk = (n_tiles, m_blocks, HQ)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [2 * NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
     o_bufs = gl.allocate_shared_memory(q_desc.dtype, [NUM_WG, WG_ROWS, HEAD_DIM], q_desc.layout)
@@ -334,12 +352,12 @@ def attention_varlen_persistent_kernel(q_desc, k_desc, v_desc, O, LSE, CU_Q, CU_
     producer_regs: gl.constexpr = producer_registers(NUM_WG, False, 8)
     gl.static_assert(NUM_WG == 2, "two consumer warpgroups")
     gl.warp_specialize([
-        (_consumer, (0, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
-                     lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                     CHAIN, ZERO_TAIL, WALK, PAIRS)),
-        (_consumer, (1, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk, o_st, o_sh,
-                     lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                     CHAIN, ZERO_TAIL, WALK, PAIRS)),
+        (_consumer, (0, o_desc, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk,
+                     o_at, o_st, o_sh, lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                     WRITE_LSE, NUM_WG, CHAIN, ZERO_TAIL, WALK, PAIRS, O_TMA)),
+        (_consumer, (1, o_desc, O, LSE, CU_Q, CU_K, UNITS, q_bufs, o_bufs, q_ready, q_free, k, v, v_zeroed, walk,
+                     o_at, o_st, o_sh, lse_sh, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
+                     WRITE_LSE, NUM_WG, CHAIN, ZERO_TAIL, WALK, PAIRS, O_TMA)),
         (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, k, v, v_landed, CU_Q, CU_K, UNITS, at, walk,
                      GROUP, BLOCK_N, CAUSAL, NUM_WG, WALK, PAIRS))], [4, 1], [regs, producer_regs])
 
@@ -380,18 +398,18 @@ def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: i
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,
                       POSITIVE_SCALE=positive_scale, OVERLAP=bool(cfg.overlap), NUM_WG=cfg.consumers,
                       ACC16=bool(cfg.acc16) or recipe.pv_acc_dtype == torch.float16, WRITE_LSE=write_lse,
-                      CHAIN=True, ZERO_TAIL=2, WALK=walk, PAIRS=False)
+                      CHAIN=True, ZERO_TAIL=2, WALK=walk, PAIRS=False, O_TMA=False)
     return min(n_tiles, sms), (n_tiles, m_blocks, heads), constexprs, dict(num_warps=4)
 
 
-def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, block_n: int) -> list:
-    """Host TMA descriptors of the packed Q, K and V over their 2-D views (`packed_view`)."""
+def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, *, block_n: int) -> list:
+    """Host TMA descriptors of the packed Q, K, V and O over their 2-D views (`packed_view`)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from xkernels.common.dtypes import smem_layout
 
     descs = []
-    for t, rows in ((q, configs.WG_ROWS), (k, block_n), (v, block_n)):
+    for t, rows in ((q, configs.WG_ROWS), (k, block_n), (v, block_n), (o, configs.WG_ROWS)):
         (shape, strides, _) = packed_view(t)
         block = [rows, t.shape[-1]]
         descs.append(TensorDescriptor(t, list(shape), list(strides), block,
