@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # ncu over scripts/attn_profile.py: per launch, speed of light, pipe utilizations (HGMMA, XU = MUFU, FMA, ALU),
-# shared-memory and L2 use, warp stall reasons, into $OUT/ncu-<set>.txt (raw report: $OUT/attn-<set>.ncu-rep).
+# shared-memory and L2 use, warp stall reasons, into $OUT/ncu-<set>.txt (raw report: $OUT/attn-<set>.ncu-rep), and every
+# stall reason per launch as a table in $OUT/ncu-<set>-stalls.md.
 # If this ncu does not know a named metric, it retries once with the sections alone (each attempt keeps its own log);
 # $OUT/ncu-metrics.txt lists the pipe metrics this ncu knows.
 #   bash scripts/attn_profile.sh [set: targets|bf16io|persistent|bwd|walk, default targets] [timeout seconds per attempt,
@@ -18,7 +19,7 @@ metrics+=,sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__pipe_tensor_op_hmma_type_hmma_hgmma_qgmma_cycles_active.avg.pct_of_peak_sustained_active
 metrics+=,sm__cycles_elapsed.avg.per_second,lts__t_sector_hit_rate.pct,dram__bytes_read.sum,dram__bytes_write.sum
 sections=(--section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
-          --section WarpStateStats --section Occupancy)
+          --section WarpStateStats --section Occupancy --section SourceCounters)
 report="$OUT/attn-$set_.ncu-rep"
 rm -f "$report"
 run() {  # run LOG [extra ncu args]
@@ -36,6 +37,8 @@ if [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -qi "metric" "$OUT/ncu-$set_.log";
 fi
 if [ "$rc" = 0 ] && [ -f "$report" ]; then
   ncu --import "$report" --print-units base > "$OUT/ncu-$set_.txt" 2>&1
+  # per launch, each stall reason's warps per issued instruction (the summary above names only the largest)
+  ncu --import "$report" --page raw --csv 2>/dev/null | python3 scripts/ncu_stalls.py > "$OUT/ncu-$set_-stalls.md"
 fi
 tail -8 "$OUT"/ncu-"$set_"*.log
 exit "$rc"

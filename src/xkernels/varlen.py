@@ -134,7 +134,7 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
                     is_causal: bool, positive_scale: bool, recipe, cfg, knobs: dict | None = None,
                     grid: int | None = None) -> int:
     """Launch the persistent varlen kernel; returns the tile walk it ran (0 or 1). Scripts only: `knobs` (CHAIN,
-    ZERO_TAIL) are its ablation switches, `grid` a program count other than the SMs' (1: one program walks every
+    ZERO_TAIL, O_TMA) are its ablation switches, `grid` a program count other than the SMs' (1: one program walks every
     tile)."""
     from xkernels.common.runtime import sm_count
     from xkernels.hopper import attention_varlen_persistent as hvp

@@ -98,33 +98,40 @@ def test_tail_zeroing_variants_keep_a_neighbours_inf_out(causal, zero_tail):
         assert compare_attention(o[own], ref_o[own], ATTENTION_RECIPES["bf16"]).passed, (t, lens[t])
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("walk", [0, 1])
 @pytest.mark.parametrize("case", range(len(CASES)))
 @pytest.mark.parametrize("causal", [False, True])
-def test_tma_store_of_inside_rows(causal, case, walk):
+def test_tma_store_of_inside_rows(causal, case, walk, d, dtype):
     """The O_TMA switch (`varlen._run_persistent`): 64-row blocks inside a sequence leave by TMA store, its last
-    rows by masked stores. Bitwise against the per-sequence kernel over a NaN-poisoned output: a block stored past
-    its sequence's end would overwrite a neighbour's rows (whose tile may have run first)."""
+    rows by masked stores. The packed tensors carry 200 rows past the batch's last sequence (a sequence dropped from
+    cu_seqlens), which must stay NaN: a block stored past a sequence's end would land there for the last sequence
+    (inside the batch a neighbour's own tile may overwrite it later). Bitwise against the per-sequence kernel."""
     import math
 
     from xkernels import select, varlen
 
     lens_q, lens_k, hq, hkv = CASES[case]
     lens_k = lens_k or lens_q
-    q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, 128, torch.bfloat16, "cuda", seed=case + 40)
+    q, k, v, cq, ck = packed(lens_q + [200], lens_k + [200], hq, hkv, d, dtype, "cuda", seed=case + 40)
+    cq, ck = cq[:-1], ck[:-1]  # the last 200 rows belong to no sequence
+    tq, tk = cq[-1].item(), ck[-1].item()
     lq = max(lens_q)
-    _, choice = select.resolve_attention_varlen(q, k, v, cq, ck, lq, max(lens_k), precision="bf16",
-                                                backend=f"hopper:persistent=2,walk={walk}")
+    recipe = ATTENTION_RECIPES["bf16" if dtype == torch.bfloat16 else "fp16"]
+    _, choice = select.resolve_attention_varlen(q[:tq], k[:tk], v[:tk], cq, ck, lq, max(lens_k),
+                                                precision=recipe.name, backend=f"hopper:persistent=2,walk={walk}")
     o = torch.full_like(q, float("nan"))
     lse = torch.full((hq, q.shape[0]), float("nan"), device="cuda")
-    ran = varlen._run_persistent(q, k, v, o, lse, cq, ck, lq, 128 ** -0.5 * math.log2(math.e), is_causal=causal,
-                                 positive_scale=True, recipe=ATTENTION_RECIPES["bf16"],
-                                 cfg=choice.config.persistent, knobs=dict(O_TMA=True))
+    ran = varlen._run_persistent(q, k, v, o, lse, cq, ck, lq, d ** -0.5 * math.log2(math.e), is_causal=causal,
+                                 positive_scale=True, recipe=recipe, cfg=choice.config.persistent,
+                                 knobs=dict(O_TMA=True))
     assert ran == walk
-    o_seq, lse_seq, seq_name = _run(q, k, v, cq, ck, causal, backend="hopper:persistent=0")
+    assert torch.isnan(o[tq:]).all(), "a store past the batch's last sequence"
+    o_seq, lse_seq, seq_name = _run(q[:tq], k[:tk], v[:tk], cq, ck, causal, backend="hopper:persistent=0")
     assert "persistent" not in seq_name, seq_name
-    assert not torch.isnan(o).any()
-    assert torch.equal(o, o_seq) and torch.equal(lse, lse_seq)
+    assert not torch.isnan(o[:tq]).any()
+    assert torch.equal(o[:tq], o_seq) and torch.equal(lse[:, :tq], lse_seq)
 
 
 @pytest.mark.parametrize("causal", [False, True])
