@@ -400,6 +400,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
             variants += [(recipe, dataclasses.replace(c, walk=w)) for w in walks]
         if d > 128:
             variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0)))
+        else:  # the warpgroups' turns (opt-in, `pingpong=1`), bf16 on both walks
+            variants += [(ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=w, pingpong=1)) for w in (0, 1)]
         for recipe, cfg in variants:
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16

@@ -164,7 +164,8 @@ def test_forced_persistent_beyond_the_rule():
 VARIANTS = {"hopper:persistent=2,chained=0": "-p2 persistent", "hopper:persistent=2,consumers=3,overlap=0": "-p2-ch",
             "hopper:persistent=2,o_store=1": "-p2-ch-or persistent",
             "hopper:persistent=2,o_store=2": "-p2-ch-oq persistent",
-            "hopper:persistent=2,chained=0,o_store=2": "-p2-oq persistent"}
+            "hopper:persistent=2,chained=0,o_store=2": "-p2-oq persistent",
+            "hopper:persistent=2,pingpong=1": "-p2-ch-pp persistent"}
 
 
 @pytest.mark.parametrize("walk", [0, 1])
@@ -187,7 +188,7 @@ def test_persistent_variants_match_float64_and_dense(causal, d, b, hq, hkv, sq, 
 
 
 @pytest.mark.parametrize("backend", ["hopper:persistent=2,walk=1", "hopper:persistent=2,walk=1,chained=0",
-                                     "hopper:persistent=2,walk=1,o_store=2",
+                                     "hopper:persistent=2,walk=1,o_store=2", "hopper:persistent=2,walk=1,pingpong=1",
                                      "hopper:persistent=2,walk=1,chained=0,o_store=3,block_n=64,stages=2"])
 @pytest.mark.parametrize("d,b,hq,hkv,sq,skv", [
     (128, 4, 16, 16, 1024, 1024),  # 8 blocks a head, 64 heads: causal 256 pairs (two rounds), full 512 single tiles

@@ -483,3 +483,22 @@ def test_bf16io_converts_v_by_a_pass_from_enough_query_rows_per_kv_head(monkeypa
     assert choice.layer == "hopper" and choice.config.dense.v_pass == v_pass, (choice, kw)
     if choice.config.persistent is not None:
         assert choice.config.persistent.v_pass == v_pass
+
+
+def test_pingpong_needs_the_chained_kernels_two_warpgroups():
+    """`pingpong=1` (the warpgroups' turns): the chained persistent kernel at D64/D128 takes it (name -pp, constexpr
+    PINGPONG); unchained, three warpgroups or D256 (one Q slot, not chained) are refused naming the field; the dense
+    kernel ignores it as it ignores `chained`."""
+    from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS as P
+
+    bf16 = ATTENTION_RECIPES["bf16"]
+    for d in (64, 128):
+        cfg = dataclasses.replace(P[d], pingpong=1, walk=1)
+        cfg.check(d, bf16, "persistent")
+        assert "-ch-pp-hm" in str(cfg)
+        assert cfg.constexprs(d, bf16, causal=True, positive_scale=True, write_lse=True, persistent=True)["PINGPONG"]
+        dataclasses.replace(CONFIGS[d], pingpong=1).check(d, bf16)  # the dense kernel: ignored
+    for d, fields in ((128, dict(chained=0)), (64, dict(consumers=3, overlap=0)), (256, {}), (128, dict(pingpong=2))):
+        cfg = dataclasses.replace(P[d], **({"pingpong": 1} | fields))
+        with pytest.raises(ValueError, match="pingpong="):
+            cfg.check(d, bf16, "persistent")

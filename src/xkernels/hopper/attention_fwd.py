@@ -37,6 +37,7 @@ from xkernels.hopper import configs, tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
+from xkernels.hopper.named_barrier import pass_turn, wait_turn
 from xkernels.hopper.softmax import cap_scores, mask_scores, softmax_step
 from xkernels.portable.softmax import softcap_constexpr
 from xkernels.recipes import AttentionRecipe
@@ -156,21 +157,30 @@ def _step_scale(qk_scale, POSITIVE_SCALE: gl.constexpr, SOFTCAP: gl.constexpr):
 @gluon.jit
 def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, qk_scale, zero_s,
                BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr,
-               EMPTY_ROWS: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1, SOFTCAP: gl.constexpr = 0.0):
+               EMPTY_ROWS: gl.constexpr, full_lo=0, BAND: gl.constexpr = -1, SOFTCAP: gl.constexpr = 0.0,
+               PINGPONG: gl.constexpr = False, WG: gl.constexpr = 0):
     """The pipelined loop over key tiles [lo, hi) of one warpgroup (module docstring), entered with P of the tile
     before `lo` in `p_op` (its P.V not issued yet) and the ring counter `it` at tile `lo`; returns (acc, m_i, l_i,
     p_op, it) in the same state after tile hi - 1. `offs_m`: the rows' causal limits (key j kept for row i when
     j <= offs_m[i]; with BAND >= 0 also j >= offs_m[i] - BAND, masked below `full_lo`); `zero_s`: a zero score tile in
-    the wgmma accumulator layout."""
+    the wgmma accumulator layout. PINGPONG: warpgroup WG issues each step's two products in its turn
+    (`named_barrier.py`), with both stages landed first so that a turn never waits for data."""
     rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
     cols_s: gl.constexpr = gl.SliceLayout(0, zero_s.type.layout)
     pv_dtype: gl.constexpr = v.bufs.dtype  # bf16io: fp16, converted in place by the producer
     step_scale = _step_scale(qk_scale, POSITIVE_SCALE, SOFTCAP)
     for start_n in range(lo, hi, BLOCK_N):
         s = k.wait(it)
-        qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        v_tile = v.bufs.index(v.wait(it - 1))
-        acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+        if PINGPONG:
+            v_tile = v.bufs.index(v.wait(it - 1))
+            wait_turn(WG)
+            qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+            pass_turn(WG)
+        else:
+            qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            v_tile = v.bufs.index(v.wait(it - 1))
+            acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
         # arrive -> independent work -> wait: P.V(it-1) stays in flight while this warpgroup masks and exponentiates
         # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
         qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])

@@ -70,6 +70,7 @@ from xkernels.hopper.attention_fwd import (
 from xkernels.hopper.barriers import kv_rings, o_store_barriers, q_slot_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
+from xkernels.hopper.named_barrier import pass_turn, wait_turn
 from xkernels.hopper.softmax import softmax_step
 from xkernels.recipes import AttentionRecipe
 
@@ -209,14 +210,17 @@ def _store_tile(acc, m_i, l_i, o_desc, o_buf, O, o_rs, LSE, at, bh, row0, HQ, SQ
 def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk,
                       HQ, SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                       POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
-                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, O_STORE: gl.constexpr, WALK: gl.constexpr):
+                      WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, O_STORE: gl.constexpr, WALK: gl.constexpr,
+                      PINGPONG: gl.constexpr):
     """`_consumer` with the tiles chained: at a tile boundary the next tile's first QK^T is issued together with this
     tile's last P.V, and the next tile's first softmax runs while that P.V is in flight (the window the pipelined
     loop opens between key tiles, opened between work tiles too); the epilogue follows. Needs the next tile's Q
     before this tile's last P.V, so Q has two slots (q_ready / q_free per slot; tile n of this program uses slot
-    n % 2)."""
+    n % 2). PINGPONG (two warpgroups): every pair of products after the program's first QK^T, the boundary pair
+    included, is issued in turns (`named_barrier.py`); both warpgroups walk the same key tiles, so the turns match."""
     BLOCK_M: gl.constexpr = NUM_WG * WG_ROWS
     gl.static_assert(O_STORE != 3, "chained tiles keep the next tile's V stages busy through the epilogue")
+    gl.static_assert(not PINGPONG or NUM_WG == 2, "turns between two consumer warpgroups")
     s_layout: gl.constexpr = wgmma_acc(BLOCK_N)
     o_layout: gl.constexpr = wgmma_acc(HEAD_DIM)
     p_layout: gl.constexpr = wgmma_operand(HEAD_DIM)
@@ -237,6 +241,8 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
     full_hi, _ = kv_bounds(m_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     offs_m = m_block * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s)
     mbarrier.wait(q_ready.index(0), 0)
+    if PINGPONG and WG == 1:
+        pass_turn(WG)  # warpgroup 0 takes the first turn
     it = gl.to_tensor(0)
     s = k.wait(it)
     qk = warpgroup_mma(q_bufs.index(WG), k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
@@ -255,7 +261,7 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
         offs_m = row0 + gl.arange(0, WG_ROWS, rows_s)
         acc, m_i, l_i, p_op, it = _key_steps(q_bufs.index(slot * NUM_WG + WG), k, v, acc, m_i, l_i, p_op, it, BLOCK_N,
                                              full_hi, hi, offs_m, SKV, qk_scale, zero_s, BLOCK_N, CAUSAL,
-                                             POSITIVE_SCALE, OVERLAP, False)
+                                             POSITIVE_SCALE, OVERLAP, False, PINGPONG=PINGPONG, WG=WG)
         if O_STORE != 2:
             mbarrier.arrive(q_free.index(slot))  # every QK^T reading this tile's Q has retired
         if n + 1 < n_tiles:
@@ -264,9 +270,16 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
             n_offs = n_block * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s)
             mbarrier.wait(q_ready.index(1 - slot), ((n + 1) // 2) & 1)
             s = k.wait(it)
+            if PINGPONG:  # both stages landed before the turn (`_key_steps`)
+                v_s = v.wait(it - 1)
+                wait_turn(WG)
             qk_tok = warpgroup_mma(q_bufs.index((1 - slot) * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
                                    use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_op, v.bufs.index(v.wait(it - 1)), acc, is_async=True)
+            if not PINGPONG:
+                v_s = v.wait(it - 1)
+            acc_tok = warpgroup_mma(p_op, v.bufs.index(v_s), acc, is_async=True)
+            if PINGPONG:
+                pass_turn(WG)
             # arrive -> independent work -> wait: this tile's last P.V runs while the next tile's first scores
             # are masked and exponentiated (OVERLAP off: both retire first, as between key tiles)
             qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
@@ -297,11 +310,11 @@ def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, 
                     SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                     POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
                     WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_STORE: gl.constexpr,
-                    WALK: gl.constexpr):
+                    WALK: gl.constexpr, PINGPONG: gl.constexpr):
     if CHAINED:
         _consumer_chained(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                           qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
-                          O_STORE, WALK)
+                          O_STORE, WALK, PINGPONG)
     else:
         _consumer(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk, HQ, SQ, SKV,
                   qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE,
@@ -316,7 +329,7 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
                                 CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
                                 OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
                                 CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr,
-                                O_STORE: gl.constexpr, WALK: gl.constexpr):
+                                O_STORE: gl.constexpr, WALK: gl.constexpr, PINGPONG: gl.constexpr):
     """O: the output's base (O_STORE 1's stores; o_desc covers the same view), o_rs its view's row stride; the walk
     (`common/tile_scheduler.py`): WALK 0 with walk_arg heads per L2 chunk, WALK 1 with walk_arg the GQA group and
     walk_pairs 1 where causal blocks are paired."""
@@ -343,10 +356,10 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
                          GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE, WALK))],
             [4, producer_warps], [regs, producer_regs])
@@ -355,13 +368,13 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
             (_consumer_entry, (2, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
                          GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE, WALK))],
             [4, 4, producer_warps], [regs, regs, producer_regs])

@@ -58,6 +58,9 @@ class HopperAttentionConfig:
     # (benchmarks/results/h100/2026-12-06/01-walk); 2 (the default), the measured rule per shape
     # (`attention_persistent.preferred_walk`; the packed kernel: `attention_varlen_persistent.PACKED_WALK`)
     walk: int = 2
+    # the chained persistent kernel's two consumer warpgroups issue their per-step products in turns
+    # (`named_barrier.py`, FlashAttention-3's warp-scheduler barrier): one's softmax under the other's products
+    pingpong: int = 0
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
         """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
@@ -80,6 +83,10 @@ class HopperAttentionConfig:
             raise ValueError(f"config: chained={self.chained} must be 0 or 1, o_store={self.o_store} 0 to 3")
         if self.walk not in (0, 1, 2):
             raise ValueError(f"config: walk={self.walk} must be 0, 1 or 2")
+        if self.pingpong not in (0, 1) or (kernel == "persistent" and self.pingpong
+                                           and not (self.chained and self.consumers == 2)):
+            raise ValueError(f"config: pingpong={self.pingpong} must be 0, or 1 with chained=1 and consumers=2 "
+                             f"(the chained persistent kernel's two warpgroups; {self})")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
@@ -136,7 +143,8 @@ class HopperAttentionConfig:
         CHAINED too): one mapping for the launch and for `inspect`."""
         if persistent and self.walk not in (0, 1):
             raise ValueError(f"config: walk={self.walk}: the kernel takes a resolved walk, 0 or 1 (the launch spec's)")
-        extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store, WALK=self.walk) if persistent else {}
+        extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store, WALK=self.walk,
+                     PINGPONG=bool(self.pingpong)) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=self.converts_in_kernel(recipe), POSITIVE_SCALE=positive_scale,
                     OVERLAP=bool(self.overlap), NUM_WG=self.consumers,
@@ -146,7 +154,7 @@ class HopperAttentionConfig:
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
-                + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
+                + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained + "-pp" * self.pingpong
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
                 + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass
                 + (("-l2", "-hm", "")[self.walk] if self.persistent else ""))
