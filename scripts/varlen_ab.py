@@ -107,7 +107,8 @@ def main() -> None:
     ap.add_argument("--ablate", nargs="*", default=[], metavar="KNOB=VALUE",
                     help="also time the persistent kernel with these switches, each alone: ZERO_TAIL=0 (no tail "
                          "zeroing: unsafe where a neighbour's V holds inf, the zeroing's cost), ZERO_TAIL=1, "
-                         "ZERO_TAIL=3 (only the chunks past the end), CHAIN=0, O_TMA=1 (TMA-store the 64-row "
+                         "ZERO_TAIL=2 (every chunk of the tail tile; 3, the default, only those past the end), "
+                         "CHAIN=0, O_TMA=0 (masked stores for every block; 1, the default, TMA-stores the 64-row "
                          "blocks inside a sequence)")
     args = ap.parse_args()
     knobs = args.ablate + ["ZERO_TAIL=1"] * args.zero_tail_1

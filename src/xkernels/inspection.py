@@ -400,8 +400,10 @@ def hopper_configs() -> Iterator[KernelConfig]:
             variants += [(recipe, dataclasses.replace(c, walk=w)) for w in walks]
         if d > 128:
             variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0)))
-        else:  # the warpgroups' turns (opt-in, `pingpong=1`), bf16 on both walks
-            variants += [(ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=w, pingpong=1)) for w in (0, 1)]
+        else:  # opt-in: the warpgroups' turns (`pingpong=1`) and the one-loop consumer (`flat=1`), bf16, both walks;
+            # the one-loop consumer reloads 56 bytes at D128 on full rows (triton 3.7.1), none at D64
+            variants += [(ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=w, **f)) for w in (0, 1)
+                         for f in (dict(pingpong=1), dict(flat=1))]
         for recipe, cfg in variants:
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
@@ -422,7 +424,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     persistent.attention_persistent_kernel, descs | {"LSE": "*fp32", "O": f"*{dt}", "qk_scale": "fp32"},
                     cfg.constexprs(d, recipe, causal=causal, positive_scale=True, write_lse=True, persistent=True), 4,
                     gluon=True, spill_free=(not causal or (d == 64 and not cfg.converts_in_kernel(recipe)))
-                    and (TRITON_TESTED or not cfg.converts_in_kernel(recipe)))
+                    and (TRITON_TESTED or not cfg.converts_in_kernel(recipe)) and not (cfg.flat and d == 128))
 
     from xkernels.hopper import attention_varlen as hvarlen
 

@@ -165,7 +165,7 @@ class HopperForward:
 
 
 # fields of HopperAttentionConfig that only the persistent kernel reads (the dense kernel ignores them)
-PERSISTENT_FIELDS = frozenset({"persistent", "chained", "l2_budget_kib", "o_store", "walk", "pingpong"})
+PERSISTENT_FIELDS = frozenset({"persistent", "chained", "l2_budget_kib", "o_store", "walk", "pingpong", "flat"})
 
 
 def _hopper_forward(head_dim: int, recipe: AttentionRecipe, override: Override) -> HopperForward:

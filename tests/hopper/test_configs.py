@@ -502,3 +502,19 @@ def test_pingpong_needs_the_chained_kernels_two_warpgroups():
         cfg = dataclasses.replace(P[d], **({"pingpong": 1} | fields))
         with pytest.raises(ValueError, match="pingpong="):
             cfg.check(d, bf16, "persistent")
+
+
+def test_flat_needs_the_chained_kernel():
+    """`flat=1` (one loop over a program's tiles): the chained persistent kernel takes it, with turns too (name
+    -fl, constexpr FLAT); unchained (D256's config, or chained=0) it is refused naming the field."""
+    from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS as P
+
+    bf16 = ATTENTION_RECIPES["bf16"]
+    for d in (64, 128):
+        cfg = dataclasses.replace(P[d], flat=1, pingpong=1, walk=0)
+        cfg.check(d, bf16, "persistent")
+        assert "-ch-pp-fl-l2" in str(cfg)
+        assert cfg.constexprs(d, bf16, causal=False, positive_scale=True, write_lse=True, persistent=True)["FLAT"]
+    for d, fields in ((128, dict(chained=0)), (256, {}), (64, dict(flat=2))):
+        with pytest.raises(ValueError, match="flat="):
+            dataclasses.replace(P[d], **({"flat": 1} | fields)).check(d, bf16, "persistent")

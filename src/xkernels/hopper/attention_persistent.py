@@ -37,7 +37,7 @@ n % slots):
            load: the window is the next tile's Q load, already under way.
 O leaves through a buffer per consumer; its TMA store is waited on only before the next tile's epilogue reuses it.
 Config `o_store` 1-3: it leaves from the accumulator's registers, through the tile's Q slot, or through the V ring
-instead, and the kernel has no O buffers (`_store_tile`; D256 needs that to fit 64-key tiles).
+instead, and the kernel has no O buffers (`epilogue.store_tile`; D256 needs that to fit 64-key tiles).
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -62,13 +61,14 @@ from xkernels.hopper.attention_fwd import (
     _key_steps,
     _load_q,
     _load_tiles,
-    _normalize,
     _scores,
     consumer_registers,
     producer_registers,
 )
+from xkernels.hopper.attention_persistent_flat import consumer_flat
 from xkernels.hopper.barriers import kv_rings, o_store_barriers, q_slot_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
+from xkernels.hopper.epilogue import store_tile
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.named_barrier import pass_turn, wait_turn
 from xkernels.hopper.softmax import softmax_step
@@ -161,49 +161,12 @@ def _consumer(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free
             if it - 1 - WG >= 0:
                 last = it - 1 - (it - 1 - WG) % STAGES
                 mbarrier.wait(v.empty.index(WG), (last // STAGES) & 1)
-            _store_tile(acc, m_i, l_i, o_desc, v.bufs.index(WG), O, o_rs, LSE, at, bh, row0, HQ, SQ,
-                        o_left.index(WG), WRITE_LSE, O_STORE)
+            store_tile(acc, m_i, l_i, o_desc, v.bufs.index(WG), O, o_rs, LSE, at, bh, row0, HQ, SQ,
+                       o_left.index(WG), WRITE_LSE, O_STORE)
         else:
-            _store_tile(acc, m_i, l_i, o_desc, q if O_STORE == 2 else o_bufs.index(WG), O, o_rs, LSE, at, bh, row0,
-                        HQ, SQ, q_free.index(0), WRITE_LSE, O_STORE)
+            store_tile(acc, m_i, l_i, o_desc, q if O_STORE == 2 else o_bufs.index(WG), O, o_rs, LSE, at, bh, row0,
+                       HQ, SQ, q_free.index(0), WRITE_LSE, O_STORE)
     tma.store_wait(0)
-
-
-@gluon.jit
-def _store_tile(acc, m_i, l_i, o_desc, o_buf, O, o_rs, LSE, at, bh, row0, HQ, SQ, free, WRITE_LSE: gl.constexpr,
-                O_STORE: gl.constexpr):
-    """A warpgroup's epilogue: O = acc / l and the LSE; rows past the sequence store nothing (Sq is a multiple of 64
-    only, so the last block's last warpgroups may lie past it). O leaves by `O_STORE` (config `o_store`):
-      0  through the warpgroup's O buffer `o_buf` and a TMA store left in flight (the buffer's next user waits);
-      1  straight from the accumulator's registers, each thread's column pairs as plain global stores;
-      2  through the tile's Q slot (`o_buf`: every QK^T reading it has retired) and a TMA store; once the store has
-         read the slot, the warpgroup arrives on `free` (q_free) for the producer to load a later tile's Q there;
-      3  through V stage WG (`o_buf`: 64-key tiles are a warpgroup's O tile; the caller waited for its last P.V),
-         then `free` (o_left[WG]) for the producer's next V load, while the next tile's Q, freed after the last
-         QK^T, loads under this epilogue.
-    1-3 need no O buffers: at D256 those are what keep 64-key tiles out of the kernel's shared memory."""
-    out, lse = _normalize(acc, m_i, l_i, False)
-    if row0 < SQ:
-        b = bh // HQ
-        h = bh % HQ
-        if O_STORE == 1:
-            layout: gl.constexpr = acc.type.layout
-            rows = b * at[6] + h * at[7] + row0 + gl.arange(0, WG_ROWS, gl.SliceLayout(1, layout))
-            cols = h * at[8] + gl.arange(0, acc.shape[1], gl.SliceLayout(0, layout))
-            ptrs = O + gl.expand_dims(rows.to(gl.int64) * o_rs, 1) + gl.expand_dims(cols, 0)
-            gl.store(ptrs, out.to(O.dtype.element_ty))
-        else:
-            if O_STORE == 0:
-                tma.store_wait(0)  # the previous tile's O store has left this buffer
-            o_buf.store(out.to(o_buf.dtype))
-            fence_async_shared()
-            tma.async_store(o_desc, [b * at[6] + h * at[7] + row0, h * at[8]], o_buf)
-        if WRITE_LSE:
-            offs_m = row0 + gl.arange(0, WG_ROWS, lse.type.layout)
-            gl.store(LSE + bh.to(gl.int64) * SQ + offs_m, lse)
-    if O_STORE >= 2:
-        tma.store_wait(0)  # the store has read the buffer (a warpgroup past the sequence end stored nothing)
-        mbarrier.arrive(free)
 
 
 @gluon.jit
@@ -295,8 +258,8 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
             p_next = p_op
             m_next = m_i
             l_next = l_i
-        _store_tile(acc, m_i, l_i, o_desc, q_bufs.index(slot * NUM_WG + WG) if O_STORE == 2 else o_bufs.index(WG),
-                    O, o_rs, LSE, at, bh, row0, HQ, SQ, q_free.index(slot), WRITE_LSE, O_STORE)
+        store_tile(acc, m_i, l_i, o_desc, q_bufs.index(slot * NUM_WG + WG) if O_STORE == 2 else o_bufs.index(WG),
+                   O, o_rs, LSE, at, bh, row0, HQ, SQ, q_free.index(slot), WRITE_LSE, O_STORE)
         acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
         p_op = p_next
         m_i = m_next
@@ -310,8 +273,12 @@ def _consumer_entry(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, 
                     SQ, SKV, qk_scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
                     POSITIVE_SCALE: gl.constexpr, OVERLAP: gl.constexpr, ACC16: gl.constexpr,
                     WRITE_LSE: gl.constexpr, NUM_WG: gl.constexpr, CHAINED: gl.constexpr, O_STORE: gl.constexpr,
-                    WALK: gl.constexpr, PINGPONG: gl.constexpr):
-    if CHAINED:
+                    WALK: gl.constexpr, PINGPONG: gl.constexpr, FLAT: gl.constexpr):
+    if CHAINED and FLAT:
+        consumer_flat(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV, qk_scale,
+                      HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG, O_STORE, WALK,
+                      PINGPONG)
+    elif CHAINED:
         _consumer_chained(WG, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, k, v, LSE, at, walk, HQ, SQ, SKV,
                           qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16, WRITE_LSE, NUM_WG,
                           O_STORE, WALK, PINGPONG)
@@ -329,7 +296,8 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
                                 CAUSAL: gl.constexpr, CONVERT_V: gl.constexpr, POSITIVE_SCALE: gl.constexpr,
                                 OVERLAP: gl.constexpr, NUM_WG: gl.constexpr, ACC16: gl.constexpr,
                                 CONVERT_STEPS: gl.constexpr, WRITE_LSE: gl.constexpr, CHAINED: gl.constexpr,
-                                O_STORE: gl.constexpr, WALK: gl.constexpr, PINGPONG: gl.constexpr):
+                                O_STORE: gl.constexpr, WALK: gl.constexpr, PINGPONG: gl.constexpr,
+                                FLAT: gl.constexpr):
     """O: the output's base (O_STORE 1's stores; o_desc covers the same view), o_rs its view's row stride; the walk
     (`common/tile_scheduler.py`): WALK 0 with walk_arg heads per L2 chunk, WALK 1 with walk_arg the GQA group and
     walk_pairs 1 where causal blocks are paired."""
@@ -356,10 +324,10 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG, FLAT)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG, FLAT)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
                          GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE, WALK))],
             [4, producer_warps], [regs, producer_regs])
@@ -368,13 +336,13 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
         gl.warp_specialize([
             (_consumer_entry, (0, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG, FLAT)),
             (_consumer_entry, (1, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG, FLAT)),
             (_consumer_entry, (2, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_free, o_left, k, v, LSE, at, walk,
                                HQ, SQ, SKV, qk_scale, HEAD_DIM, BLOCK_N, CAUSAL, POSITIVE_SCALE, OVERLAP, ACC16,
-                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG)),
+                               WRITE_LSE, NUM_WG, CHAINED, O_STORE, WALK, PINGPONG, FLAT)),
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
                          GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE, WALK))],
             [4, 4, producer_warps], [regs, regs, producer_regs])

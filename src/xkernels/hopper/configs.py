@@ -43,7 +43,7 @@ class HopperAttentionConfig:
     # with one tile per CTA, ignores it, as recipes other than bf16io ignore convert_steps)
     l2_budget_kib: int = 0  # L2-chunk walk: K/V KiB of the heads walked together; 0: `l2_budget_kib()`; set, it
     # implies that walk (walk=2 resolves to 0)
-    # the persistent kernel's O path (`attention_persistent._store_tile`): 0, O buffers and TMA stores; 1, from the
+    # the persistent kernel's O path (`epilogue.store_tile`): 0, O buffers and TMA stores; 1, from the
     # accumulator's registers; 2, through the tile's Q slot and TMA; 3, through the V ring and TMA (64-key tiles,
     # not chained); 1-3: no O buffers in shared memory
     o_store: int = 0
@@ -61,6 +61,9 @@ class HopperAttentionConfig:
     # the chained persistent kernel's two consumer warpgroups issue their per-step products in turns
     # (`named_barrier.py`, FlashAttention-3's warp-scheduler barrier): one's softmax under the other's products
     pingpong: int = 0
+    # the chained persistent kernel's consumer with a program's tiles in one loop, one copy of the key step in its
+    # code (`attention_persistent_flat.py`): the same products and barriers, half the hot instructions
+    flat: int = 0
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
         """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
@@ -87,6 +90,9 @@ class HopperAttentionConfig:
                                            and not (self.chained and self.consumers == 2)):
             raise ValueError(f"config: pingpong={self.pingpong} must be 0, or 1 with chained=1 and consumers=2 "
                              f"(the chained persistent kernel's two warpgroups; {self})")
+        if self.flat not in (0, 1) or (kernel == "persistent" and self.flat and not self.chained):
+            raise ValueError(f"config: flat={self.flat} must be 0, or 1 with chained=1 (the chained persistent "
+                             f"kernel's consumer; {self})")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
@@ -144,7 +150,7 @@ class HopperAttentionConfig:
         if persistent and self.walk not in (0, 1):
             raise ValueError(f"config: walk={self.walk}: the kernel takes a resolved walk, 0 or 1 (the launch spec's)")
         extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store, WALK=self.walk,
-                     PINGPONG=bool(self.pingpong)) if persistent else {}
+                     PINGPONG=bool(self.pingpong), FLAT=bool(self.flat)) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
                     CONVERT_V=self.converts_in_kernel(recipe), POSITIVE_SCALE=positive_scale,
                     OVERLAP=bool(self.overlap), NUM_WG=self.consumers,
@@ -154,7 +160,8 @@ class HopperAttentionConfig:
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
-                + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained + "-pp" * self.pingpong
+                + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
+                + "-pp" * self.pingpong + "-fl" * self.flat
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
                 + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass
                 + (("-l2", "-hm", "")[self.walk] if self.persistent else ""))
