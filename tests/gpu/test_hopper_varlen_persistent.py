@@ -105,8 +105,7 @@ def test_tail_zeroing_variants_keep_a_neighbours_inf_out(causal, zero_tail):
 @pytest.mark.parametrize("causal", [False, True])
 def test_tma_store_of_inside_rows(causal, case, walk, d, dtype):
     """The O_TMA switch (the default; here set through `varlen._run_persistent`): 64-row blocks inside a sequence
-    leave by TMA store, its last
-    rows by masked stores. The packed tensors carry 200 rows past the batch's last sequence (a sequence dropped from
+    leave by TMA store, its last rows by masked stores. The packed tensors carry 200 rows past the batch's last sequence (a sequence dropped from
     cu_seqlens), which must stay NaN: a block stored past a sequence's end would land there for the last sequence
     (inside the batch a neighbour's own tile may overwrite it later). Bitwise against the per-sequence kernel."""
     import math
