@@ -203,8 +203,9 @@ def test_scale_default_is_one_over_sqrt_d(device):
 
 
 def test_persistent_varlen_rule():
-    """The persistent Hopper varlen kernel serves causal, GQA and short (<= 2K keys) batches; full MHA over longer
-    sequences stays on the per-sequence kernel; persistent=2 forces it, and the V-converting recipe never gets it."""
+    """The persistent Hopper varlen kernel serves causal, GQA and short (<= 2K keys) batches, and full MHA at D128 on
+    its head-major walk; full MHA at D64 over longer sequences (or at D128 on the L2-chunk walk) stays on the
+    per-sequence kernel; persistent=2 forces it, and the V-converting recipe never gets it."""
     import dataclasses
 
     from xkernels import varlen
@@ -213,7 +214,10 @@ def test_persistent_varlen_rule():
 
     cfg, bf16 = PERSISTENT_ATTENTION_CONFIGS[128], ATTENTION_RECIPES["bf16"]
     q, kv, kv_gqa = (torch.empty(100, h, 128, dtype=torch.bfloat16, device="meta") for h in (32, 32, 8))
-    assert not varlen._persistent(q, kv, kv, 4096, False, bf16, cfg)
+    assert varlen._persistent(q, kv, kv, 4096, False, bf16, cfg)
+    assert not varlen._persistent(q, kv, kv, 4096, False, bf16, dataclasses.replace(cfg, walk=0))
+    q64 = torch.empty(100, 32, 64, dtype=torch.bfloat16, device="meta")
+    assert not varlen._persistent(q64, q64, q64, 4096, False, bf16, PERSISTENT_ATTENTION_CONFIGS[64])
     assert varlen._persistent(q, kv, kv, 4096, True, bf16, cfg)
     assert varlen._persistent(q, kv_gqa, kv_gqa, 4096, False, bf16, cfg)
     assert varlen._persistent(q, kv, kv, 2048, False, bf16, cfg)

@@ -463,39 +463,42 @@ def hopper_configs() -> Iterator[KernelConfig]:
     from xkernels.hopper import attention_varlen_persistent as hvp
 
     for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        # bf16io only with V converted by a pass (`hopper:v_pass=1`), bf16 on the head-major walk (by override:
-        # `walk=1`; the default is `PACKED_WALK`); D256 has no chained tiles
-        pc = dataclasses.replace(pc, walk=hvp.PACKED_WALK)
+        # bf16io only with V converted by a pass (`hopper:v_pass=1`); D256 has no chained tiles. Every recipe on
+        # the walks its default takes (`packed_walk`: full rows on both, by the group; causal on the L2-chunk
+        # walk), and bf16 causal on the head-major walk too (by override, `walk=1`)
+        variants = []
         for recipe, ac in ([(r, pc) for r in ATTENTION_RECIPES.values()]
-                           + [(bf16io, dataclasses.replace(pc, v_pass=1)),
-                              (ATTENTION_RECIPES["bf16"], dataclasses.replace(pc, walk=1))]):
-            if ac.converts_in_kernel(recipe) or d > 128:
-                continue
+                           + [(bf16io, dataclasses.replace(pc, v_pass=1))]):
+            if not (ac.converts_in_kernel(recipe) or d > 128):
+                variants += [(recipe, dataclasses.replace(ac, walk=w), c)
+                             for w, c in ((0, False), (0, True), (1, False))]
+        if d <= 128:
+            variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(pc, walk=1), True))
+        for recipe, ac, causal in variants:
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
-            for causal in (False, True):
-                descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
-                         for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n),
-                                            ("o_desc", 64))}
-                if recipe.converts_v:  # V converted to fp16 by the pass
-                    descs["v_desc"] = (f"tensordesc<fp16[{ac.block_n}, {d}],"
-                                       f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
-                _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
-                                                      positive_scale=True, write_lse=True, cfg=ac)
-                if constexprs["WALK"]:  # causal: the pairs the walk deals past one round (`packed_pairs_pay`)
-                    constexprs = constexprs | {"PAIRS": causal}
-                # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the
-                # key loop (triton 3.9, compiled, never run: 136-344 bytes); on 3.9 the D64 causal variants reload 8,
-                # and the unit deal's (walk=1) full ones 16
-                yield KernelConfig(
-                    f"hopper.attention_varlen persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
-                    hvp.attention_varlen_persistent_kernel,
-                    descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "UNITS": "*i32",
-                             "qk_scale": "fp32"},
-                    constexprs, 4, gluon=True,
-                    spill_free=d != 128 and (TRITON_TESTED or not (causal or constexprs["WALK"])),
-                    divisible=("O", "LSE", "CU_Q", "CU_K", "UNITS", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
-                               "kv_ch", "o_rh", "o_ch"))
+            descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
+                     for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n),
+                                        ("o_desc", 64))}
+            if recipe.converts_v:  # V converted to fp16 by the pass
+                descs["v_desc"] = (f"tensordesc<fp16[{ac.block_n}, {d}],"
+                                   f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
+            _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
+                                                  positive_scale=True, write_lse=True, cfg=ac)
+            if constexprs["WALK"]:  # causal: the pairs the walk deals past one round (`packed_pairs_pay`)
+                constexprs = constexprs | {"PAIRS": causal}
+            # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the
+            # key loop (triton 3.9, compiled, never run: 136-344 bytes); on 3.9 the D64 causal variants reload 8,
+            # and the unit deal's (walk=1) full ones 16
+            yield KernelConfig(
+                f"hopper.attention_varlen persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
+                hvp.attention_varlen_persistent_kernel,
+                descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "UNITS": "*i32",
+                         "qk_scale": "fp32"},
+                constexprs, 4, gluon=True,
+                spill_free=d != 128 and (TRITON_TESTED or not (causal or constexprs["WALK"])),
+                divisible=("O", "LSE", "CU_Q", "CU_K", "UNITS", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
+                           "kv_ch", "o_rh", "o_ch"))
     from xkernels.common import tile_scheduler
 
     for pairs in (False, True):  # the head-major walk's unit counts per sequence: no matrix instruction

@@ -120,14 +120,16 @@ def run(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_se
 def _persistent(q, k, v, max_seqlen_k: int, is_causal: bool, recipe, cfg) -> bool:
     """Whether the persistent varlen kernel serves the call: its config and layouts (`eligible`), then the measured
     rule (persistent=1; 2 forces it): causal batches, whose query blocks differ in length, GQA, whose group's heads
-    share K/V in L2, and batches of at most 2K keys per sequence, where the per-sequence grid's prologues dominate.
-    Full MHA over longer sequences stays on the per-sequence kernel
-    (benchmarks/results/h200/2026-12-01/03-*/varlen_ab.md: 1.80x padded cuDNN against 1.63-1.68x at D128)."""
+    share K/V in L2, batches of at most 2K keys per sequence, where the per-sequence grid's prologues dominate, and
+    full MHA at D128 on the head-major walk (`packed_walk`: 1.82-1.86x padded cuDNN against the per-sequence grid's
+    1.75-1.81x, H100, benchmarks/results/h100/2026-12-06/02-walk-default, 06-varlen-ablate). Full MHA at D64 over
+    longer sequences stays on the per-sequence kernel (1.99x against 1.83-1.91x)."""
     from xkernels.hopper import attention_varlen_persistent
 
     if not attention_varlen_persistent.eligible(q, k, v, cfg, recipe):
         return False
-    return cfg.persistent == 2 or is_causal or q.shape[1] > k.shape[1] or max_seqlen_k <= 2048
+    return (cfg.persistent == 2 or is_causal or q.shape[1] > k.shape[1] or max_seqlen_k <= 2048
+            or (q.shape[-1] == 128 and cfg.walk in (1, 2)))
 
 
 def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, qk_scale: float, *,
@@ -144,7 +146,7 @@ def _run_persistent(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q:
     sms_grid, walk, constexprs, options = hvp.launch_spec(batch, hq, max_seqlen_q, d, sm_count(q.device.index),
                                                           is_causal=is_causal, recipe=recipe,
                                                           positive_scale=positive_scale, write_lse=lse is not None,
-                                                          cfg=cfg)
+                                                          cfg=cfg, group=hq // k.shape[1])
     (_, q_rh, q_ch), (_, kv_rh, kv_ch), (_, o_rh, o_ch) = (hvp.packed_view(t)[2] for t in (q, k, out))
     units = cu_seqlens_q  # not read unless the walk deals units of real tiles (walk 1), counted here on the device
     if constexprs["WALK"]:

@@ -41,11 +41,11 @@ CASES = [  # (lens_q, lens_k, hq, hkv)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_persistent_varlen_matches_float64_and_per_sequence_kernel(dtype, causal, case, d, walk):
-    """The default walk (the L2-chunk one: heads fastest in a sequence) and the head-major unit deal (`walk=1`)."""
+    """Both walks by override: the L2-chunk one (heads fastest in a sequence) and the head-major unit deal."""
     lens_q, lens_k, hq, hkv = CASES[case]
     lens_k = lens_k or lens_q
     q, k, v, cq, ck = packed(lens_q, lens_k, hq, hkv, d, dtype, "cuda", seed=case + d)
-    o, lse, name = _run(q, k, v, cq, ck, causal, backend="hopper:walk=1" if walk else "auto")
+    o, lse, name = _run(q, k, v, cq, ck, causal, backend=f"hopper:walk={walk}")
     assert "persistent" in name and f"walk={walk}]" in name, name
     ref_o, ref_lse = reference_attention_varlen(q, k, v, cq, ck, is_causal=causal)
     c = compare_attention(o, ref_o, ATTENTION_RECIPES["bf16" if dtype == torch.bfloat16 else "fp16"])
@@ -105,9 +105,10 @@ def test_tail_zeroing_variants_keep_a_neighbours_inf_out(causal, zero_tail):
 @pytest.mark.parametrize("causal", [False, True])
 def test_tma_store_of_inside_rows(causal, case, walk, d, dtype):
     """The O_TMA switch (the default; here set through `varlen._run_persistent`): 64-row blocks inside a sequence
-    leave by TMA store, its last rows by masked stores. The packed tensors carry 200 rows past the batch's last sequence (a sequence dropped from
-    cu_seqlens), which must stay NaN: a block stored past a sequence's end would land there for the last sequence
-    (inside the batch a neighbour's own tile may overwrite it later). Bitwise against the per-sequence kernel."""
+    leave by TMA store, its last rows by masked stores. The packed tensors carry 200 rows past the batch's last
+    sequence (a sequence dropped from cu_seqlens), which must stay NaN: a block stored past a sequence's end would
+    land there for the last sequence (inside the batch a neighbour's own tile may overwrite it later). Bitwise
+    against the per-sequence kernel."""
     import math
 
     from xkernels import select, varlen

@@ -269,7 +269,7 @@ def test_pair_walk_launch_spec_and_checks():
     """`walk=1`: the walk's fourth integer is the GQA group, the fifth whether causal blocks are paired (more tiles
     than SMs; a full mask never), the grid at most the units dealt; names say -hm / -l2 for an explicit walk; the
     packed kernel takes walk 1 too (its own head-major order); another value is refused. The default (walk=2)
-    resolves per shape (`preferred_walk`; the packed kernel: `PACKED_WALK`)."""
+    resolves per shape (`preferred_walk`; the packed kernel: `packed_walk`)."""
     from xkernels.hopper import attention_persistent as hp
     from xkernels.hopper import attention_varlen_persistent as hvp
     from xkernels.recipes import ATTENTION_RECIPES
@@ -310,8 +310,10 @@ def test_pair_walk_launch_spec_and_checks():
     assert hp.launch_spec(16, 32, 1024, 1024, 256, 1, 2, 132, is_causal=False, recipe=ATTENTION_RECIPES["bf16io"],
                           positive_scale=True, write_lse=False,
                           cfg=PERSISTENT_ATTENTION_CONFIGS[256])[2]["WALK"] == 0  # converting V in the producer
-    assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=True, recipe=bf16, positive_scale=True, write_lse=False,
-                           cfg=default)[2]["WALK"] == hvp.PACKED_WALK == 0
+    # the packed kernel's rule: head-major units for full MHA, the L2-chunk walk for causal or GQA
+    walks = [hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=c, recipe=bf16, positive_scale=True, write_lse=False,
+                             cfg=default, group=g)[2]["WALK"] for c, g in ((False, 1), (True, 1), (False, 4))]
+    assert walks == [1, 0, 0]
     # a chunk budget implies the L2-chunk walk; with walk=1 it is refused
     budget = dataclasses.replace(default, l2_budget_kib=2560)
     assert hp.resolved(budget, bf16, 512, True, 1, 128).walk == 0

@@ -382,19 +382,22 @@ def eligible(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: HopperAtten
         and packed_view(v)[1:] == kv[1:]
 
 
-# Config walk=2's order here: the L2-chunk walk. On the packed batch of `scripts/varlen_ab.py` (32 sequences of
-# 256-4096, H100) the head-major unit deal ran 0.98-1.02x its time (full, causal, GQA, D64), though it reads each
-# tile about once (the CPU model, `scripts/walk_l2_model.py`: full MHA 9.2 -> 2.1 GB), and it costs a launch more
-# (the unit count): benchmarks/results/h100/2026-12-06/02-walk-default.
-PACKED_WALK = 0
+def packed_walk(is_causal: bool, group: int) -> int:
+    """Config walk=2's order here: head-major units (1) for full MHA, the L2-chunk walk (0) elsewhere. On the packed
+    batch of `scripts/varlen_ab.py` (32 sequences of 256-4096, H100), full MHA at D128 ran 7.76-7.90 ms on walk 1
+    in three runs, 7.66-8.89 on walk 0 (which rereads a sequence's K/V for every few query blocks: the CPU model
+    `scripts/walk_l2_model.py` has 9.2 GB against 2.1) and 8.02-8.16 on the per-sequence grid; causal, GQA and D64
+    ran level on both walks, and walk 1 costs a launch more (the unit count): benchmarks/results/h100/2026-12-06/
+    02-walk-default, 04-pingpong-tests, 06-varlen-ablate."""
+    return 1 if not is_causal and group == 1 else 0
 
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: int, *, is_causal: bool,
-                recipe: AttentionRecipe, positive_scale: bool, write_lse: bool,
-                cfg: HopperAttentionConfig) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int]]:
-    """(grid, the walk (n_tiles, m_blocks, HQ), constexprs, options)."""
+                recipe: AttentionRecipe, positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
+                group: int = 1) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int]]:
+    """(grid, the walk (n_tiles, m_blocks, HQ), constexprs, options); `group` query heads per KV head."""
     cfg.check(head_dim, recipe, "varlen_persistent")
-    walk = PACKED_WALK if cfg.walk == 2 else cfg.walk
+    walk = packed_walk(is_causal, group) if cfg.walk == 2 else cfg.walk
     m_blocks = -(-max_seqlen_q // cfg.block_m)
     n_tiles = batch * m_blocks * heads
     constexprs = dict(HEAD_DIM=head_dim, BLOCK_N=cfg.block_n, STAGES=cfg.stages, CAUSAL=is_causal,

@@ -56,7 +56,7 @@ class HopperAttentionConfig:
     # head chunks with the longest query blocks first (the packed one's: heads fastest inside a sequence), which
     # reread a head's K/V rounds later: 1.46x cuDNN's DRAM reads at 512 causal D128, 2.1x at 1K causal D256
     # (benchmarks/results/h100/2026-12-06/01-walk); 2 (the default), the measured rule per shape
-    # (`attention_persistent.preferred_walk`; the packed kernel: `attention_varlen_persistent.PACKED_WALK`)
+    # (`attention_persistent.preferred_walk`; the packed kernel: `attention_varlen_persistent.packed_walk`)
     walk: int = 2
     # the chained persistent kernel's two consumer warpgroups issue their per-step products in turns
     # (`named_barrier.py`, FlashAttention-3's warp-scheduler barrier): one's softmax under the other's products
