@@ -393,21 +393,29 @@ def hopper_configs() -> Iterator[KernelConfig]:
     for d, ac in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
         # every recipe, and bf16io with V converted by a pass (`select.v_pass_pays`), on each walk the default
         # (config walk=2, `preferred_walk`) can pick for it: both at D64/D128; at D256 the L2-chunk walk where the
-        # producer converts V, else the head-major one, and bf16 on the L2-chunk walk too (by override)
+        # producer converts V, else the head-major one, and bf16 on the L2-chunk walk too (by override). The
+        # one-loop consumer (config flat=2, `preferred_flat`: causal rows of up to 512 keys) for every recipe on the
+        # walk the rule gives those rows (D128 head-major, D64 L2-chunk)
+        both = (False, True)
         variants = []
         for recipe, c in [(r, ac) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(ac, v_pass=1))]:
             walks = (0, 1) if d <= 128 else (0 if c.converts_in_kernel(recipe) else 1,)
-            variants += [(recipe, dataclasses.replace(c, walk=w)) for w in walks]
+            variants += [(recipe, dataclasses.replace(c, walk=w, flat=0), both) for w in walks]
+            if d <= 128:
+                variants.append((recipe, dataclasses.replace(c, walk=int(d == 128), flat=1), (True,)))
         if d > 128:
-            variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0)))
-        else:  # opt-in: the warpgroups' turns (`pingpong=1`) and the one-loop consumer (`flat=1`), bf16, both walks;
+            variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0, flat=0), both))
+        else:  # opt-in: the warpgroups' turns (`pingpong=1`), and the one-loop consumer on its other rows, bf16;
             # the one-loop consumer reloads 56 bytes at D128 on full rows (triton 3.7.1), none at D64
-            variants += [(ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=w, **f)) for w in (0, 1)
-                         for f in (dict(pingpong=1), dict(flat=1))]
-        for recipe, cfg in variants:
+            variants += [(ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=w, flat=0, pingpong=1), both)
+                         for w in (0, 1)]
+            variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=1 - int(d == 128), flat=1),
+                             (True,)))
+            variants += [(ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=w, flat=1), (False,)) for w in (0, 1)]
+        for recipe, cfg, causals in variants:
             dt = "fp16" if recipe.io_dtype == torch.float16 else "bf16"
             gdt = gl.float16 if recipe.io_dtype == torch.float16 else gl.bfloat16
-            for causal in (False, True):
+            for causal in causals:
                 descs = {name: f"tensordesc<{dt}[{rows}, {d}],{gl.NVMMASharedLayout.get_default_for([rows, d], gdt)}>"
                          for name, rows in (("q_desc", 64), ("k_desc", ac.block_n), ("v_desc", ac.block_n),
                                             ("o_desc", 64))}

@@ -263,7 +263,9 @@ class PersistentAttention:
         at = self.views[0][2] + self.views[1][2] + o_view[2]
         self.ints = (*at, o_view[1][0], hq, hq // hkv, sq, skv, *walk)
         self.tail = launch.constexpr_tail(hp.attention_persistent_kernel, self.constexprs)
-        self.name = f"hopper.attention[{recipe.name} {cfg} persistent grid={self.grid} walk={self.constexprs['WALK']}]"
+        named = dataclasses.replace(cfg, flat=int(self.constexprs["FLAT"]))  # the resolved loop shows as -fl
+        self.name = (f"hopper.attention[{recipe.name} {named} persistent grid={self.grid} "
+                     f"walk={self.constexprs['WALK']}]")
         self.kernel: launch.Kernel | None = None
         self.slots: list[launch.DescriptorSlot] = []
 

@@ -61,8 +61,9 @@ def test_v_pass_turns_the_producer_conversion_off():
         assert not cfg.constexprs(d, bf16io, causal=False, positive_scale=True, write_lse=True)["CONVERT_V"]
         assert str(cfg).endswith("-vp") and cfg.converts_in_kernel(bf16io) is False
     for d, pc in sorted(PERSISTENT_ATTENTION_CONFIGS.items()):
-        on = dataclasses.replace(pc, v_pass=1, walk=1).constexprs(d, bf16io, causal=True, positive_scale=True,
-                                                                  write_lse=True, persistent=True)
+        on = dataclasses.replace(pc, v_pass=1, walk=1, flat=0).constexprs(d, bf16io, causal=True,
+                                                                          positive_scale=True, write_lse=True,
+                                                                          persistent=True)
         assert not on["CONVERT_V"]
     assert "v_pass" in dict(select.parse_backend("hopper:v_pass=1").config)
     # O through the V ring needs V in O's dtype: bf16io's V is fp16 with or without the pass
@@ -295,7 +296,7 @@ def test_pair_walk_launch_spec_and_checks():
                           write_lse=False, cfg=dataclasses.replace(cfg, walk=0))[2]["WALK"] == 0
     with pytest.raises(ValueError, match="walk=3 must be 0, 1 or 2"):
         dataclasses.replace(cfg, walk=3).check(128, bf16, "persistent")
-    with pytest.raises(ValueError, match="resolved walk"):
+    with pytest.raises(ValueError, match="the kernel takes them resolved"):
         default.constexprs(128, bf16, causal=True, positive_scale=True, write_lse=False, persistent=True)
 
     def resolved(d, hq, hkv, s, causal):
@@ -495,7 +496,7 @@ def test_pingpong_needs_the_chained_kernels_two_warpgroups():
 
     bf16 = ATTENTION_RECIPES["bf16"]
     for d in (64, 128):
-        cfg = dataclasses.replace(P[d], pingpong=1, walk=1)
+        cfg = dataclasses.replace(P[d], pingpong=1, walk=1, flat=0)
         cfg.check(d, bf16, "persistent")
         assert "-ch-pp-hm" in str(cfg)
         assert cfg.constexprs(d, bf16, causal=True, positive_scale=True, write_lse=True, persistent=True)["PINGPONG"]
@@ -517,6 +518,25 @@ def test_flat_needs_the_chained_kernel():
         cfg.check(d, bf16, "persistent")
         assert "-ch-pp-fl-l2" in str(cfg)
         assert cfg.constexprs(d, bf16, causal=False, positive_scale=True, write_lse=True, persistent=True)["FLAT"]
-    for d, fields in ((128, dict(chained=0)), (256, {}), (64, dict(flat=2))):
+    for d, fields in ((128, dict(chained=0)), (256, {}), (64, dict(flat=3))):
         with pytest.raises(ValueError, match="flat="):
             dataclasses.replace(P[d], **({"flat": 1} | fields)).check(d, bf16, "persistent")
+
+
+def test_flat_rule_resolves_per_shape():
+    """Config flat=2 (the default): the one-loop consumer for chained causal rows of up to 512 keys
+    (`preferred_flat`), the chained consumer elsewhere; D256's unchained config never takes it."""
+    from xkernels.hopper import attention_persistent as hp
+    from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS as P
+
+    bf16 = ATTENTION_RECIPES["bf16"]
+    assert P[128].flat == 2
+
+    def flat(d, skv, causal, group=1):
+        return hp.launch_spec(16384 // skv, 32, skv, skv, d, group, 2, 132, is_causal=causal, recipe=bf16,
+                              positive_scale=True, write_lse=False, cfg=P[d])[2]["FLAT"]
+
+    assert [flat(128, s, True) for s in (256, 512, 1024, 4096)] == [True, True, False, False]
+    assert not flat(128, 512, False) and flat(64, 512, True) and flat(128, 512, True, group=4)
+    assert not flat(256, 512, True)
+    assert hp.resolved(dataclasses.replace(P[128], flat=0), bf16, 512, True, 1, 128).flat == 0  # an override holds

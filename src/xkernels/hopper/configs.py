@@ -62,8 +62,9 @@ class HopperAttentionConfig:
     # (`named_barrier.py`, FlashAttention-3's warp-scheduler barrier): one's softmax under the other's products
     pingpong: int = 0
     # the chained persistent kernel's consumer with a program's tiles in one loop, one copy of the key step in its
-    # code (`attention_persistent_flat.py`): the same products and barriers, half the hot instructions
-    flat: int = 0
+    # code (`attention_persistent_flat.py`): the same products and barriers, fewer hot instructions; 2 (the
+    # default), the measured rule per shape (`attention_persistent.preferred_flat`: causal rows of up to 512 keys)
+    flat: int = 2
 
     def converts_in_kernel(self, recipe: AttentionRecipe) -> bool:
         """Whether the kernel's producer converts V (bf16io without `v_pass`)."""
@@ -90,9 +91,9 @@ class HopperAttentionConfig:
                                            and not (self.chained and self.consumers == 2)):
             raise ValueError(f"config: pingpong={self.pingpong} must be 0, or 1 with chained=1 and consumers=2 "
                              f"(the chained persistent kernel's two warpgroups; {self})")
-        if self.flat not in (0, 1) or (kernel == "persistent" and self.flat and not self.chained):
-            raise ValueError(f"config: flat={self.flat} must be 0, or 1 with chained=1 (the chained persistent "
-                             f"kernel's consumer; {self})")
+        if self.flat not in (0, 1, 2) or (kernel == "persistent" and self.flat == 1 and not self.chained):
+            raise ValueError(f"config: flat={self.flat} must be 0, 2 (by shape), or 1 with chained=1 (the chained "
+                             f"persistent kernel's consumer; {self})")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
@@ -147,8 +148,9 @@ class HopperAttentionConfig:
                    write_lse: bool, persistent: bool = False) -> dict[str, object]:
         """The kernel's compile-time arguments for this config (`persistent`: of the persistent kernel, which takes
         CHAINED too): one mapping for the launch and for `inspect`."""
-        if persistent and self.walk not in (0, 1):
-            raise ValueError(f"config: walk={self.walk}: the kernel takes a resolved walk, 0 or 1 (the launch spec's)")
+        if persistent and (self.walk not in (0, 1) or self.flat not in (0, 1)):
+            raise ValueError(f"config: walk={self.walk}, flat={self.flat}: the kernel takes them resolved, 0 or 1 "
+                             "(the launch spec's)")
         extra = dict(CHAINED=bool(self.chained), O_STORE=self.o_store, WALK=self.walk,
                      PINGPONG=bool(self.pingpong), FLAT=bool(self.flat)) if persistent else {}
         return dict(HEAD_DIM=head_dim, BLOCK_N=self.block_n, STAGES=self.stages, CAUSAL=causal,
@@ -161,7 +163,7 @@ class HopperAttentionConfig:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + "-ov" * self.overlap + "-acc16" * self.acc16
                 + (f"-cs{self.convert_steps}" if self.convert_steps != 8 else "")
                 + (f"-p{self.persistent}" if self.persistent else "") + "-ch" * self.chained
-                + "-pp" * self.pingpong + "-fl" * self.flat
+                + "-pp" * self.pingpong + "-fl" * (self.flat == 1)
                 + (f"-l2c{self.l2_budget_kib}" if self.l2_budget_kib else "")
                 + ("", "-or", "-oq", "-ovs")[self.o_store] + "-vp" * self.v_pass
                 + (("-l2", "-hm", "")[self.walk] if self.persistent else ""))
