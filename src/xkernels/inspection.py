@@ -394,14 +394,15 @@ def hopper_configs() -> Iterator[KernelConfig]:
         # every recipe, and bf16io with V converted by a pass (`select.v_pass_pays`), on each walk the default
         # (config walk=2, `preferred_walk`) can pick for it: both at D64/D128; at D256 the L2-chunk walk where the
         # producer converts V, else the head-major one, and bf16 on the L2-chunk walk too (by override). The
-        # one-loop consumer (config flat=2, `preferred_flat`: causal rows of up to 512 keys) for every recipe on the
-        # walk the rule gives those rows (D128 head-major, D64 L2-chunk)
+        # one-loop consumer (config flat=2, `preferred_flat`: causal rows of up to 512 keys) for every recipe the rule
+        # gives it (not where the producer converts V) on the walk the rule gives those rows (D128 head-major, D64
+        # L2-chunk)
         both = (False, True)
         variants = []
         for recipe, c in [(r, ac) for r in ATTENTION_RECIPES.values()] + [(bf16io, dataclasses.replace(ac, v_pass=1))]:
             walks = (0, 1) if d <= 128 else (0 if c.converts_in_kernel(recipe) else 1,)
             variants += [(recipe, dataclasses.replace(c, walk=w, flat=0), both) for w in walks]
-            if d <= 128:
+            if d <= 128 and not c.converts_in_kernel(recipe):
                 variants.append((recipe, dataclasses.replace(c, walk=int(d == 128), flat=1), (True,)))
         if d > 128:
             variants.append((ATTENTION_RECIPES["bf16"], dataclasses.replace(ac, walk=0, flat=0), both))

@@ -518,7 +518,7 @@ def test_flat_needs_the_chained_kernel():
         cfg.check(d, bf16, "persistent")
         assert "-ch-pp-fl-l2" in str(cfg)
         assert cfg.constexprs(d, bf16, causal=False, positive_scale=True, write_lse=True, persistent=True)["FLAT"]
-    for d, fields in ((128, dict(chained=0)), (256, {}), (64, dict(flat=3))):
+    for d, fields in ((128, dict(chained=0)), (256, {}), (64, dict(flat=3)), (64, dict(consumers=3, overlap=0))):
         with pytest.raises(ValueError, match="flat="):
             dataclasses.replace(P[d], **({"flat": 1} | fields)).check(d, bf16, "persistent")
 
@@ -539,4 +539,7 @@ def test_flat_rule_resolves_per_shape():
     assert [flat(128, s, True) for s in (256, 512, 1024, 4096)] == [True, True, False, False]
     assert not flat(128, 512, False) and flat(64, 512, True) and flat(128, 512, True, group=4)
     assert not flat(256, 512, True)
+    three = dataclasses.replace(P[64], consumers=3, overlap=0)  # measured with two warpgroups only
+    assert hp.resolved(three, bf16, 512, True, 1, 64).flat == 0
+    assert hp.resolved(P[128], ATTENTION_RECIPES["bf16io"], 512, True, 1, 128).flat == 0  # V converted in the kernel
     assert hp.resolved(dataclasses.replace(P[128], flat=0), bf16, 512, True, 1, 128).flat == 0  # an override holds

@@ -442,22 +442,24 @@ def resolved(cfg: HopperAttentionConfig, recipe: AttentionRecipe, skv: int, caus
     `preferred_walk` (or 0 where the config names an L2 chunk budget, `l2_budget_kib`, which only that walk reads)
     and `preferred_flat`."""
     if cfg.flat == 2:
-        cfg = dataclasses.replace(cfg, flat=preferred_flat(skv, causal, bool(cfg.chained)))
+        cfg = dataclasses.replace(cfg, flat=preferred_flat(skv, causal, bool(cfg.chained), cfg.consumers,
+                                                           cfg.converts_in_kernel(recipe)))
     if cfg.walk != 2:
         return cfg
     walk = 0 if cfg.l2_budget_kib else preferred_walk(skv, causal, group, head_dim, cfg.converts_in_kernel(recipe))
     return dataclasses.replace(cfg, walk=walk)
 
 
-def preferred_flat(skv: int, causal: bool, chained: bool) -> int:
+def preferred_flat(skv: int, causal: bool, chained: bool, consumers: int = 2, converts_v: bool = False) -> int:
     """The consumer loop of config flat=2 (the default): one loop over a program's tiles (1,
-    `attention_persistent_flat.py`) for chained causal rows of up to 512 keys, where a tile has 2.5 key tiles on
-    average and the chained consumer's second copy of the key step runs once a tile; else the chained consumer (0).
-    CUDA-graph replay x cuDNN, H100 (benchmarks/results/h100/2026-12-06/07-flat-varlen-default): 512 causal D128
-    0.79 -> 0.93, D64 0.80 -> 0.84, GQA 32/8 D128 0.96 -> 0.98; at 1K level (D128) or behind (D64 0.96 -> 0.88),
-    on full rows and from 2K behind by 3-20 % (its boundary branch and selects in every step; at D128 full rows it
-    also reloads 56 bytes from the stack)."""
-    return int(chained and causal and skv <= 512)
+    `attention_persistent_flat.py`) for chained causal rows of up to 512 keys (two warpgroups, as measured), where a
+    tile has 2.5 key tiles on average and the chained consumer's second copy of the key step runs once a tile; else
+    the chained consumer (0). CUDA-graph replay x cuDNN, H100 (benchmarks/results/h100/2026-12-06/
+    07-flat-varlen-default): 512 causal D128 0.79 -> 0.93, D64 0.80 -> 0.84, GQA 32/8 D128 0.96 -> 0.98; at 1K
+    level (D128) or behind (D64 0.96 -> 0.88), on full rows and from 2K behind by 3-20 % (its boundary branch and
+    selects in every step; at D128 full rows it also reloads 56 bytes from the stack). Not where the producer
+    converts V (bf16io without the pass): there it reloads 48 bytes per step at D128 (triton 3.7.1), unmeasured."""
+    return int(chained and consumers == 2 and causal and skv <= 512 and not converts_v)
 
 
 def preferred_walk(skv: int, causal: bool, group: int, head_dim: int, converts_v: bool = False) -> int:

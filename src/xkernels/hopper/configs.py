@@ -91,9 +91,10 @@ class HopperAttentionConfig:
                                            and not (self.chained and self.consumers == 2)):
             raise ValueError(f"config: pingpong={self.pingpong} must be 0, or 1 with chained=1 and consumers=2 "
                              f"(the chained persistent kernel's two warpgroups; {self})")
-        if self.flat not in (0, 1, 2) or (kernel == "persistent" and self.flat == 1 and not self.chained):
-            raise ValueError(f"config: flat={self.flat} must be 0, 2 (by shape), or 1 with chained=1 (the chained "
-                             f"persistent kernel's consumer; {self})")
+        if self.flat not in (0, 1, 2) or (kernel == "persistent" and self.flat == 1
+                                           and not (self.chained and self.consumers == 2)):
+            raise ValueError(f"config: flat={self.flat} must be 0, 2 (by shape), or 1 with chained=1 and consumers=2 "
+                             f"(the chained persistent kernel's consumer, as measured; {self})")
         # (the dense kernel stores O through its Q buffer and ignores o_store, as it ignores chained)
         if self.v_pass not in (0, 1) or (self.v_pass and not recipe.converts_v):
             raise ValueError(f"config: v_pass={self.v_pass} must be 0, or 1 with a recipe that converts V "
