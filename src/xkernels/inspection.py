@@ -493,7 +493,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 descs["v_desc"] = (f"tensordesc<fp16[{ac.block_n}, {d}],"
                                    f"{gl.NVMMASharedLayout.get_default_for([ac.block_n, d], gl.float16)}>")
             _, _, constexprs, _ = hvp.launch_spec(1, 1, 1, d, 1, is_causal=causal, recipe=recipe,
-                                                  positive_scale=True, write_lse=True, cfg=ac)
+                                                  positive_scale=True, write_lse=True, cfg=ac, group=1)
             if constexprs["WALK"]:  # causal: the pairs the walk deals past one round (`packed_pairs_pay`)
                 constexprs = constexprs | {"PAIRS": causal}
             # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the

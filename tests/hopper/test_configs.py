@@ -327,7 +327,7 @@ def test_pair_walk_launch_spec_and_checks():
     assert not hp.eligible(q256, q256, q256, dataclasses.replace(cfg256, walk=0), bf16, causal=True)
     cfg.check(128, bf16, "varlen_persistent")  # the packed kernel's head-major order
     assert hvp.launch_spec(4, 32, 4096, 128, 132, is_causal=False, recipe=bf16, positive_scale=True, write_lse=False,
-                           cfg=cfg)[2]["WALK"] == 1
+                           cfg=cfg, group=4)[2]["WALK"] == 1
 
 
 @pytest.mark.parametrize("walk", [0, 1, 2])
@@ -344,7 +344,7 @@ def test_launch_specs_name_every_constexpr(walk):
         dense = hp.launch_spec(4, 32, 1024, 1024, 128, 1, 2, 132, is_causal=causal, recipe=bf16, positive_scale=True,
                                write_lse=True, cfg=cfg)[2]
         packed = hvp.launch_spec(4, 32, 1024, 128, 132, is_causal=causal, recipe=bf16, positive_scale=True,
-                                 write_lse=True, cfg=cfg)[2]
+                                 write_lse=True, cfg=cfg, group=1)[2]
         assert len(constexpr_tail(hp.attention_persistent_kernel, dense)) == len(dense)
         assert len(constexpr_tail(hvp.attention_varlen_persistent_kernel, packed)) == len(packed)
 
@@ -543,3 +543,15 @@ def test_flat_rule_resolves_per_shape():
     assert hp.resolved(three, bf16, 512, True, 1, 64).flat == 0
     assert hp.resolved(P[128], ATTENTION_RECIPES["bf16io"], 512, True, 1, 128).flat == 0  # V converted in the kernel
     assert hp.resolved(dataclasses.replace(P[128], flat=0), bf16, 512, True, 1, 128).flat == 0  # an override holds
+
+
+def test_the_packed_kernel_refuses_the_dense_consumers_switches():
+    """`pingpong=1` and `flat=1` are the dense persistent kernel's consumers; the packed kernel has neither and
+    refuses them naming the field (as it refuses `o_store`), instead of a name that claims them."""
+    from xkernels.hopper.configs import PERSISTENT_ATTENTION_CONFIGS as P
+
+    bf16 = ATTENTION_RECIPES["bf16"]
+    P[128].check(128, bf16, "varlen_persistent")  # flat=2 (by shape) is the dense kernel's rule: not refused
+    for fields in (dict(pingpong=1), dict(flat=1)):
+        with pytest.raises(ValueError, match="the packed"):
+            dataclasses.replace(P[128], **fields).check(128, bf16, "varlen_persistent")

@@ -10,8 +10,10 @@ run for every tile, and ncu counts 2.0 cycles per issued instruction of warps wa
 Here every step after the program's first key tile is one iteration of a single loop: the step issues QK^T of the
 next key tile (the current tile's next one, or at a boundary the next tile's first) and P.V of the key tile
 before; at a boundary the softmax starts from a fresh row state and the finished tile's epilogue runs after the
-P.V has landed. The order of products, waits and releases per warpgroup is the chained consumer's, so the same
-barriers and rings serve it and the outputs are bitwise the chained consumer's.
+P.V has landed. The products, waits and releases per warpgroup are the chained consumer's, in its order but one:
+a step waits for its V stage before issuing QK^T (the chained consumer issues QK^T first; the producer loads V(j-1)
+before K(j), so the V wait seldom blocks, and this is the order measured). The same barriers and rings serve it,
+and the outputs are bitwise the chained consumer's.
 """
 
 from triton.experimental import gluon

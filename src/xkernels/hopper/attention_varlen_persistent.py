@@ -394,7 +394,7 @@ def packed_walk(is_causal: bool, group: int) -> int:
 
 def launch_spec(batch: int, heads: int, max_seqlen_q: int, head_dim: int, sms: int, *, is_causal: bool,
                 recipe: AttentionRecipe, positive_scale: bool, write_lse: bool, cfg: HopperAttentionConfig,
-                group: int = 1) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int]]:
+                group: int) -> tuple[int, tuple[int, int, int], dict[str, object], dict[str, int]]:
     """(grid, the walk (n_tiles, m_blocks, HQ), constexprs, options); `group` query heads per KV head."""
     cfg.check(head_dim, recipe, "varlen_persistent")
     walk = packed_walk(is_causal, group) if cfg.walk == 2 else cfg.walk

@@ -106,6 +106,9 @@ class HopperAttentionConfig:
                                                              or self.stages < self.consumers):
             raise ValueError(f"config: o_store=3 (O through the V ring) needs block_n={WG_ROWS} (a warpgroup's O tile "
                              f"per V stage), chained=0 and stages >= consumers ({self})")
+        if kernel == "varlen_persistent" and (self.pingpong or self.flat == 1):
+            raise ValueError(f"config: pingpong={self.pingpong}, flat={self.flat} are the dense persistent kernel's "
+                             "consumers; the packed (varlen) persistent kernel has neither")
         if kernel == "varlen_persistent" and self.o_store:
             raise ValueError(f"config: o_store={self.o_store} is the dense persistent kernel's; the packed (varlen) "
                              "persistent kernel stores O through its O buffers")
