@@ -174,13 +174,12 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
         if PINGPONG:
             v_tile = v.bufs.index(v.wait(it - 1))
             wait_turn(WG)
-            qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
-            pass_turn(WG)
-        else:
-            qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        qk_tok = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if not PINGPONG:
             v_tile = v.bufs.index(v.wait(it - 1))
-            acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+        acc_tok = warpgroup_mma(p_op, v_tile, acc, is_async=True)
+        if PINGPONG:
+            pass_turn(WG)
         # arrive -> independent work -> wait: P.V(it-1) stays in flight while this warpgroup masks and exponentiates
         # tile it; with OVERLAP off, both wgmmas retire first (the window closed)
         qk = warpgroup_mma_wait(1 if OVERLAP else 0, deps=[qk_tok])
@@ -196,6 +195,26 @@ def _key_steps(q, k, v, acc, m_i, l_i, p_op, it, lo, full_hi, hi, offs_m, SKV, q
         m_i = m_new
         it += 1
     return acc, m_i, l_i, p_op, it
+
+
+@gluon.jit
+def first_key_tile(q, q_ready, k, full_hi, offs_m, SKV, qk_scale, zero_s, m_0, l_0, CAUSAL: gl.constexpr,
+                   POSITIVE_SCALE: gl.constexpr, p_layout: gl.constexpr, pv_dtype: gl.constexpr,
+                   PINGPONG: gl.constexpr = False, WG: gl.constexpr = 0):
+    """A persistent consumer's first key tile of its program's first tile (Q in slot 0): scores and softmax only,
+    its P.V goes out with the next step's QK^T. With PINGPONG, warpgroup 1 first opens warpgroup 0's turn. Returns
+    (m_i, l_i, P as the P.V operand, the ring counter after it)."""
+    cols_s: gl.constexpr = gl.SliceLayout(0, zero_s.type.layout)
+    mbarrier.wait(q_ready, 0)
+    if PINGPONG and WG == 1:
+        pass_turn(WG)  # warpgroup 0 takes the first turn
+    it = gl.to_tensor(0)
+    s = k.wait(it)
+    qk = warpgroup_mma(q, k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
+    k.release(it)
+    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
+    p, m_i, l_i, _ = softmax_step(qk, m_0, l_0, _step_scale(qk_scale, POSITIVE_SCALE, 0.0), False)
+    return m_i, l_i, gl.convert_layout(p.to(pv_dtype), p_layout), it + 1
 
 
 @gluon.jit

@@ -63,6 +63,7 @@ from xkernels.hopper.attention_fwd import (
     _load_tiles,
     _scores,
     consumer_registers,
+    first_key_tile,
     producer_registers,
 )
 from xkernels.hopper.attention_persistent_flat import consumer_flat
@@ -201,20 +202,11 @@ def _consumer_chained(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready
 
     # the first tile's key tile 0: scores and softmax only (its P.V goes out with key tile 1's QK^T)
     bh, m_block = tile_of(pid, nprog, 0, walk, WALK)
-    full_hi, _ = kv_bounds(m_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)
+    full_hi = kv_bounds(m_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)[0]
     offs_m = m_block * BLOCK_M + WG * WG_ROWS + gl.arange(0, WG_ROWS, rows_s)
-    mbarrier.wait(q_ready.index(0), 0)
-    if PINGPONG and WG == 1:
-        pass_turn(WG)  # warpgroup 0 takes the first turn
-    it = gl.to_tensor(0)
-    s = k.wait(it)
-    qk = warpgroup_mma(q_bufs.index(WG), k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
-    k.release(it)
-    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-    p, m_i, l_i, _ = softmax_step(qk, m_0, l_0, step_scale, False)
-    p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
+    m_i, l_i, p_op, it = first_key_tile(q_bufs.index(WG), q_ready.index(0), k, full_hi, offs_m, SKV, qk_scale, zero_s,
+                                        m_0, l_0, CAUSAL, POSITIVE_SCALE, p_layout, pv_dtype, PINGPONG, WG)
     acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
-    it += 1
     for n in range(0, n_tiles):  # `n`: this program's tiles before this one
         slot = n % 2
         bh, m_block = tile_of(pid, nprog, n, walk, WALK)

@@ -23,7 +23,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup
 from xkernels.common.seqlen import kv_bounds
 from xkernels.common.tile_scheduler import tile_of, tiles_of
 from xkernels.hopper import configs, tma
-from xkernels.hopper.attention_fwd import _scores
+from xkernels.hopper.attention_fwd import _scores, first_key_tile
 from xkernels.hopper.epilogue import store_tile
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.named_barrier import pass_turn, wait_turn
@@ -63,18 +63,9 @@ def consumer_flat(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_
     full_hi, hi = kv_bounds(m_block * BLOCK_M, SKV, BLOCK_M, BLOCK_N, CAUSAL)
     row0 = m_block * BLOCK_M + WG * WG_ROWS
     offs_m = row0 + gl.arange(0, WG_ROWS, rows_s)
-    mbarrier.wait(q_ready.index(0), 0)
-    if PINGPONG and WG == 1:
-        pass_turn(WG)  # warpgroup 0 takes the first turn
-    it = gl.to_tensor(0)
-    s = k.wait(it)
-    qk = warpgroup_mma(q_bufs.index(WG), k.bufs.index(s).permute((1, 0)), zero_s, use_acc=False)
-    k.release(it)
-    qk = _scores(qk, 0, full_hi, offs_m, SKV, qk_scale, CAUSAL, POSITIVE_SCALE, cols_s)
-    p, m_i, l_i, _ = softmax_step(qk, m_0, l_0, step_scale, False)
-    p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
+    m_i, l_i, p_op, it = first_key_tile(q_bufs.index(WG), q_ready.index(0), k, full_hi, offs_m, SKV, qk_scale, zero_s,
+                                        m_0, l_0, CAUSAL, POSITIVE_SCALE, p_layout, pv_dtype, PINGPONG, WG)
     acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
-    it += 1
     n = gl.to_tensor(0)  # the tile whose rows acc holds
     start_n = gl.to_tensor(BLOCK_N)  # the key tile this step multiplies (of tile n, or past its hi: a boundary)
     while (start_n < hi) | (n + 1 < n_tiles):
