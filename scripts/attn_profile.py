@@ -8,9 +8,10 @@ backward at B1 H32 8K D128 bf16, dQ fused into the dK/dV kernel, then the shippe
 cuDNN's (`bwd_main`). walk: the persistent forward on the L2-chunk walk (`walk=0`), then the head-major walk (the
 default), then cuDNN (`walk_main`), on B32 H32 512 causal D128, B16 H32 1K D256 full, and the rows where walk 0
 measured ahead: B8 H32/8 2K causal D128 (GQA) and B32 H32 512 causal D64: DRAM bytes and the L2 hit rate say
-whether a head's K/V is read from DRAM more than once. Every kernel is
-compiled and warmed outside the profiled range; inside it each row launches once, so ncu sees exactly those launches
-(its replays restore memory between passes).
+whether a head's K/V is read from DRAM more than once. flat: the chained consumer (`flat=0`), the one-loop consumer
+(`flat=1`), then cuDNN on B32 H32 512 causal D128 and D64 (how much instruction-fetch stall the one loop leaves).
+Every kernel is compiled and warmed outside the profiled range; inside it each row launches once, so ncu sees
+exactly those launches (its replays restore memory between passes).
 """
 
 from __future__ import annotations
@@ -69,19 +70,21 @@ def bwd_main() -> None:
     torch.cuda.profiler.stop()
 
 
-def walk_main() -> None:
-    """The persistent forward on both tile walks, then cuDNN, each launched once inside the profiled range."""
+def walk_main(rows=None, backends=("hopper:persistent=2,walk=0", "hopper:persistent=2,walk=1")) -> None:
+    """The persistent forward on both tile walks (or `backends`), then cuDNN, each launched once inside the profiled
+    range."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from xkernels.testing import attention_inputs
 
     launches = []
-    for b, s, d, causal, hkv in ((32, 512, 128, True, 32), (16, 1024, 256, False, 32), (8, 2048, 128, True, 8),
-                                 (32, 512, 64, True, 32)):
+    rows = rows or ((32, 512, 128, True, 32), (16, 1024, 256, False, 32), (8, 2048, 128, True, 8),
+                    (32, 512, 64, True, 32))
+    for b, s, d, causal, hkv in rows:
         q, k, v = attention_inputs(b, 32, s, s, d, torch.bfloat16, "cuda", hkv=hkv, seed=0)
         gqa = hkv != 32
-        for backend in ("hopper:persistent=2,walk=0", "hopper:persistent=2,walk=1"):
+        for backend in backends:
             launches.append(lambda q=q, k=k, v=v, c=causal, be=backend, g=gqa: xkernels.attention(
                 q, k, v, is_causal=c, backend=be, enable_gqa=g))
             launches[-1]()
@@ -102,6 +105,10 @@ def walk_main() -> None:
 
 
 def main(which: str) -> None:
+    if which == "flat":  # the chained and the one-loop consumer on the short causal rows
+        walk_main(((32, 512, 128, True, 32), (32, 512, 64, True, 32)),
+                  ("hopper:persistent=2,walk=1,flat=0", "hopper:persistent=2,walk=1,flat=1"))
+        return
     if which in ("bwd", "walk"):
         {"bwd": bwd_main, "walk": walk_main}[which]()
         return

@@ -38,7 +38,7 @@ from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.named_barrier import pass_turn, wait_turn
-from xkernels.hopper.softmax import cap_scores, mask_scores, softmax_step
+from xkernels.hopper.softmax import cap_scores, log2_approx, mask_scores, softmax_step
 from xkernels.portable.softmax import softcap_constexpr
 from xkernels.recipes import AttentionRecipe
 
@@ -277,13 +277,16 @@ def _normalize(acc, m_i, l_i, EMPTY_ROWS: gl.constexpr):
     """(O = acc / l in fp32, natural-log LSE) of the rows; EMPTY_ROWS: rows that saw no key (row sum exactly 0) get
     O = 0, LSE = -inf; a NaN row sum (a NaN or infinite score) stays NaN, as in SDPA."""
     rows_o: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-    l_o = gl.expand_dims(gl.convert_layout(l_i, rows_o), 1)
+    # one reciprocal a row, then a multiply an element: a division an element costs four instructions each (its
+    # range checks), as much as a key step's softmax on the short rows where a tile has two or three key tiles
     if EMPTY_ROWS:
-        out = gl.where(l_o != 0, acc.to(gl.float32) / gl.where(l_o != 0, l_o, 1.0), 0.0)
-        lse = gl.where(l_i != 0, (m_i + gl.log2(gl.where(l_i != 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        inv_l = gl.where(l_i != 0, 1.0 / l_i, 0.0)  # a NaN sum stays NaN (NaN != 0)
+        lse = gl.where(l_i != 0, (m_i + log2_approx(gl.where(l_i != 0, l_i, 1.0))) * 0.6931471805599453,
+                       float("-inf"))
     else:
-        out = acc.to(gl.float32) / l_o
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+        inv_l = 1.0 / l_i
+        lse = (m_i + log2_approx(l_i)) * 0.6931471805599453
+    out = acc.to(gl.float32) * gl.expand_dims(gl.convert_layout(inv_l, rows_o), 1)
     return out, lse
 
 

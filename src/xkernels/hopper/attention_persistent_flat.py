@@ -66,6 +66,7 @@ def consumer_flat(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_
     m_i, l_i, p_op, it = first_key_tile(q_bufs.index(WG), q_ready.index(0), k, full_hi, offs_m, SKV, qk_scale, zero_s,
                                         m_0, l_0, CAUSAL, POSITIVE_SCALE, p_layout, pv_dtype, PINGPONG, WG)
     acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
+    fresh = gl.to_tensor(True)  # the next P.V is a tile's first: it overwrites acc (wgmma's scale-d predicate off)
     n = gl.to_tensor(0)  # the tile whose rows acc holds
     start_n = gl.to_tensor(BLOCK_N)  # the key tile this step multiplies (of tile n, or past its hi: a boundary)
     while (start_n < hi) | (n + 1 < n_tiles):
@@ -90,7 +91,7 @@ def consumer_flat(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_
             wait_turn(WG)
         qk_tok = warpgroup_mma(q_bufs.index(slot * NUM_WG + WG), k.bufs.index(s).permute((1, 0)), zero_s,
                                use_acc=False, is_async=True)
-        acc_tok = warpgroup_mma(p_op, v.bufs.index(v_s), acc, is_async=True)
+        acc_tok = warpgroup_mma(p_op, v.bufs.index(v_s), acc, use_acc=not fresh, is_async=True)
         if PINGPONG:
             pass_turn(WG)
         # arrive -> independent work -> wait: P.V of the key tile before (at a boundary, the finished tile's last)
@@ -106,9 +107,11 @@ def consumer_flat(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_
             store_tile(acc, m_i, l_i, o_desc, q_bufs.index(end_slot * NUM_WG + WG) if O_STORE == 2
                        else o_bufs.index(WG), O, o_rs, LSE, at, end_bh, end_row0, HQ, SQ, q_free.index(end_slot),
                        WRITE_LSE, O_STORE)
-            acc = gl.zeros([WG_ROWS, HEAD_DIM], acc_dtype, o_layout)
-        else:  # deferred rescale: the P.V before has landed
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1).to(acc.dtype)
+        # deferred rescale: the P.V before has landed. Unconditional, so acc keeps the wgmma's registers (a
+        # zeroed or rescaled acc chosen by branch costs a register copy of it every step); after a boundary the
+        # next P.V overwrites it (`fresh`), so what this makes of the finished tile's acc is never read
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, rows_o), 1).to(acc.dtype)
+        fresh = boundary
         p_op = gl.convert_layout(p.to(pv_dtype), p_layout)
         m_i = m_new
         l_i = l_new
@@ -117,7 +120,7 @@ def consumer_flat(WG: gl.constexpr, o_desc, q_bufs, o_bufs, O, o_rs, q_ready, q_
     # the program's last tile: its last P.V alone
     if O_STORE != 2:
         mbarrier.arrive(q_free.index(n % 2))
-    acc = warpgroup_mma(p_op, v.bufs.index(v.wait(it - 1)), acc)
+    acc = warpgroup_mma(p_op, v.bufs.index(v.wait(it - 1)), acc, use_acc=not fresh)
     v.release(it - 1)
     store_tile(acc, m_i, l_i, o_desc, q_bufs.index((n % 2) * NUM_WG + WG) if O_STORE == 2 else o_bufs.index(WG), O,
                o_rs, LSE, at, bh, row0, HQ, SQ, q_free.index(n % 2), WRITE_LSE, O_STORE)

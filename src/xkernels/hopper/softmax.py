@@ -16,12 +16,24 @@ def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.
     j <= offs_m[i] (top-left aligned; callers shift offs_m for bottom-right and a window's right side); with a
     window's lower side (BAND >= 0, `common.seqlen.Band`) also keys j < offs_m[i] - BAND."""
     keys = gl.expand_dims(start_n + gl.arange(0, qk.shape[1], cols_layout), 0)
-    keep = keys < SKV
-    if CAUSAL:
-        keep = keep & (keys <= gl.expand_dims(offs_m, 1))
-    if BAND >= 0:
-        keep = keep & (keys >= gl.expand_dims(offs_m - BAND, 1))
+    if CAUSAL and BAND < 0:
+        # one bound a row (j < min(i + 1, Skv)): one compare and one select an element, where two bounds
+        # compared and combined separately cost a second select
+        keep = keys < gl.expand_dims(gl.minimum(offs_m + 1, SKV), 1)
+    else:
+        keep = keys < SKV
+        if CAUSAL:
+            keep = keep & (keys <= gl.expand_dims(offs_m, 1))
+        if BAND >= 0:
+            keep = keep & (keys >= gl.expand_dims(offs_m - BAND, 1))
     return gl.where(keep, qk, float("-inf"))
+
+
+@gluon.jit
+def log2_approx(x):
+    """log2 by the MUFU unit (`lg2.approx.f32`, relative error ~2^-22): `gl.log2` lowers to a ~15-instruction
+    polynomial with range checks. For the epilogue's LSE of a row sum >= 1 (or 0: -inf, NaN: NaN)."""
+    return gl.inline_asm_elementwise("lg2.approx.f32 $0, $1;", "=r,r", [x], dtype=gl.float32, is_pure=True, pack=1)
 
 
 @gluon.jit
