@@ -36,6 +36,7 @@ from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_barriers
 from xkernels.hopper.configs import HopperAttentionDqConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
+from xkernels.hopper.softmax import mask_scores
 
 WG_ROWS = gl.constexpr(64)  # query rows per consumer warpgroup (a wgmma's M)
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -93,13 +94,7 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
         if BAND >= 0:
             masked = masked | (start_n < full_lo)
         if masked:  # tail, diagonal or (a window's lower side) band-edge tile
-            keys = gl.expand_dims(start_n + gl.arange(0, BLOCK_N, cols_s), 0)
-            keep = keys < SKV
-            if CAUSAL:
-                keep = keep & (keys <= gl.expand_dims(rows + offset, 1))
-            if BAND >= 0:
-                keep = keep & (keys >= gl.expand_dims(rows + offset - BAND, 1))
-            p = gl.where(keep, p, 0.0)
+            p = mask_scores(p, start_n, rows + offset, SKV, CAUSAL, cols_s, BAND, 0.0)
         dp = warpgroup_mma_wait(0, deps=[dp_tok])
         v.release(it)
         ds = p * (dp - gl.expand_dims(delta, 1))

@@ -11,10 +11,12 @@ from triton.experimental.gluon import language as gl
 
 
 @gluon.jit
-def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.constexpr, BAND: gl.constexpr = -1):
-    """-inf for keys past the sequence end and, when causal, keys after the query: key j is kept for row i when
-    j <= offs_m[i] (top-left aligned; callers shift offs_m for bottom-right and a window's right side); with a
-    window's lower side (BAND >= 0, `common.seqlen.Band`) also keys j < offs_m[i] - BAND."""
+def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.constexpr, BAND: gl.constexpr = -1,
+                fill: gl.constexpr = float("-inf")):
+    """`fill` (-inf for scores, 0 for probabilities) for keys past the sequence end and, when causal, keys after the
+    query: key j is kept for row i when j <= offs_m[i] (top-left aligned; callers shift offs_m for bottom-right and a
+    window's right side); with a window's lower side (BAND >= 0, `common.seqlen.Band`) also keys j < offs_m[i] -
+    BAND."""
     keys = gl.expand_dims(start_n + gl.arange(0, qk.shape[1], cols_layout), 0)
     if CAUSAL and BAND < 0:
         # one bound a row (j < min(i + 1, Skv)): one compare and one select an element, where two bounds
@@ -26,7 +28,7 @@ def mask_scores(qk, start_n, offs_m, SKV, CAUSAL: gl.constexpr, cols_layout: gl.
             keep = keep & (keys <= gl.expand_dims(offs_m, 1))
         if BAND >= 0:
             keep = keep & (keys >= gl.expand_dims(offs_m - BAND, 1))
-    return gl.where(keep, qk, float("-inf"))
+    return gl.where(keep, qk, fill)
 
 
 @gluon.jit
