@@ -7,12 +7,13 @@ Every variant's dQ, dK and dV are first checked against float64 autograd on smal
 Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`),
 median of 30.
 
-    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3]
+    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3] [--mask-split]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 
 import torch
@@ -65,6 +66,19 @@ def variants(d: int, portable_cfg) -> dict:
             "portable": None}
 
 
+def mask_split_variants(d: int, portable_cfg) -> dict:
+    """The shipped backward configs (the split pair and, where the head dim has it, the fused-dQ kernel), each with
+    and without `mask_split` (the query walk's unmasked steps in a loop of their own)."""
+    out = {}
+    fused_dims = select.FUSED_DQ_HEAD_DIMS
+    for fused in (False, True) if d in fused_dims else (False,):
+        hb = select.hopper_backward(d, portable_cfg, fused_dq=fused)
+        name = "fused" if fused else "split"
+        out[name] = hb
+        out[f"{name} -ms"] = dataclasses.replace(hb, dkdv=dataclasses.replace(hb.dkdv, mask_split=1))
+    return out
+
+
 def run(q, k, v, do, o, lse, cfg, causal, portable_cfg, poison=False):
     """The backward into fresh gradient buffers (NaN-filled for the checks, so a row a kernel skips fails; left
     uninitialized when timed, so no fill is counted against our kernels that cuDNN's do not pay)."""
@@ -108,10 +122,13 @@ def main() -> None:
     ap.add_argument("--md")
     ap.add_argument("--dims", type=int, nargs="+", default=[256], choices=sorted(ROWS))
     ap.add_argument("--skip", default="", help="leave out the variants whose name contains this string")
+    ap.add_argument("--mask-split", action="store_true", help="the shipped configs with and without mask_split "
+                    "(`mask_split_variants`) in place of the tile variants")
     args = ap.parse_args()
 
     def chosen(d, pcfg) -> dict:
-        return {n: c for n, c in variants(d, pcfg).items() if not (args.skip and args.skip in n)}
+        every = (mask_split_variants if args.mask_split else variants)(d, pcfg)
+        return {n: c for n, c in every.items() if not (args.skip and args.skip in n)}
 
     res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
     recipe = ATTENTION_RECIPES["bf16"]

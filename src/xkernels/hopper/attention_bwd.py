@@ -43,6 +43,8 @@ LSE and delta (Hq, total_q); a program past its sequence's keys walks no query a
 Sliding windows (SHIFT, BAND: `common.seqlen.Band`): the diagonal moves by SHIFT, and a key block's walk stops at the
 last query its band reaches (`q_bounds`), so a block that no query sees walks nothing and stores dK = dV = 0; every
 step masks the lower side in `_probabilities` as it masks the causal one.
+MASK_SPLIT (config `mask_split`, opt-in): the query walk in two loops, the steps that need the mask (the causal
+diagonal's, a key tail's, a window's) and then the rest, whose compares and selects are dropped (`_mask_end`).
 """
 
 from __future__ import annotations
@@ -111,12 +113,15 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
 
 
 @gluon.jit
-def _probabilities(s_t, lse, keys, diag_keys, queries, qk_scale, SKV, CAUSAL: gl.constexpr, BAND: gl.constexpr):
-    """P^T = exp2(S^T c - lse) of one step, zero for keys past SKV, (causal) keys after their query and (a window's
-    lower side, BAND >= 0) keys more than BAND before it: `diag_keys` are the keys shifted onto the queries' diagonal
-    (key j - offset: j - (Skv - Sq) bottom-right, j top-left, less a window's SHIFT), so query i keeps key j for
-    diag_keys <= i <= diag_keys + BAND."""
+def _probabilities(s_t, lse, keys, diag_keys, queries, qk_scale, SKV, CAUSAL: gl.constexpr, BAND: gl.constexpr,
+                   MASK: gl.constexpr = True):
+    """P^T = exp2(S^T c - lse) of one step; with MASK zero for keys past SKV, (causal) keys after their query and (a
+    window's lower side, BAND >= 0) keys more than BAND before it: `diag_keys` are the keys shifted onto the queries'
+    diagonal (key j - offset: j - (Skv - Sq) bottom-right, j top-left, less a window's SHIFT), so query i keeps key j
+    for diag_keys <= i <= diag_keys + BAND. Without MASK the caller knows every pair is kept (`_mask_end`)."""
     p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
+    if not MASK:
+        return p_t
     keep = gl.expand_dims(keys < SKV, 1)
     if CAUSAL:
         keep = keep & (gl.expand_dims(diag_keys, 1) <= gl.expand_dims(queries, 0))
@@ -127,7 +132,7 @@ def _probabilities(s_t, lse, keys, diag_keys, queries, qk_scale, SKV, CAUSAL: gl
 
 @gluon.jit
 def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, diag_keys, queries, dk, dv,
-                   qk_scale, SKV, zero_s, CAUSAL: gl.constexpr, BAND: gl.constexpr):
+                   qk_scale, SKV, zero_s, CAUSAL: gl.constexpr, BAND: gl.constexpr, MASK: gl.constexpr):
     """One query block of SPLIT_D = 2: consumer 0 computes S^T and consumer 1 dP^T (each product once, where
     SPLIT_D = 1 computes both in both), exchanged through slot it % 2 of `x` (`barriers.ScoreExchange`); then each
     adds its columns' dV += P^T dO and dK += dS^T Q with P^T and dS^T read from shared memory. Returns (dk, dv)."""
@@ -142,7 +147,7 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
     mbarrier.wait(x.free.index(slot), lap ^ 1)  # each slot's first use passes at once
     if W == 0:
         p_t = _probabilities(warpgroup_mma_wait(0, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, SKV,
-                             CAUSAL, BAND)
+                             CAUSAL, BAND, MASK)
         x.p.index(slot).store(p_t.to(dtype))
         # arrive -> wait window: consumer 1's dP^T lands while P^T was computed and stored
         mbarrier.wait(x.dp_ready.index(slot), lap)
@@ -174,16 +179,123 @@ def _stage_dq(dq_out, it, dq):
 
 
 @gluon.jit
-def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_out, DK, DV, dk_sb,
-              dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
-              scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-              SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr):
-    HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
-    COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
+def _query_step(W: gl.constexpr, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m, keys,
+                diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
+                CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr, BAND: gl.constexpr,
+                MASK: gl.constexpr):
+    """Consumer W's step `it`: the query block at start_m against its keys (the module docstring's schedule), with
+    `_probabilities`' mask where MASK. Returns (dk, dv)."""
+    HALF: gl.constexpr = HEAD_DIM // 2
+    COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM
     s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
     acc_layout: gl.constexpr = wgmma_acc(COLS)
     op_layout: gl.constexpr = wgmma_operand(COLS)
     dq_layout: gl.constexpr = wgmma_acc(HALF)
+    cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # queries
+    dtype: gl.constexpr = k_buf.dtype
+    s = qdo.wait(it, FUSED_DQ > 0)  # FUSED_DQ: masked stage index (`pipeline.ring_slot`)
+    q = qdo.bufs.index(s)
+    do = do_bufs.index(s)
+    if SPLIT_D:  # the columns of Q and dO that this warpgroup's dK and dV columns take
+        q_w = q.slice(W * HALF, HALF, dim=1)
+        do_w = do.slice(W * HALF, HALF, dim=1)
+    else:
+        q_w = q
+        do_w = do
+    queries = start_m + gl.arange(0, BLOCK_M, cols)
+    if SPLIT_D == 2:
+        lse = stats.index(2 * s).load(cols)
+        delta = stats.index(2 * s + 1).load(cols)
+        dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, diag_keys, queries,
+                                dk, dv, qk_scale, skv, zero_s, CAUSAL, BAND, MASK)
+        qdo.release(it)
+    else:
+        s_tok = warpgroup_mma(k_a, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
+        dp_tok = warpgroup_mma(v_a, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
+        lse = stats.index(2 * s).load(cols)
+        delta = stats.index(2 * s + 1).load(cols)
+        p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, skv,
+                             CAUSAL, BAND, MASK)
+        p_op = gl.convert_layout(p_t.to(dtype), op_layout)
+        dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
+        dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
+        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+        if FUSED_DQ:
+            d = ds.acquire(it, True)  # both warpgroups' dQ and dK products of STAGES steps ago have retired
+            ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
+            ds_w.store(ds_t.to(dtype))
+            fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
+            mbarrier.arrive(ds.ready.index(d))
+            if FUSED_DQ == 3:
+                dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
+                if it % 2 == W:  # this warpgroup's turn: dQ = dS K over the program's keys, every column
+                    # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
+                    ds.wait(it, True)
+                    dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf,
+                                           gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
+                                           use_acc=False, is_async=True)
+                    dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
+                    _stage_dq(dq_out, it // 2, dq)  # this warpgroup's ring holds every other step's
+                else:
+                    dv, dk, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
+            elif FUSED_DQ == 1:
+                dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
+                # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
+                ds.wait(it, True)
+                dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
+                                       gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
+                                       is_async=True)  # dQ[:, half] = dS K[:, half] over the program's keys
+                dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
+                _stage_dq(dq_out, it, dq)
+            else:
+                # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's
+                # rows land
+                ds.wait(it, True)
+                dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
+                                       gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
+                                       is_async=True)
+                dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)
+                # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while
+                # dQ's partial goes to shared memory for the writer warp
+                dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
+                _stage_dq(dq_out, it, dq)
+                dk = warpgroup_mma_wait(0, deps=[dk_tok])
+            qdo.release(it, MASK=True)  # also frees dS^T stage it % STAGES (the ds ring empties are qdo's)
+        else:
+            ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
+            dk_tok = warpgroup_mma(ds_op, q_w, dk, is_async=True)  # dK += dS^T Q
+            dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
+            qdo.release(it)
+    return dk, dv
+
+
+@gluon.jit
+def _mask_end(lo, q_end, key0, skv, offset, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, BAND: gl.constexpr,
+              MASK_SPLIT: gl.constexpr):
+    """Where a consumer's masked steps end (its steps from `lo` are masked up to here, unmasked after): with
+    MASK_SPLIT, the first query block at or past the last of its keys' diagonal (causal), or `lo` (full); every
+    step where its keys run past skv, a window's lower side cuts some block (BAND >= 0), or without MASK_SPLIT.
+    Interior steps, most of a long sequence's, then skip the compares and selects of the mask."""
+    end = q_end
+    if MASK_SPLIT and BAND < 0:
+        if key0 + WG_KEYS <= skv:
+            if CAUSAL:
+                last_diag = key0 + WG_KEYS - 1 - offset  # query last_diag on sees every one of these keys
+                end = gl.minimum(lo + gl.cdiv(gl.maximum(last_diag - lo, 0), BLOCK_M) * BLOCK_M, q_end)
+            else:
+                end = lo
+    return end
+
+
+@gluon.jit
+def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_out, DK, DV, dk_sb,
+              dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
+              scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
+              SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr, MASK_SPLIT: gl.constexpr):
+    HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
+    COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
+    s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
+    acc_layout: gl.constexpr = wgmma_acc(COLS)
     dtype: gl.constexpr = k_buf.dtype
     if SPLIT_D:  # both warpgroups on the program's 64 keys
         key0 = start_n
@@ -195,7 +307,6 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
         v_w = v_buf.slice(W * WG_KEYS, WG_KEYS)
     keys = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, s_layout))
     diag_keys = keys - offset  # causal: a key is seen from query diag_keys on (with a window's lower side, to BAND on)
-    cols: gl.constexpr = gl.SliceLayout(0, s_layout)  # queries
     dk = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
     dv = gl.zeros([WG_KEYS, COLS], gl.float32, acc_layout)
     zero_s = gl.zeros([WG_KEYS, BLOCK_M], gl.float32, s_layout)
@@ -206,83 +317,20 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     else:
         k_a = k_w
         v_a = v_w
+    mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT)
     it = 0
     for _g in range(GROUP):
-        for start_m in range(lo, q_end, BLOCK_M):
-            s = qdo.wait(it, FUSED_DQ > 0)  # FUSED_DQ: masked stage index (`pipeline.ring_slot`)
-            q = qdo.bufs.index(s)
-            do = do_bufs.index(s)
-            if SPLIT_D:  # the columns of Q and dO that this warpgroup's dK and dV columns take
-                q_w = q.slice(W * HALF, HALF, dim=1)
-                do_w = do.slice(W * HALF, HALF, dim=1)
-            else:
-                q_w = q
-                do_w = do
-            queries = start_m + gl.arange(0, BLOCK_M, cols)
-            if SPLIT_D == 2:
-                lse = stats.index(2 * s).load(cols)
-                delta = stats.index(2 * s + 1).load(cols)
-                dk, dv = _exchange_step(W, k_w, v_w, q, do, q_w, do_w, x, it, lse, delta, keys, diag_keys, queries,
-                                        dk, dv, qk_scale, skv, zero_s, CAUSAL, BAND)
-                qdo.release(it)
-            else:
-                s_tok = warpgroup_mma(k_a, q.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # S^T = K Q^T
-                dp_tok = warpgroup_mma(v_a, do.permute((1, 0)), zero_s, use_acc=False, is_async=True)  # dP^T = V dO^T
-                lse = stats.index(2 * s).load(cols)
-                delta = stats.index(2 * s + 1).load(cols)
-                p_t = _probabilities(warpgroup_mma_wait(1, deps=[s_tok]), lse, keys, diag_keys, queries, qk_scale, skv,
-                                     CAUSAL, BAND)
-                p_op = gl.convert_layout(p_t.to(dtype), op_layout)
-                dv_tok = warpgroup_mma(p_op, do_w, dv, is_async=True)  # dV += P^T dO
-                dp_t = warpgroup_mma_wait(1, deps=[dp_tok])
-                ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-                if FUSED_DQ:
-                    d = ds.acquire(it, True)  # both warpgroups' dQ and dK products of STAGES steps ago have retired
-                    ds_w = ds.bufs.index(d).slice(W * WG_KEYS, WG_KEYS)  # [64 keys, BLOCK_M]: this warpgroup's rows
-                    ds_w.store(ds_t.to(dtype))
-                    fence_async_shared()  # generic-proxy stores -> the wgmmas (async proxy) of both warpgroups
-                    mbarrier.arrive(ds.ready.index(d))
-                    if FUSED_DQ == 3:
-                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
-                        if it % 2 == W:  # this warpgroup's turn: dQ = dS K over the program's keys, every column
-                            # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
-                            ds.wait(it, True)
-                            dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf,
-                                                   gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
-                                                   use_acc=False, is_async=True)
-                            dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
-                            _stage_dq(dq_out, it // 2, dq)  # this warpgroup's ring holds every other step's
-                        else:
-                            dv, dk, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
-                    elif FUSED_DQ == 1:
-                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)  # dK += dS^T Q, A from shared memory
-                        # arrive -> wait window: dK's wgmma runs while the other warpgroup's rows land
-                        ds.wait(it, True)
-                        dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
-                                               gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
-                                               is_async=True)  # dQ[:, half] = dS K[:, half] over the program's keys
-                        dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
-                        _stage_dq(dq_out, it, dq)
-                    else:
-                        # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's
-                        # rows land
-                        ds.wait(it, True)
-                        dq_tok = warpgroup_mma(ds.bufs.index(d).permute((1, 0)), k_buf.slice(W * HALF, HALF, dim=1),
-                                               gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
-                                               is_async=True)
-                        dk_tok = warpgroup_mma(ds_w, q, dk, is_async=True)
-                        # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while
-                        # dQ's partial goes to shared memory for the writer warp
-                        dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
-                        _stage_dq(dq_out, it, dq)
-                        dk = warpgroup_mma_wait(0, deps=[dk_tok])
-                    qdo.release(it, MASK=True)  # also frees dS^T stage it % STAGES (the ds ring empties are qdo's)
-                else:
-                    ds_op = gl.convert_layout(ds_t.to(dtype), op_layout)
-                    dk_tok = warpgroup_mma(ds_op, q_w, dk, is_async=True)  # dK += dS^T Q
-                    dv, dk, _, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op, ds_op])  # the operands stay live
-                    qdo.release(it)
+        for start_m in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all of them: MASK_SPLIT=0)
+            dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m, keys,
+                                 diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ,
+                                 SPLIT_D, BAND, True)
             it += 1
+        if MASK_SPLIT and BAND < 0:  # (a window masks every step: `_mask_end`)
+            for start_m in range(mask_end, q_end, BLOCK_M):  # every (key, query) pair kept
+                dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
+                                     keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
+                                     FUSED_DQ, SPLIT_D, BAND, False)
+                it += 1
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < skv, 1)
@@ -351,7 +399,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                           dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
-                          KV_REGS: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr):
+                          KV_REGS: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr,
+                          MASK_SPLIT: gl.constexpr = False):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
@@ -406,10 +455,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
                          VARLEN)),
@@ -419,10 +468,10 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
                          VARLEN)),

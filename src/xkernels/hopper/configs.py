@@ -213,16 +213,20 @@ class HopperAttentionBwdConfig:
     # split_d): those wgmmas then read only Q and dO from shared memory, half the bytes per product (D64: 32 more
     # registers a thread)
     kv_regs: int = 0
+    # the query walk in two loops: the steps that need the mask (causal diagonal, key tail, window edges), then the
+    # rest with no compares or selects (`attention_bwd._mask_end`)
+    mask_split: int = 0
 
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False,
                    band: Band | None = None) -> dict[str, object]:
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
                     FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, KV_REGS=bool(self.kv_regs),
-                    VARLEN=varlen) | band_constexprs(band, causal)
+                    MASK_SPLIT=bool(self.mask_split), VARLEN=varlen) | band_constexprs(band, causal)
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq)
-                + (f"-sd{self.split_d}" if self.split_d else "") + "-kvr" * bool(self.kv_regs))
+                + (f"-sd{self.split_d}" if self.split_d else "") + "-kvr" * bool(self.kv_regs)
+                + "-ms" * bool(self.mask_split))
 
 
 # D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns over
