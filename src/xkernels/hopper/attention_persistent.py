@@ -450,7 +450,10 @@ def preferred_flat(skv: int, causal: bool, chained: bool, consumers: int = 2, co
     07-flat-varlen-default): 512 causal D128 0.79 -> 0.93, D64 0.80 -> 0.84, GQA 32/8 D128 0.96 -> 0.98; at 1K
     level (D128) or behind (D64 0.96 -> 0.88), on full rows and from 2K behind by 3-20 % (its boundary branch and
     selects in every step; at D128 full rows it also reloads 56 bytes from the stack). Not where the producer
-    converts V (bf16io without the pass): there it reloads 48 bytes per step at D128 (triton 3.7.1), unmeasured."""
+    converts V (bf16io without the pass): there it reloads 48 bytes per step at D128 (triton 3.7.1), unmeasured.
+    With the lighter epilogue and no acc copies (11-epilogue-mask-flat-acc): 512 causal D64 / D128 / GQA 0.89 /
+    0.98 / 1.08 against the chained consumer's 0.83 / 0.95 / 1.03; 1K causal mixed (0.98-1.18 against 1.02-1.16),
+    full rows still behind (1.00-1.11 against 1.06-1.12): the rule stands."""
     return int(chained and consumers == 2 and causal and skv <= 512 and not converts_v)
 
 
