@@ -10,6 +10,7 @@ default), then cuDNN (`walk_main`), on B32 H32 512 causal D128, B16 H32 1K D256 
 measured ahead: B8 H32/8 2K causal D128 (GQA) and B32 H32 512 causal D64: DRAM bytes and the L2 hit rate say
 whether a head's K/V is read from DRAM more than once. flat: the chained consumer (`flat=0`), the one-loop consumer
 (`flat=1`), then cuDNN on B32 H32 512 causal D128 and D64 (how much instruction-fetch stall the one loop leaves).
+d256: the persistent D256 config, then cuDNN, on B32 H32 512 causal and B4 H32 4K causal.
 Every kernel is compiled and warmed outside the profiled range; inside it each row launches once, so ncu sees
 exactly those launches (its replays restore memory between passes).
 """
@@ -108,6 +109,9 @@ def main(which: str) -> None:
     if which == "flat":  # the chained and the one-loop consumer on the short causal rows
         walk_main(((32, 512, 128, True, 32), (32, 512, 64, True, 32)),
                   ("hopper:persistent=2,walk=1,flat=0", "hopper:persistent=2,walk=1,flat=1"))
+        return
+    if which == "d256":  # D256's persistent config (not chained, O through the Q slot) where it trails cuDNN
+        walk_main(((32, 512, 256, True, 32), (4, 4096, 256, True, 32)), ("hopper:persistent=2,walk=1",))
         return
     if which in ("bwd", "walk"):
         {"bwd": bwd_main, "walk": walk_main}[which]()

@@ -5,7 +5,7 @@
 # $OUT/ncu-<set>-source.md.
 # If this ncu does not know a named metric, it retries once with the sections alone (each attempt keeps its own log);
 # $OUT/ncu-metrics.txt lists the pipe metrics this ncu knows.
-#   bash scripts/attn_profile.sh [set: targets|bf16io|persistent|bwd|walk|flat, default targets]
+#   bash scripts/attn_profile.sh [set: targets|bf16io|persistent|bwd|walk|flat|d256, default targets]
 #   [timeout seconds per attempt, default 180]
 set -uo pipefail
 OUT=${OUT:-out}
@@ -13,8 +13,8 @@ mkdir -p "$OUT"
 set_=${1:-targets}
 limit=${2:-180}
 case "$set_" in
-  targets|bf16io|persistent|bwd|walk|flat) ;;
-  *) echo "unknown set '$set_' (targets, bf16io, persistent, bwd, walk, flat)"; exit 2 ;;
+  targets|bf16io|persistent|bwd|walk|flat|d256) ;;
+  *) echo "unknown set '$set_' (targets, bf16io, persistent, bwd, walk, flat, d256)"; exit 2 ;;
 esac
 ncu --query-metrics 2>/dev/null | grep -i "pipe_\(tensor\|xu\|fma\|alu\)" > "$OUT/ncu-metrics.txt"
 metrics=sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
