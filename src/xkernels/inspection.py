@@ -498,14 +498,17 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 constexprs = constexprs | {"PAIRS": causal}
             # D128 reloads 8-40 bytes of per-tile scalars (sequence bounds) at tile boundaries, none inside the
             # key loop (triton 3.9, compiled, never run: 136-344 bytes); on 3.9 every D64 variant reloads 8-16
-            # (the L2-chunk walk's full rows since O leaves by TMA store for the blocks inside a sequence)
+            # (the L2-chunk walk's full rows since O leaves by TMA store for the blocks inside a sequence); D64
+            # causal on the L2-chunk walk keeps one lane index (8 bytes) on the stack, reloaded once a tile, since
+            # masks take one bound a row (benchmarks/results/h100/2026-12-06/12-varlen-default: 1.63x padded
+            # cuDNN, where it measured 1.59-1.62 before)
             yield KernelConfig(
                 f"hopper.attention_varlen persistent {recipe.name} D{d}{' causal' if causal else ''} {ac}",
                 hvp.attention_varlen_persistent_kernel,
                 descs | {"O": f"*{dt}", "LSE": "*fp32", "CU_Q": "*i32", "CU_K": "*i32", "UNITS": "*i32",
                          "qk_scale": "fp32"},
                 constexprs, 4, gluon=True,
-                spill_free=d != 128 and TRITON_TESTED,
+                spill_free=d != 128 and TRITON_TESTED and not (causal and constexprs["WALK"] == 0),
                 divisible=("O", "LSE", "CU_Q", "CU_K", "UNITS", "o_st", "o_sh", "lse_sh", "q_rh", "q_ch", "kv_rh",
                            "kv_ch", "o_rh", "o_ch"))
     from xkernels.common import tile_scheduler
