@@ -541,8 +541,9 @@ def hopper_configs() -> Iterator[KernelConfig]:
                              (dataclasses.replace(bc, fused_dq=1, kv_regs=1), half),
                              (dataclasses.replace(bc, fused_dq=3, kv_regs=1), fused_types([bc.block_m, d]))]
             if dt == "bf16" and d in (64, 256):  # the query walk's unmasked steps in a loop of their own (opt-in,
-                # `scripts/bwd_ab.py --mask-split`; spill-free at these head dims on triton 3.7.1, D128 spills
-                # 32-112 bytes; reported, not gated, until a head dim ships it)
+                # `scripts/bwd_ab.py --mask-split`; spill-free at these head dims on triton 3.6 and 3.7.1, 40 bytes
+                # in D64's fused variant on 3.9, D128 spills 32-112 bytes; reported, not gated, until a head dim
+                # ships it)
                 variants += [(dataclasses.replace(bc, mask_split=1), types)] + (
                     [(dataclasses.replace(FUSED_BWD_CONFIGS[64], mask_split=1), fused_types([bc.block_m, d]))]
                     if d == 64 else [])
