@@ -74,7 +74,7 @@ def mask_split_variants(d: int, portable_cfg) -> dict:
     for fused in (False, True) if d in fused_dims else (False,):
         hb = select.hopper_backward(d, portable_cfg, fused_dq=fused)
         name = "fused" if fused else "split"
-        out[name] = hb
+        out[name] = dataclasses.replace(hb, dkdv=dataclasses.replace(hb.dkdv, mask_split=0))
         out[f"{name} -ms"] = dataclasses.replace(hb, dkdv=dataclasses.replace(hb.dkdv, mask_split=1))
     return out
 

@@ -4,12 +4,16 @@ SDPA-flash on the batch padded to its longest sequence (dO zero on the padding),
 (`torch.autograd.grad` of a saved forward), device time from CUDA-graph replay in interleaved shuffled
 rounds. Each variant's gradients are compared with the portable kernels' (relative RMS per gradient).
 
-    python scripts/varlen_bwd_ab.py --json varlen_bwd_ab.json [--md varlen_bwd_ab.md] [--rounds 3]
+    python scripts/varlen_bwd_ab.py --json varlen_bwd_ab.json [--md varlen_bwd_ab.md] [--rounds 3] [--mask-split-ab]
+
+--mask-split-ab: also the Gluon kernels with the dK/dV config's `mask_split` flipped ("hopper, mask_split=N"), in the
+same interleaved rounds: the shipped config swapped in the table for that variant's calls only (script-side).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import traceback
 
@@ -18,7 +22,9 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import xkernels
+from xkernels import plans
 from xkernels.bench.timing import graph_ms, interleaved_graph_ms
+from xkernels.hopper import configs
 from xkernels.testing.cases import VarlenGradCase
 
 CASES = [VarlenGradCase(32, 256, 4096, 32, 32, 128, False), VarlenGradCase(32, 256, 4096, 32, 32, 128, True),
@@ -43,19 +49,40 @@ def _first_capture() -> None:
     torch.cuda.synchronize()
 
 
-def row(case: VarlenGradCase, rounds: int) -> dict:
+def flipped_mask_split(d: int, fn):
+    """`fn` run with the dK/dV config of head dim `d` walking its queries the other way (`mask_split` flipped), and
+    the plans that cache configs dropped before and after, so only this call sees it."""
+    def call():
+        shipped = configs.ATTENTION_BWD_CONFIGS[d]
+        configs.ATTENTION_BWD_CONFIGS[d] = dataclasses.replace(shipped, mask_split=1 - shipped.mask_split)
+        plans._PLANS.clear()
+        try:
+            return fn()
+        finally:
+            configs.ATTENTION_BWD_CONFIGS[d] = shipped
+            plans._PLANS.clear()
+    return call
+
+
+def row(case: VarlenGradCase, rounds: int, mask_split_ab: bool = False) -> dict:
     inputs = case.inputs("cuda")
     q, k, v, cu, longest, do = inputs
     gqa = case.hq != case.hkv
     out = {"shape": case.shape, "variants": {}}
     fns, kernels, grads = {}, {}, {}
-    for name, backend in (("portable", "portable"), ("hopper", "auto")):
+    variants = [("portable", "portable"), ("hopper", "auto")]
+    flipped = f"hopper, mask_split={1 - configs.ATTENTION_BWD_CONFIGS[case.d].mask_split}"
+    if mask_split_ab:
+        variants.append((flipped, "auto"))
+    for name, backend in variants:
         try:
             leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
             o = xkernels.attention_varlen(*leaves, cu, cu, longest, longest, is_causal=case.causal, backend=backend)
-            grads[name] = torch.autograd.grad(o, leaves, do, retain_graph=True)
-            kernels[name] = xkernels.last_backend()
             fn = (lambda o=o, leaves=leaves: torch.autograd.grad(o, leaves, do, retain_graph=True))
+            if name == flipped:
+                fn = flipped_mask_split(case.d, fn)
+            grads[name] = fn()
+            kernels[name] = xkernels.last_backend()
             graph_ms(fn, reps=1, repeats=1)  # it captures (a failure is recorded, not fatal)
             fns[name] = fn
         except Exception as e:  # a variant that cannot run this row is recorded, with where it failed
@@ -85,7 +112,8 @@ def row(case: VarlenGradCase, rounds: int) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    names = ["portable", "hopper", "cuDNN padded", "FA2 padded"]
+    names = ["portable", "hopper"] + sorted({n for r in rows for n in r["variants"] if n.startswith("hopper, ")})
+    names += ["cuDNN padded", "FA2 padded"]
     lines = ["| batch | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for r in rows:
         cells = [f"{v['ms']:.3f} ms ({v['tflops']:.0f} TFLOP/s), x{v['x_cudnn_padded']:.2f}" if "ms" in v
@@ -99,9 +127,10 @@ def main() -> None:
     ap.add_argument("--json")
     ap.add_argument("--md")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds (median)")
+    ap.add_argument("--mask-split-ab", action="store_true", help="also the dK/dV config's mask_split flipped")
     args = ap.parse_args()
     _first_capture()
-    rows = [row(c, args.rounds) for c in CASES]
+    rows = [row(c, args.rounds, args.mask_split_ab) for c in CASES]
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -261,15 +261,25 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return (o, lse) if return_lse else o
 
 
+def _column_major_as_nk(b: torch.Tensor, b_layout: str) -> tuple[torch.Tensor, str]:
+    """A "kn" b stored column-major, e.g. `weight.T` of a row-major (N, K) weight as F.linear's callers write it, is
+    the "nk" layout of b.mT: read in place (the kernels would otherwise copy the transpose every call)."""
+    if (b_layout == "kn" and b.dim() >= 2 and b.shape[-2] > 1 and b.shape[-1] > 1 and b.stride(-2) == 1
+            and b.stride(-1) != 1):
+        return b.mT, "nk"
+    return b, b_layout
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str = "auto",
            out_dtype: torch.dtype | None = None, out: torch.Tensor | None = None,
            backend: str | None = None) -> torch.Tensor:
     """a @ b with fp32 accumulation, like torch.matmul for fp16/bf16 matrices.
 
     a (..., M, K); b (..., K, N) for b_layout "kn", or (..., N, K) for "nk" (computes a @ b^T without a transpose
-    copy). Batch dims broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder"; "auto" (the
-    default) is "grouped", or for one 2-D problem of at most 32 rows the few-row kernel (K split over the SMs; no
-    tile order to choose).
+    copy); a column-major "kn" b, such as `weight.T` of a row-major weight, is read in place as "nk". Batch dims
+    broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder"; "auto" (the default) is "grouped", or
+    for one 2-D problem of at most 32 rows the few-row kernel (K split over the SMs where the weight's columns do
+    not fill them; no tile order to choose).
     `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed). `backend` as for `attention`.
     Differentiable in a and b (not with `out`): the backward is two more matmuls in the inputs' dtype (dC rounded to
     it when `out_dtype` is wider), batch broadcasts summed in fp32.
@@ -285,6 +295,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
+    b, b_layout = _column_major_as_nk(b, b_layout)
     if out is None:
         a, b = _autocast((a, b))
         if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):

@@ -532,21 +532,19 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 return types | {"dq_desc": f"tensordesc<fp32[{box[0]}, {box[1]}],"
                                            f"{gl.NVMMASharedLayout.get_default_for(box, gl.float32)}>"}
             half = fused_types([bc.block_m, d // 2])
-            variants = [(bc, types)] + ([] if bc.split_d else [(dataclasses.replace(bc, fused_dq=n), half)
-                                                                for n in (1, 2)])
+            # the fused-dQ variants walk their queries as the head dim's fused default does (D64 with mask_split)
+            fused_ms = FUSED_BWD_CONFIGS[d].mask_split if d in FUSED_BWD_CONFIGS else 0
+            variants = [(bc, types)] + ([] if bc.split_d else [
+                (dataclasses.replace(bc, fused_dq=n, mask_split=fused_ms), half) for n in (1, 2)])
             if d == 64:  # K and V as the register operands of S^T and dP^T (opt-in on the split path and with
                 # dQ's halves: `scripts/bwd_ab.py`), and with the warpgroups taking turns at the whole dQ partial
                 # (`FUSED_BWD_CONFIGS[64]`, D64's fused default)
                 variants += [(dataclasses.replace(bc, kv_regs=1), types),
                              (dataclasses.replace(bc, fused_dq=1, kv_regs=1), half),
                              (dataclasses.replace(bc, fused_dq=3, kv_regs=1), fused_types([bc.block_m, d]))]
-            if dt == "bf16" and d in (64, 256):  # the query walk's unmasked steps in a loop of their own (opt-in,
-                # `scripts/bwd_ab.py --mask-split`; spill-free at these head dims on triton 3.6 and 3.7.1, 40 bytes
-                # in D64's fused variant on 3.9, D128 spills 32-112 bytes; reported, not gated, until a head dim
-                # ships it)
-                variants += [(dataclasses.replace(bc, mask_split=1), types)] + (
-                    [(dataclasses.replace(FUSED_BWD_CONFIGS[64], mask_split=1), fused_types([bc.block_m, d]))]
-                    if d == 64 else [])
+            if dt == "bf16":  # the other query walk (`mask_split` flipped: every step masked at D64 and D128,
+                # the unmasked steps in a loop of their own at D256; reported, not gated)
+                variants += [(dataclasses.replace(bc, mask_split=1 - bc.mask_split), types)]
             variants.append((bc, types, True))  # the packed batches' variant
             for fused, cfg_types, *packed in variants:
                 varlen = bool(packed)
@@ -556,19 +554,21 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     and not varlen else ())
                 for causal, band in ((False, None), (True, None)) + bands:
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
-                    # D128 causal and 13-16 in D64's kv_regs variants (causal, and fused_dq=3). Spills: the fused-dQ
+                    # D128 causal and 13-40 in D64's kv_regs variants (causal, and fused_dq=3). Spills: the fused-dQ
                     # variants but D64's default (D128's: 16-32 bytes kept across its query loop; at most one value
-                    # reloaded per step), the packed causal variant at D128 (56-64 bytes, mostly around the loops;
-                    # one value per query block inside), and the D128 band (24-32 bytes: the causal window's four
-                    # values stored before the query loop, reloaded after it)
+                    # reloaded per step), D128's two-loop walk (mask_split: 32-48 bytes of loop scalars, two
+                    # reloads a step from L1; packed 40-96; measured 2-4 % faster on causal rows all the same), and
+                    # the D128 band (24-32 bytes: the causal window's four values stored before the query loop,
+                    # reloaded after it)
                     mode = " causal" * causal + " varlen" * varlen + str(band or "")
                     yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
                                        bwd.attention_dkdv_kernel, cfg_types,
                                        fused.constexprs(d, causal=causal, varlen=varlen, band=band), 4,
                                        gluon=True, spill_free=(not fused.fused_dq or (
                                            d == 64 and fused == FUSED_BWD_CONFIGS[64] and TRITON_TESTED))
-                                       and not fused.mask_split
-                                       and not (d == 128 and (causal or band) and (varlen or band))
+                                       and fused.mask_split == ATTENTION_BWD_CONFIGS[d].mask_split
+                                       and not (d == 128 and (fused.mask_split or band))
+                                       and not (d == 128 and causal and varlen)
                                        and (TRITON_TESTED or not ((d == 128 or fused.kv_regs) and causal)))
 
     from xkernels.hopper import attention_dq as dq

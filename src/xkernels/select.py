@@ -288,12 +288,13 @@ FUSED_DQ_HEAD_DIMS = tuple(FUSED_BWD_CONFIGS)
 # key blocks: a dK/dV program walks its GQA group's query heads), and a shape with a rule also a grid of
 # FUSED_DQ_MIN_GRID CTAs (8 waves on 132 SMs); no rule: at every shape.
 # - D128 (H200, benchmarks/results/h200/2026-12-04/91-fused-dq-sweep and 92-*): full 0-8 % faster at every length;
-#   causal only from 4K keys and 2048 units (below, the split path's dQ kernel, running beside dK/dV's last waves,
-#   is level or 5 % ahead).
+#   causal only from 8K keys and 4096 units since the split path's dK/dV kernel runs its unmasked query steps
+#   without the mask (`mask_split`; H100, benchmarks/results/h100/2026-12-06/18-fused-dq-sweep-mask-split: fused
+#   over split 0.89-0.97 at 1K-2K and B1 H32 8K, 0.99-1.00 at 4K, 1.02 at 8K-16K with 4096 units).
 # - D64 with the warpgroups taking turns at dQ and K, V in registers (H100, benchmarks/results/h100/2026-12-05/
 #   03-d64-fused-sweep-v-pass-mid): 1.01-1.24x the split path on every row from 1K to 16K keys, full and causal, MHA
 #   and GQA, but for GQA causal B1 H32/8 8K (512 CTAs: 0.92).
-FUSED_DQ_RULES = {(128, True): (4096, 2048), (64, True): (0, 0)}
+FUSED_DQ_RULES = {(128, True): (8192, 4096), (64, True): (0, 0)}
 FUSED_DQ_MIN_GRID = 1024
 
 

@@ -185,10 +185,11 @@ def test_mask_split_matches_the_masked_walk(fused, d, causal, sq, skv):
     o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
     _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, None, enable_gqa=True, precision="auto",
                                                   backend="auto")
-    base = select.hopper_backward(d, choice.config.portable, fused_dq=fused)
-    split = dataclasses.replace(base, dkdv=dataclasses.replace(base.dkdv, mask_split=1))
+    shipped = select.hopper_backward(d, choice.config.portable, fused_dq=fused)
+    masked, split = (dataclasses.replace(shipped, dkdv=dataclasses.replace(shipped.dkdv, mask_split=ms))
+                     for ms in (0, 1))
     runs = []
-    for cfg in (base, split):
+    for cfg in (masked, split):
         grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
         backward._hopper(q, k, v, o, lse, do, *grads, None, is_causal=causal, scale=d ** -0.5, cfg=cfg)
         runs.append(grads)

@@ -166,3 +166,28 @@ def test_a_captured_decode_loop_appends_and_attends_like_eager():
         torch.cuda.synchronize()
         assert torch.equal(captured, want)
         assert torch.equal(k_cache, eager_k) and torch.equal(lengths, eager_len)
+
+
+def test_new_addresses_encode_on_a_thread_without_a_context():
+    """A plan made on this thread meets new addresses on a thread that has made no CUDA runtime call (as autograd's
+    device thread before its first kernel): encoding their tensor maps binds the device's context first, and the
+    results are the main thread's bits."""
+    import threading
+
+    a, b = gemm_inputs(64, 256, 128, torch.bfloat16, "cuda", "nk", seed=3)
+    xkernels.matmul(a, b, b_layout="nk")  # the plan and its descriptors for these addresses
+    a2, b2 = a.clone(), b.clone()  # new addresses: encoded on the other thread
+    got, errors = [], []
+
+    def work():
+        try:
+            got.append(xkernels.matmul(a2, b2, b_layout="nk"))
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 (reported by the assertion below)
+            errors.append(e)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert not errors, errors
+    assert torch.equal(got[0], xkernels.matmul(a, b, b_layout="nk"))

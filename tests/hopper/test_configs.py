@@ -433,11 +433,12 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
 
 @pytest.mark.parametrize(("d", "causal", "batch", "q_heads", "kv_heads", "skv", "fused"), [
     (128, False, 1, 1, 1, 128, True),  # D128 full: fused at every length
-    (128, True, 1, 32, 32, 8192, True),  # 64 key blocks x 32 heads = 2048 units and CTAs
-    (128, True, 1, 31, 31, 8192, False),
-    (128, True, 16, 16, 16, 2048, False),  # enough work, too few keys
-    (128, True, 2, 16, 16, 4096, False),  # 1024 units
-    (128, True, 8, 32, 8, 4096, True),  # GQA: 8192 units on 2048 CTAs
+    (128, True, 4, 16, 16, 8192, True),  # 4 x 64 key blocks x 16 heads = 4096 units and CTAs
+    (128, True, 1, 32, 32, 8192, False),  # 2048 units
+    (128, True, 4, 15, 15, 8192, False),
+    (128, True, 32, 16, 16, 4096, False),  # enough work, too few keys
+    (128, True, 8, 32, 8, 8192, True),  # GQA: 16384 units on 4096 CTAs
+    (128, True, 1, 32, 8, 16384, True),  # GQA: 4096 units on 1024 CTAs
     (128, True, 1, 32, 8, 8192, False),  # GQA: 2048 units on 512 CTAs
     (64, False, 1, 32, 8, 8192, True),  # D64 full: fused at every shape (512 CTAs)
     (64, False, 1, 1, 1, 128, True),

@@ -46,3 +46,26 @@ def test_gemm_transposed_view_and_zero_k(device):
     assert compare_gemm(c, reference_matmul(a, b), 32).passed
     z = xkernels.matmul(a[:, :0], b[:0])
     assert z.shape == (40, 24) and torch.count_nonzero(z) == 0
+
+
+@pytest.mark.parametrize("m", [3, 40])  # the few-row kernel and the tiled one
+def test_column_major_b_is_read_as_nk(device, m):
+    """b = w.T of a row-major (N, K) weight (F.linear's callers' spelling) runs the "nk" kernel on w in place, with
+    no copy, the same bits as b_layout="nk" on w, and gradients through the view."""
+    a, w = gemm_inputs(m, 24, 32, torch.bfloat16, device, "nk", seed=m)
+    before = snapshot(a, w)
+    c = xkernels.matmul(a, w.T)
+    backend = xkernels.last_backend()
+    assert "[nk " in backend and "copied" not in backend, backend
+    assert_unchanged(before, a, w)
+    assert torch.equal(c, xkernels.matmul(a, w, b_layout="nk"))
+    assert compare_gemm(c, reference_matmul(a, w, "nk"), 32).passed
+    batched = torch.stack([w, w.flip(0)])  # (2, N, K): the batch's (K, N) views are column-major too
+    cb = xkernels.matmul(a, batched.mT)
+    assert compare_gemm(cb, a.double() @ batched.double().mT, 32).passed
+    wl = w.detach().clone().requires_grad_()
+    al = a.detach().clone().requires_grad_()
+    g = (torch.rand(m, 24, device=device) - 0.5).to(a.dtype)
+    da, dw = torch.autograd.grad(xkernels.matmul(al, wl.T), (al, wl), g)
+    assert dw.shape == w.shape and compare_gemm(dw, g.double().T @ a.double(), m).passed
+    assert compare_gemm(da, g.double() @ w.double(), 24).passed

@@ -95,14 +95,16 @@ def test_checks_fail_on_a_broken_slice_sum(device):
                                            (16, 28672, 4096, False), (32, 28672, 4096, False)])
 def test_more_rows_take_the_deeper_steps_where_k_is_split(rows, n, k, wide):
     """On sm_90, more than SKINNY_FEW_ROWS rows against a weight whose column blocks alone do not fill the SMs (K
-    split) take `skinny_rows` (64 x 256-deep steps); fewer rows, or a weight wide enough for one slice, the
-    default; other targets and symbolic sizes the default; the interpreter its own."""
+    split) take `skinny_rows` (32-column blocks, 256-deep steps, unsplit at 4096+ columns); fewer rows, or a weight
+    wide enough for one slice, the default; other targets and symbolic sizes the default; the interpreter its own."""
     from xkernels.common.targets import TARGETS
 
     hopper = TARGETS["sm_90"]
     table = configs.table_for(hopper)
     got = configs.skinny_gemm_config(hopper, interpret=False, rows=rows, n=n, k=k, sms=132)
     assert got is (table.skinny_rows if wide else table.skinny)
+    if wide:  # 4096+ columns in blocks of 32 fill the 132 SMs without a K split
+        assert got.slices(n, k, 132) == 1
     assert (table.skinny.slices(n, k, 132) > 1) is wide or rows <= configs.SKINNY_FEW_ROWS
     assert configs.skinny_gemm_config(hopper, interpret=False, rows=rows, n=n, k=k) is table.skinny  # no SM count
     ampere = TARGETS["sm_80"]

@@ -302,9 +302,18 @@ class DescriptorSlot:
         hit = self.by_address.get(ptr)
         if hit is None:
             m = self.meta
-            tmap = _fill_tma_descriptor()(
-                ptr, m["swizzle"], m["elem_size"], _TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"],
-                self.shape, self.strides, 0)
+            args = (ptr, m["swizzle"], m["elem_size"], _TMA_DTYPE_DEVICE_TO_HOST[m["elem_type"]], m["block_size"],
+                    self.shape, self.strides, 0)
+            try:
+                tmap = _fill_tma_descriptor()(*args)
+            except RuntimeError as e:
+                # a thread that has made no CUDA runtime call yet (autograd's device thread before its first
+                # kernel, a user's worker thread) has no current context, and the encoder needs one: a runtime
+                # call binds the device's primary context to this thread (cudaMemGetInfo: no sync, no stream op)
+                if "context" not in str(e):
+                    raise
+                torch.cuda.mem_get_info()
+                tmap = _fill_tma_descriptor()(*args)
             if len(self.by_address) >= self.MAX:
                 self.by_address.clear()
             hit = self.by_address[ptr] = [tmap, *self.shape, *self.strides]

@@ -233,14 +233,18 @@ class HopperAttentionBwdConfig:
 # 64 keys (split_d), with 32-query steps in a 3-deep ring (64-query steps spill, or overflow shared memory with the
 # exchange); S^T and dP^T exchanged rather than computed twice: 0.90-1.07x cuDNN against 0.80-0.87x
 # (benchmarks/results/h200/2026-12-01/11-bwd-d256-exchange)
-ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(), 128: HopperAttentionBwdConfig(),
+# D64 and D128 walk their unmasked query steps in a loop of their own (mask_split): causal 2-4 % faster, full level;
+# D256's exchange steps lost 2-3 % on causal rows with it (benchmarks/results/h100/2026-12-06/16-bwd-mask-split).
+ATTENTION_BWD_CONFIGS = {64: HopperAttentionBwdConfig(mask_split=1), 128: HopperAttentionBwdConfig(mask_split=1),
                          256: HopperAttentionBwdConfig(block_m=32, block_n=64, stages=3, split_d=2)}
 # The dK/dV kernel with dQ fused in (not bitwise repeatable; `select.fused_dq_pays` says where it is faster than the
 # split pair above). D64: the warpgroups take turns at the whole dQ partial (64 x 64 wgmmas) and hold K and V as
 # register operands, so a step reads a third less shared memory: B4 H32 4K D64 full 0.98x cuDNN, causal 1.00x,
 # against 0.89 / 0.92 for fused_dq=1 from shared memory and 0.92 / 0.94 for the split pair
 # (benchmarks/results/h100/2026-12-05/01-candidates-bwd-d64-pdl, H100).
-FUSED_BWD_CONFIGS = {64: HopperAttentionBwdConfig(fused_dq=3, kv_regs=1), 128: HopperAttentionBwdConfig(fused_dq=1)}
+# mask_split at D64 (causal +3 %); not at D128, whose fused variant spills 32 bytes and more with it and lost 1-5 %.
+FUSED_BWD_CONFIGS = {64: HopperAttentionBwdConfig(fused_dq=3, kv_regs=1, mask_split=1),
+                     128: HopperAttentionBwdConfig(fused_dq=1)}
 
 
 @dataclass(frozen=True)

@@ -234,7 +234,9 @@ HOPPER = ConfigTable(
     decode_many={64: DecodeConfig(64, 4, 3, programs_per_sm=3, pdl=True),
                  128: DecodeConfig(64, 4, 4, programs_per_sm=2, preload_ids=1024, pdl=True)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
-    skinny_rows=SkinnyGemmConfig(64, 256, 4, 3, programs_per_sm=2),
+    # 9-32 rows: 32-column blocks over all of K (one program per SM where the weight has 4096+ columns, so no K
+    # split, no partials and, under CUDA-graph capture, no counter fill)
+    skinny_rows=SkinnyGemmConfig(32, 256, 4, 4, programs_per_sm=1),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
                                 "attention_bwd_varlen-256", "attention_bwd_softcap-64", "attention_bwd_softcap-128",
                                 "attention_bwd_softcap-256", "gemm_skinny-2", "decode-128", "decode-256"}))
@@ -371,10 +373,12 @@ def skinny_gemm_config(target: Target | None = None, interpret: bool = INTERPRET
                        k: int = 0, sms: int = 0) -> SkinnyGemmConfig:
     """The few-row GEMM's config for a `rows` x `n` x `k` call on `sms` SMs: the table's `skinny_rows` where there are
     more than SKINNY_FEW_ROWS rows and `skinny` would split K (the weight's column blocks alone do not fill the
-    SMs), else `skinny`. Measured on the H200 (benchmarks/results/h200/2026-12-04/81-skinny-rows): at 16 and 32 rows
-    against Llama-8B's 4096 x 4096, 6144 x 4096 and 4096 x 14336 weights, 64 x 256-deep steps gave 0.84-0.96x
-    torch.matmul where 128 x 128 gave 0.74-0.92x; at 1-8 rows, and against the 28672-wide weight (no K split),
-    128 x 128 stays ahead. Symbolic sizes (a traced call) take `skinny`; the real call resolves again."""
+    SMs), else `skinny`. Measured on the H100 (benchmarks/results/h100/2026-12-06/19-skinny-nosplit-varlen-bwd-ms,
+    CUDA-graph replay): at 16 and 32 rows against Llama-8B's 4096 x 4096, 6144 x 4096 and 4096 x 14336 weights,
+    unsplit 32 x 256-deep steps gave 0.65-0.99x torch.matmul where the split 64 x 256 (the H200's pick, run 81 of
+    2026-12-04) gave 0.59-0.97x before its per-call counter fill under capture; at 1-8 rows, and against the
+    28672-wide weight (no K split), 128 x 128 stays ahead. Symbolic sizes (a traced call) take `skinny`; the real
+    call resolves again."""
     if interpret:
         return SKINNY_INTERPRETED
     table = table_for(target)
