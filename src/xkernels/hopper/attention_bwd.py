@@ -43,8 +43,9 @@ LSE and delta (Hq, total_q); a program past its sequence's keys walks no query a
 Sliding windows (SHIFT, BAND: `common.seqlen.Band`): the diagonal moves by SHIFT, and a key block's walk stops at the
 last query its band reaches (`q_bounds`), so a block that no query sees walks nothing and stores dK = dV = 0; every
 step masks the lower side in `_probabilities` as it masks the causal one.
-MASK_SPLIT (config `mask_split`, opt-in): the query walk in two loops, the steps that need the mask (the causal
-diagonal's, a key tail's, a window's) and then the rest, whose compares and selects are dropped (`_mask_end`).
+MASK_SPLIT (config `mask_split`; D64's and D128's split configs, D64's fused one): the query walk in two loops, the
+steps that need the mask (the causal diagonal's, a key tail's, a window's) and then the rest, whose compares and
+selects are dropped (`_mask_end`).
 """
 
 from __future__ import annotations
