@@ -265,7 +265,7 @@ def _column_major_as_nk(b: torch.Tensor, b_layout: str) -> tuple[torch.Tensor, s
     """A "kn" b stored column-major, e.g. `weight.T` of a row-major (N, K) weight as F.linear's callers write it, is
     the "nk" layout of b.mT: read in place (the kernels would otherwise copy the transpose every call)."""
     if (b_layout == "kn" and b.dim() >= 2 and b.shape[-2] > 1 and b.shape[-1] > 1 and b.stride(-2) == 1
-            and b.stride(-1) != 1):
+            and b.stride(-1) >= b.shape[-2]):  # (an expanded or overlapping b keeps its copy)
         return b.mT, "nk"
     return b, b_layout
 
@@ -295,7 +295,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
-    b, b_layout = _column_major_as_nk(b, b_layout)
+    if a.dim() >= 2 and b.dim() >= 2 and a.shape[-1] == b.shape[-2]:  # (a mismatch: reported on the operands as given)
+        b, b_layout = _column_major_as_nk(b, b_layout)
     if out is None:
         a, b = _autocast((a, b))
         if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):

@@ -176,6 +176,8 @@ def test_new_addresses_encode_on_a_thread_without_a_context():
 
     a, b = gemm_inputs(64, 256, 128, torch.bfloat16, "cuda", "nk", seed=3)
     xkernels.matmul(a, b, b_layout="nk")  # the plan and its descriptors for these addresses
+    if not xkernels.last_backend().startswith("hopper."):
+        pytest.skip("host tensor maps: the Hopper GEMM's plan (sm_90)")
     a2, b2 = a.clone(), b.clone()  # new addresses: encoded on the other thread
     got, errors = [], []
 

@@ -62,7 +62,13 @@ def test_column_major_b_is_read_as_nk(device, m):
     assert compare_gemm(c, reference_matmul(a, w, "nk"), 32).passed
     batched = torch.stack([w, w.flip(0)])  # (2, N, K): the batch's (K, N) views are column-major too
     cb = xkernels.matmul(a, batched.mT)
+    assert "copied" not in xkernels.last_backend(), xkernels.last_backend()
     assert compare_gemm(cb, a.double() @ batched.double().mT, 32).passed
+    expanded = w[:1].T.expand(32, 24)  # column-major-looking strides (1, 0): not a layout to read in place
+    ce = xkernels.matmul(a, expanded)
+    assert "copied:b" in xkernels.last_backend() and compare_gemm(ce, a.double() @ expanded.double(), 32).passed
+    with pytest.raises(ValueError, match="b"):  # a mismatch names the operands as given
+        xkernels.matmul(a, w[:, :31].T)
     wl = w.detach().clone().requires_grad_()
     al = a.detach().clone().requires_grad_()
     g = (torch.rand(m, 24, device=device) - 0.5).to(a.dtype)

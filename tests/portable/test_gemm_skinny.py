@@ -90,21 +90,26 @@ def test_checks_fail_on_a_broken_slice_sum(device):
     assert not compare_gemm(stale, want, k).passed
 
 
-@pytest.mark.parametrize("rows,n,k,wide", [(16, 4096, 4096, True), (32, 6144, 4096, True), (9, 4096, 14336, True),
-                                           (8, 4096, 4096, False), (1, 4096, 4096, False),
-                                           (16, 28672, 4096, False), (32, 28672, 4096, False)])
-def test_more_rows_take_the_deeper_steps_where_k_is_split(rows, n, k, wide):
+@pytest.mark.parametrize("rows,n,k,pick", [(16, 4096, 4096, "wide"), (32, 6144, 4096, "wide"),
+                                           (9, 4096, 14336, "wide"), (16, 3072, 4096, "rows"), (32, 1024, 4096, "rows"),
+                                           (8, 4096, 4096, "skinny"), (1, 4096, 4096, "skinny"),
+                                           (16, 28672, 4096, "skinny"), (32, 28672, 4096, "skinny")])
+def test_more_rows_take_the_deeper_steps_where_k_is_split(rows, n, k, pick):
     """On sm_90, more than SKINNY_FEW_ROWS rows against a weight whose column blocks alone do not fill the SMs (K
-    split) take `skinny_rows` (32-column blocks, 256-deep steps, unsplit at 4096+ columns); fewer rows, or a weight
-    wide enough for one slice, the default; other targets and symbolic sizes the default; the interpreter its own."""
+    split) take `skinny_wide_rows` (32-column blocks over all of K) where those fill the SMs, else `skinny_rows`
+    (64 x 256-deep steps, K split); fewer rows, or a weight wide enough for one slice, the default; other targets
+    and symbolic sizes the default; the interpreter its own."""
     from xkernels.common.targets import TARGETS
 
     hopper = TARGETS["sm_90"]
     table = configs.table_for(hopper)
     got = configs.skinny_gemm_config(hopper, interpret=False, rows=rows, n=n, k=k, sms=132)
-    assert got is (table.skinny_rows if wide else table.skinny)
-    if wide:  # 4096+ columns in blocks of 32 fill the 132 SMs without a K split
+    assert got is {"wide": table.skinny_wide_rows, "rows": table.skinny_rows, "skinny": table.skinny}[pick]
+    if pick == "wide":  # 4096+ columns in blocks of 32 fill the 132 SMs without a K split
         assert got.slices(n, k, 132) == 1
+    if pick == "rows":  # the split keeps the SMs busy where the 32-column blocks alone would not
+        assert got.slices(n, k, 132) > 1
+    wide = pick != "skinny"
     assert (table.skinny.slices(n, k, 132) > 1) is wide or rows <= configs.SKINNY_FEW_ROWS
     assert configs.skinny_gemm_config(hopper, interpret=False, rows=rows, n=n, k=k) is table.skinny  # no SM count
     ampere = TARGETS["sm_80"]

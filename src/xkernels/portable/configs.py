@@ -184,6 +184,7 @@ class SkinnyGemmConfig:
 # with the best tile, 0.49-0.99x at 128 rows, where the K-slice partials and one warpgroup per tile cost too much.
 SKINNY_MAX_M = 32
 SKINNY_FEW_ROWS = 8  # up to this many rows the table's `skinny` config serves every weight shape
+SKINNY_WIDE_FILL = 0.9  # `skinny_wide_rows` where its column blocks number at least this share of the SMs
 
 
 @dataclass(frozen=True)
@@ -203,6 +204,9 @@ class ConfigTable:
     skinny: SkinnyGemmConfig = SkinnyGemmConfig(64, 64, 4, 2)
     # few-row GEMMs of more than SKINNY_FEW_ROWS rows where `skinny` would split K (`skinny_gemm_config`); None: skinny
     skinny_rows: SkinnyGemmConfig | None = None
+    # of those, the ones whose weight has enough columns for this config's blocks to fill the SMs unsplit
+    # (SKINNY_WIDE_FILL of them); None: skinny_rows
+    skinny_wide_rows: SkinnyGemmConfig | None = None
     # configs that spill a little on this family and ship anyway (the report still says SPILLS): "<kernel>-<head
     # dim>" (attention, attention_acc16, attention_varlen, attention_bwd, attention_bwd_varlen, attention_bwd_softcap:
     # the soft-capped backward's variants), "gemm-<output element size>" or "gemm_skinny-2"
@@ -234,9 +238,10 @@ HOPPER = ConfigTable(
     decode_many={64: DecodeConfig(64, 4, 3, programs_per_sm=3, pdl=True),
                  128: DecodeConfig(64, 4, 4, programs_per_sm=2, preload_ids=1024, pdl=True)},
     skinny=SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2),
-    # 9-32 rows: 32-column blocks over all of K (one program per SM where the weight has 4096+ columns, so no K
-    # split, no partials and, under CUDA-graph capture, no counter fill)
-    skinny_rows=SkinnyGemmConfig(32, 256, 4, 4, programs_per_sm=1),
+    skinny_rows=SkinnyGemmConfig(64, 256, 4, 3, programs_per_sm=2),
+    # 9-32 rows against 4096+ columns: 32-column blocks over all of K, one program per SM (no K split, no partials
+    # and, under CUDA-graph capture, no counter fill)
+    skinny_wide_rows=SkinnyGemmConfig(32, 256, 4, 4, programs_per_sm=1),
     tolerated_spills=frozenset({"attention_bwd-128", "attention_bwd-256", "attention_bwd_varlen-128",
                                 "attention_bwd_varlen-256", "attention_bwd_softcap-64", "attention_bwd_softcap-128",
                                 "attention_bwd_softcap-256", "gemm_skinny-2", "decode-128", "decode-256"}))
@@ -371,20 +376,23 @@ def decode_config(head_dim: int, target: Target | None = None, interpret: bool =
 
 def skinny_gemm_config(target: Target | None = None, interpret: bool = INTERPRET, *, rows: int = 1, n: int = 0,
                        k: int = 0, sms: int = 0) -> SkinnyGemmConfig:
-    """The few-row GEMM's config for a `rows` x `n` x `k` call on `sms` SMs: the table's `skinny_rows` where there are
-    more than SKINNY_FEW_ROWS rows and `skinny` would split K (the weight's column blocks alone do not fill the
-    SMs), else `skinny`. Measured on the H100 (benchmarks/results/h100/2026-12-06/19-skinny-nosplit-varlen-bwd-ms,
-    CUDA-graph replay): at 16 and 32 rows against Llama-8B's 4096 x 4096, 6144 x 4096 and 4096 x 14336 weights,
-    unsplit 32 x 256-deep steps gave 0.65-0.99x torch.matmul where the split 64 x 256 (the H200's pick, run 81 of
-    2026-12-04) gave 0.59-0.97x before its per-call counter fill under capture; at 1-8 rows, and against the
-    28672-wide weight (no K split), 128 x 128 stays ahead. Symbolic sizes (a traced call) take `skinny`; the real
-    call resolves again."""
+    """The few-row GEMM's config for a `rows` x `n` x `k` call on `sms` SMs: where there are more than
+    SKINNY_FEW_ROWS rows and `skinny` would split K (the weight's column blocks alone do not fill the SMs), the
+    table's `skinny_wide_rows` if its blocks fill them unsplit, else its `skinny_rows`; otherwise `skinny`.
+    Measured on the H100 (benchmarks/results/h100/2026-12-06/19-skinny-nosplit-varlen-bwd-ms, CUDA-graph replay): at
+    16 and 32 rows against Llama-8B's 4096 x 4096, 6144 x 4096 and 4096 x 14336 weights, unsplit 32 x 256-deep
+    steps gave 0.65-0.99x torch.matmul where the split 64 x 256 (the H200's pick, run 81 of 2026-12-04) gave
+    0.59-0.97x before its per-call counter fill under capture; at 1-8 rows, and against the 28672-wide weight (no K
+    split), 128 x 128 stays ahead. Symbolic sizes (a traced call) take `skinny`; the real call resolves again."""
     if interpret:
         return SKINNY_INTERPRETED
     table = table_for(target)
     concrete = all(type(x) is int for x in (rows, n, k))  # a traced call's symbolic sizes add no guard here
     if (table.skinny_rows is not None and concrete and rows > SKINNY_FEW_ROWS and sms > 0
             and table.skinny.slices(n, k, sms) > 1):
+        wide = table.skinny_wide_rows
+        if wide is not None and -(-n // wide.block_n) >= SKINNY_WIDE_FILL * sms:
+            return wide
         return table.skinny_rows
     return table.skinny
 
