@@ -24,7 +24,12 @@ import xkernels
 from xkernels import backward, select
 from xkernels.bench.report import check_summary
 from xkernels.bench.timing import time_cuda
-from xkernels.hopper.configs import HopperAttentionBwdConfig, HopperAttentionDqConfig
+from xkernels.hopper.configs import (
+    ATTENTION_BWD_CONFIGS,
+    FUSED_BWD_CONFIGS,
+    HopperAttentionBwdConfig,
+    HopperAttentionDqConfig,
+)
 from xkernels.portable import attention_bwd as portable_bwd
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
@@ -36,10 +41,13 @@ CHECKS = ((1, 4, 2, 777, 777, False), (1, 4, 2, 300, 777, True), (2, 2, 2, 130, 
 
 
 def variants(d: int, portable_cfg) -> dict:
-    """name -> HopperBackward, or None for the portable backward (the shipped config first)."""
+    """name -> HopperBackward, or None for the portable backward (the shipped config first); each walks its queries
+    as the head dim's shipped config does (`mask_split`)."""
+    walk = ATTENTION_BWD_CONFIGS[d].mask_split
+
     def hb(bm, bn, st, split=0, dq_bn=32, dq_st=2, concurrent=True, dq=True):
-        return select.HopperBackward(HopperAttentionBwdConfig(bm, bn, st, split_d=split), portable_cfg,
-                                     HopperAttentionDqConfig(dq_bn, dq_st) if dq else None, concurrent)
+        return select.HopperBackward(HopperAttentionBwdConfig(bm, bn, st, split_d=split, mask_split=walk),
+                                     portable_cfg, HopperAttentionDqConfig(dq_bn, dq_st) if dq else None, concurrent)
 
     if d == 256:
         return {"sd2-32-s3 dq32-s2 conc": hb(32, 64, 3, 2), "sd1-32-s3 dq32-s2 conc": hb(32, 64, 3, 1),
@@ -50,11 +58,13 @@ def variants(d: int, portable_cfg) -> dict:
     other = 64 if d == 64 else 128
     if d == 64:  # the split and fused paths, with K and V as register operands (kv_regs) and a deeper ring
         def fused(st=2, n=1, kvr=0):
-            return select.HopperBackward(HopperAttentionBwdConfig(64, 128, st, fused_dq=n, kv_regs=kvr),
+            return select.HopperBackward(HopperAttentionBwdConfig(64, 128, st, fused_dq=n, kv_regs=kvr,
+                                                                  mask_split=FUSED_BWD_CONFIGS[64].mask_split),
                                          portable_cfg, None)
         return {f"s2 dq{dq_bn}-s2": hb(64, 128, 2, dq_bn=dq_bn),
-                f"s2-kvr dq{dq_bn}-s2": select.HopperBackward(HopperAttentionBwdConfig(64, 128, 2, kv_regs=1),
-                                                              portable_cfg, HopperAttentionDqConfig(dq_bn, 2)),
+                f"s2-kvr dq{dq_bn}-s2": select.HopperBackward(
+                    HopperAttentionBwdConfig(64, 128, 2, kv_regs=1, mask_split=walk), portable_cfg,
+                    HopperAttentionDqConfig(dq_bn, 2)),
                 "fused dq1 s2": fused(), "fused dq1 s2-kvr": fused(kvr=1), "fused dq2 s2-kvr": fused(n=2, kvr=1),
                 "fused dq3 s2": fused(n=3), "fused dq3 s2-kvr": fused(n=3, kvr=1),
                 "fused dq3 s4-kvr": fused(st=4, n=3, kvr=1),
@@ -68,7 +78,8 @@ def variants(d: int, portable_cfg) -> dict:
 
 def mask_split_variants(d: int, portable_cfg) -> dict:
     """The shipped backward configs (the split pair and, where the head dim has it, the fused-dQ kernel), each with
-    and without `mask_split` (the query walk's unmasked steps in a loop of their own)."""
+    every step masked ("split", "fused") and with `mask_split` ("... -ms": the query walk's unmasked steps in a loop
+    of their own), whichever of the two ships."""
     out = {}
     fused_dims = select.FUSED_DQ_HEAD_DIMS
     for fused in (False, True) if d in fused_dims else (False,):
