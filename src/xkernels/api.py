@@ -261,13 +261,14 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     return (o, lse) if return_lse else o
 
 
-def _column_major_as_nk(b: torch.Tensor, b_layout: str) -> tuple[torch.Tensor, str]:
-    """A "kn" b stored column-major, e.g. `weight.T` of a row-major (N, K) weight as F.linear's callers write it, is
-    the "nk" layout of b.mT: read in place (the kernels would otherwise copy the transpose every call)."""
-    if (b_layout == "kn" and b.dim() >= 2 and b.shape[-2] > 1 and b.shape[-1] > 1 and b.stride(-2) == 1
-            and b.stride(-1) >= b.shape[-2]):  # (an expanded or overlapping b keeps its copy)
+def _column_major_as_nk(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, str]:
+    """A "kn" b (stride 1 down K) stored column-major, e.g. `weight.T` of a row-major (N, K) weight as F.linear's
+    callers write it, is the "nk" layout of b.mT: read in place (the kernels would otherwise copy the transpose every
+    call). An expanded or overlapping b keeps its copy; a K mismatch is reported on the operands as given."""
+    if (a.dim() >= 2 and a.shape[-1] == b.shape[-2] and b.shape[-2] > 1 and b.shape[-1] > 1
+            and b.stride(-1) >= b.shape[-2]):
         return b.mT, "nk"
-    return b, b_layout
+    return b, "kn"
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str = "auto",
@@ -295,8 +296,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
-    if a.dim() >= 2 and b.dim() >= 2 and a.shape[-1] == b.shape[-2]:  # (a mismatch: reported on the operands as given)
-        b, b_layout = _column_major_as_nk(b, b_layout)
+    if b_layout == "kn" and b.dim() >= 2 and b.stride(-2) == 1:  # (a row-major b fails the first stride test)
+        b, b_layout = _column_major_as_nk(a, b)
     if out is None:
         a, b = _autocast((a, b))
         if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
