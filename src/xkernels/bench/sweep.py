@@ -4,7 +4,9 @@ Attention at S in {512, 1K, 2K, 4K, 8K, 16K} with B * S = 16K tokens, H32, causa
 GQA 32/8 at D128, against SDPA's default choice; GEMM with M in {1, 16, 128, 1024, 4096, 8192} against the (N, K) of
 Llama-8B's linear layers (weights as [N, K], `b_layout="nk"`), against torch.matmul. Each row is checked against
 float64 first, then timed as in `--suite host`: back-to-back calls (caller) and the same calls replayed from one
-CUDA graph (device). The plot shows torch time / ours against size, one line per series.
+CUDA graph (device), both cycling through input sets that span 4x the L2 as a model's layers do (a few-row GEMM
+then streams its weight from HBM; the graph on one set, weight in L2, is reported beside it). The plot shows torch
+time / ours against size, one line per series.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def _run_host(console: Console, args: argparse.Namespace) -> int:
         sweep.plot(rows, out_dir / "sweep.png")
     table = Table(title=f"host cost per call on {device} (us; speedup = torch / ours)")
     for h in ("kernel", "shape", "host ours", "host torch", "ratio", "b2b ours", "graph ours", "b2b torch",
-              "graph torch", "b2b speedup", "graph speedup"):
+              "graph torch", "b2b speedup", "graph speedup", "in L2"):
         table.add_column(h)
     for r in rows:
         if r.get("ours"):
@@ -112,7 +112,8 @@ def _run_host(console: Console, args: argparse.Namespace) -> int:
             table.add_row(r["kernel"], escape(r["shape"]), f"{o['host_us']:.1f}", f"{t['host_us']:.1f}",
                           f"{r['host_ratio']:.2f}", f"{o['b2b_us']:.1f}", f"{o['graph_us']:.1f}",
                           f"{t['b2b_us']:.1f}", f"{t['graph_us']:.1f}", f"{r['b2b_speedup']:.2f}",
-                          f"{r['graph_speedup']:.2f}")
+                          f"{r['graph_speedup']:.2f}",
+                          "-" if r.get("graph_l2_speedup") is None else f"{r['graph_l2_speedup']:.2f}")
         else:
             table.add_row(r["kernel"], escape(r["shape"]), "FAIL", escape(str(r["check"].get("reason"))))
     console.print(table)
