@@ -8,8 +8,13 @@ import pytest
 import torch
 
 from xkernels import select
+from xkernels.hopper.configs import (
+    ATTENTION_BWD_CONFIGS,
+    FUSED_BWD_CONFIGS,
+    PERSISTENT_ATTENTION_CONFIGS,
+    HopperAttentionConfig,
+)
 from xkernels.hopper.configs import ATTENTION_CONFIGS as CONFIGS
-from xkernels.hopper.configs import FUSED_BWD_CONFIGS, PERSISTENT_ATTENTION_CONFIGS, HopperAttentionConfig
 from xkernels.recipes import ATTENTION_RECIPES
 
 
@@ -556,3 +561,12 @@ def test_the_packed_kernel_refuses_the_dense_consumers_switches():
     for fields in (dict(pingpong=1), dict(flat=1)):
         with pytest.raises(ValueError, match="the packed"):
             dataclasses.replace(P[128], **fields).check(128, bf16, "varlen_persistent")
+
+
+def test_even_keys_reaches_only_dense_kernels():
+    """EVEN_KEYS (a dense call's keys a multiple of BLOCK_N: full rows walk one unmasked loop) is never set for a
+    packed batch, whose sequences end anywhere in a block."""
+    for cfg in (*ATTENTION_BWD_CONFIGS.values(), *FUSED_BWD_CONFIGS.values()):
+        assert cfg.constexprs(128, causal=False, even_keys=True)["EVEN_KEYS"]
+        assert not cfg.constexprs(128, causal=False)["EVEN_KEYS"]
+        assert not cfg.constexprs(128, causal=False, varlen=True, even_keys=True)["EVEN_KEYS"]

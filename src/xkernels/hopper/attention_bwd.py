@@ -45,7 +45,8 @@ last query its band reaches (`q_bounds`), so a block that no query sees walks no
 step masks the lower side in `_probabilities` as it masks the causal one.
 MASK_SPLIT (config `mask_split`; D64's and D128's split configs, D64's fused one): the query walk in two loops, the
 steps that need the mask (the causal diagonal's, a key tail's, a window's) and then the rest, whose compares and
-selects are dropped (`_mask_end`).
+selects are dropped (`_mask_end`). EVEN_KEYS (a dense call's key count a multiple of BLOCK_N): with no causal side
+and no window no step needs the mask, and every config walks one unmasked loop.
 """
 
 from __future__ import annotations
@@ -292,7 +293,8 @@ def _mask_end(lo, q_end, key0, skv, offset, BLOCK_M: gl.constexpr, CAUSAL: gl.co
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_out, DK, DV, dk_sb,
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
               scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-              SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr, MASK_SPLIT: gl.constexpr):
+              SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr, MASK_SPLIT: gl.constexpr,
+              UNMASKED: gl.constexpr):
     HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
     COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
     s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
@@ -318,20 +320,28 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     else:
         k_a = k_w
         v_a = v_w
-    mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT)
     it = 0
-    for _g in range(GROUP):
-        for start_m in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all of them: MASK_SPLIT=0)
-            dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m, keys,
-                                 diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ,
-                                 SPLIT_D, BAND, True)
-            it += 1
-        if MASK_SPLIT and BAND < 0:  # (a window masks every step: `_mask_end`)
-            for start_m in range(mask_end, q_end, BLOCK_M):  # every (key, query) pair kept
+    if UNMASKED:  # every (key, query) pair of every step kept: one loop, no compares or selects
+        for _g in range(GROUP):
+            for start_m in range(lo, q_end, BLOCK_M):
                 dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
                                      keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
                                      FUSED_DQ, SPLIT_D, BAND, False)
                 it += 1
+    else:
+        mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT)
+        for _g in range(GROUP):
+            for start_m in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all: MASK_SPLIT=0)
+                dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
+                                     keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
+                                     FUSED_DQ, SPLIT_D, BAND, True)
+                it += 1
+            if MASK_SPLIT and BAND < 0:  # (a window masks every step: `_mask_end`)
+                for start_m in range(mask_end, q_end, BLOCK_M):  # every (key, query) pair kept
+                    dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it,
+                                         start_m, keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M,
+                                         CAUSAL, FUSED_DQ, SPLIT_D, BAND, False)
+                    it += 1
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < skv, 1)
@@ -401,7 +411,7 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
                           KV_REGS: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr,
-                          MASK_SPLIT: gl.constexpr = False):
+                          MASK_SPLIT: gl.constexpr = False, EVEN_KEYS: gl.constexpr = False):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
@@ -410,6 +420,9 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.static_assert(not (VARLEN and FUSED_DQ), "packed batches take the separate dQ kernel")
     gl.static_assert((FUSED_DQ != 3) or (HEAD_DIM == 64), "FUSED_DQ = 3: a [BLOCK_M, D] fp32 dQ fits beside dK and dV "
                      "at D64 only")
+    gl.static_assert(not (EVEN_KEYS and VARLEN), "EVEN_KEYS: a dense call's key count")
+    # dense full rows over whole key blocks: no key past SKV, no causal or window side in any step
+    UNMASKED: gl.constexpr = EVEN_KEYS and (not CAUSAL) and BAND < 0
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)
     start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
@@ -456,10 +469,12 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
+                         UNMASKED)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
+                         UNMASKED)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
                          VARLEN)),
@@ -469,10 +484,12 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
+                         UNMASKED)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT)),
+                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
+                         UNMASKED)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
                          VARLEN)),
