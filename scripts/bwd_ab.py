@@ -7,7 +7,10 @@ Every variant's dQ, dK and dV are first checked against float64 autograd on smal
 Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`),
 median of 30.
 
-    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3] [--mask-split]
+    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3] [--mask-split | --even-keys]
+
+--even-keys: the shipped configs as shipped (dense full rows over whole key blocks walk one unmasked loop,
+EVEN_KEYS) and with every step masked as before it ("... masked"); causal rows run the same program both ways.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from xkernels.testing import attention_inputs, compare_grad, reference_attention
 ROWS = {256: ((1, 16, 8192, False), (1, 16, 8192, True), (2, 16, 4096, False), (4, 16, 2048, True)),
         128: ((1, 32, 8192, False), (1, 32, 8192, True), (2, 16, 4096, True)),
         64: ((4, 32, 4096, False), (4, 32, 4096, True))}
-CHECKS = ((1, 4, 2, 777, 777, False), (1, 4, 2, 300, 777, True), (2, 2, 2, 130, 65, False), (1, 4, 4, 1, 200, True))
+CHECKS = ((1, 4, 2, 777, 777, False), (1, 4, 2, 300, 777, True), (2, 2, 2, 130, 65, False), (1, 4, 4, 1, 200, True),
+          (2, 4, 2, 200, 256, False))  # the last: whole key blocks (EVEN_KEYS), a query tail
 
 
 def variants(d: int, portable_cfg) -> dict:
@@ -90,6 +94,28 @@ def mask_split_variants(d: int, portable_cfg) -> dict:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class EveryStepMasked(HopperAttentionBwdConfig):
+    """A dK/dV config compiled without EVEN_KEYS whatever the key count (every step masked, as before it)."""
+
+    def constexprs(self, head_dim: int, **kw) -> dict[str, object]:
+        return super().constexprs(head_dim, **(kw | {"even_keys": False}))
+
+    def __str__(self) -> str:
+        return super().__str__() + "-masked"
+
+
+def even_keys_variants(d: int, portable_cfg) -> dict:
+    """The shipped backward configs (split pair and, where the head dim has it, fused), with and without EVEN_KEYS."""
+    out = {}
+    for fused in (False, True) if d in select.FUSED_DQ_HEAD_DIMS else (False,):
+        hb = select.hopper_backward(d, portable_cfg, fused_dq=fused)
+        name = "fused" if fused else "split"
+        out[name] = hb
+        out[f"{name} masked"] = dataclasses.replace(hb, dkdv=EveryStepMasked(**dataclasses.asdict(hb.dkdv)))
+    return out
+
+
 def run(q, k, v, do, o, lse, cfg, causal, portable_cfg, poison=False):
     """The backward into fresh gradient buffers (NaN-filled for the checks, so a row a kernel skips fails; left
     uninitialized when timed, so no fill is counted against our kernels that cuDNN's do not pay)."""
@@ -135,10 +161,13 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="leave out the variants whose name contains this string")
     ap.add_argument("--mask-split", action="store_true", help="the shipped configs with and without mask_split "
                     "(`mask_split_variants`) in place of the tile variants")
+    ap.add_argument("--even-keys", action="store_true", help="the shipped configs with and without EVEN_KEYS "
+                    "(`even_keys_variants`) in place of the tile variants")
     args = ap.parse_args()
 
     def chosen(d, pcfg) -> dict:
-        every = (mask_split_variants if args.mask_split else variants)(d, pcfg)
+        pick = mask_split_variants if args.mask_split else even_keys_variants if args.even_keys else variants
+        every = pick(d, pcfg)
         return {n: c for n, c in every.items() if not (args.skip and args.skip in n)}
 
     res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
