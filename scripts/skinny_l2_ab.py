@@ -34,6 +34,9 @@ from xkernels.select import _target
 SHAPES = ((4096, 4096), (6144, 4096), (4096, 14336))
 CANDIDATES = [  # (config, split K by its rule)
     (SkinnyGemmConfig(32, 256, 4, 4, programs_per_sm=1), False),
+    (SkinnyGemmConfig(32, 256, 4, 7, programs_per_sm=1), False),  # more bytes in flight per SM (Little's law)
+    (SkinnyGemmConfig(32, 128, 4, 12, programs_per_sm=1), False),
+    (SkinnyGemmConfig(64, 256, 4, 5, programs_per_sm=1), True),
     (SkinnyGemmConfig(64, 256, 4, 3, programs_per_sm=2), True),
     (SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2), True),
     (SkinnyGemmConfig(128, 256, 4, 3, programs_per_sm=1), True),
