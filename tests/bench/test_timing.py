@@ -20,3 +20,43 @@ def test_interleaved_rounds_shuffle_the_order_and_keep_medians(monkeypatch):
     rounds = [calls[i:i + 4] for i in range(0, 12, 4)]
     assert all(sorted(r) == sorted(fns) for r in rounds)  # every function once per round
     assert len({tuple(r) for r in rounds}) > 1, "the order changes between rounds"
+
+
+def test_time_rounds_pools_interleaved_runs_and_keeps_a_failure(monkeypatch):
+    """`time_rounds`: every function once per round in a changing order, inside its own context, each round
+    iters / rounds runs; a function's Timing over all its runs; one that raises RuntimeError keeps its error text
+    and is not called again."""
+    import contextlib
+
+    calls, entered = [], []
+    per_round = {"ours": [1.0, 3.0], "peer": [4.0, 6.0]}
+
+    def fake_samples(fn, sets, *, warmup, iters):
+        name = fn(sets[0])
+        calls.append((name, iters, warmup))
+        return list(per_round[name][: iters // 5]) * 5, 1e-6
+
+    @contextlib.contextmanager
+    def ctx(name):
+        entered.append(name)
+        yield
+
+    def broken(_):
+        raise RuntimeError("no kernel for this shape\nmore")
+
+    def make(name):
+        return lambda s: name
+
+    monkeypatch.setattr(timing, "_samples", fake_samples)
+    runs = {"ours": (make("ours"), [0], lambda: ctx("ours")), "peer": (make("peer"), [0, 1], lambda: ctx("peer")),
+            "broken": (broken, [0], contextlib.nullcontext)}
+    out = timing.time_rounds(runs, rounds=3, warmup=20, iters=30, seed=0)
+    assert [c[0] for c in calls].count("ours") == 3 and [c[0] for c in calls].count("peer") == 3
+    assert all(c[1] == 10 for c in calls)  # 30 runs over 3 rounds
+    assert [c[2] for c in calls if c[0] == "ours"] == [20, 5, 5]  # a full warm-up first, then a short one
+    assert entered.count("ours") == 3 and entered.count("peer") == 3
+    assert out["broken"] == "no kernel for this shape"
+    assert out["ours"].runs == 30 and out["ours"].min_ms == 1.0 and out["ours"].max_ms == 3.0
+    assert out["peer"].median_ms == 5.0 and out["peer"].input_sets == 2
+    orders = [[c[0] for c in calls][i:i + 2] for i in range(0, 6, 2)]
+    assert len({tuple(o) for o in orders}) > 1, "the order changes between rounds"

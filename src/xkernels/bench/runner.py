@@ -3,6 +3,7 @@ every peer on the same rotating input sets."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -10,8 +11,11 @@ import torch
 
 from xkernels.bench.ceilings import Ceilings
 from xkernels.bench.peers import peers_for
-from xkernels.bench.timing import Timing, rotation_count, time_cuda
+from xkernels.bench.timing import Timing, rotation_count, time_rounds
 from xkernels.testing.cases import Case, kernel_name
+
+OURS = "xkernels"  # ours' name among a row's timed functions
+ROUNDS = 3  # interleaved timing rounds per row
 
 
 @dataclass
@@ -81,14 +85,19 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
     if sleep_s:
         time.sleep(sleep_s)  # the seeds' pre-sleep: start each row's timings from a settled GPU
     prepare = getattr(case, "prepare", None)  # a backward row times the backward of a forward run beforehand
-    row.ours = time_cuda(case.run, [prepare(s) for s in sets] if prepare else sets, warmup=warmup, iters=iters)
+    runs = {OURS: (case.run, [prepare(s) for s in sets] if prepare else sets, contextlib.nullcontext)}
     for peer in peers_for(case):
         try:
-            prepared = [peer.prepare(s) for s in sets]
-            with peer.context():
-                row.peers[peer.name] = time_cuda(peer.fn, prepared, warmup=warmup, iters=iters)
-        except RuntimeError as e:  # e.g. a forced SDPA backend that does not support this shape
+            runs[peer.name] = (peer.fn, [peer.prepare(s) for s in sets], peer.context)
+        except RuntimeError as e:  # e.g. a peer that cannot take these inputs
             row.peers[peer.name] = str(e).splitlines()[0][:160]
+    # ours and the peers in interleaved rounds (`timing.time_rounds`): a row's ratio does not depend on who ran first
+    timed = time_rounds(runs, rounds=ROUNDS, warmup=warmup, iters=iters)
+    ours = timed.pop(OURS)
+    if not isinstance(ours, Timing):
+        raise RuntimeError(f"{row.kernel} {row.shape}: ours failed to run after passing its check: {ours}")
+    row.ours = ours
+    row.peers.update(timed)
     del sets
     torch.cuda.empty_cache()
     return row

@@ -40,22 +40,16 @@ def rotation_count(working_set_bytes: int) -> int:
 CHUNK = 10
 
 
-def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, warmup: int = 20,
-              iters: int = 100) -> Timing:
-    """Time fn(inputs) cycling through `input_sets`; each run between its own pair of CUDA events.
-
-    A start event is recorded before the host issues the call, so when the host is slower than the kernel the host's
-    work would land inside the measured interval. Each chunk of runs is therefore queued behind a GPU-side sleep
-    long enough for the host to issue the whole chunk: the events then time the device work alone, for ours and the
-    peers alike, and the host cost per call is reported on its own (`host_us`).
-    """
+def _samples(fn: Callable[[object], object], input_sets: Sequence[object], *, warmup: int,
+             iters: int) -> tuple[list[float], float]:
+    """(device ms of each of `iters` runs, host seconds to issue one call): `time_cuda`'s method."""
     n = len(input_sets)
     fn(input_sets[0])  # a first call may compile (e.g. a kernel variant the check did not build): keep it off host_s
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for i in range(warmup):
         fn(input_sets[i % n])
-    host_s = (time.perf_counter() - t0) / warmup  # issue time per call: the queue never fills in a warm-up
+    host_s = (time.perf_counter() - t0) / max(warmup, 1)  # issue time per call: the queue never fills in a warm-up
     torch.cuda.synchronize()
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(iters)]
@@ -67,8 +61,57 @@ def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, w
         fn(input_sets[i % n])
         ends[i].record()
     torch.cuda.synchronize()
-    ms = [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)]
-    return Timing(statistics.median(ms), min(ms), max(ms), iters, n, host_s * 1e6)
+    return [s.elapsed_time(e) for s, e in zip(starts, ends, strict=True)], host_s
+
+
+def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, warmup: int = 20,
+              iters: int = 100) -> Timing:
+    """Time fn(inputs) cycling through `input_sets`; each run between its own pair of CUDA events.
+
+    A start event is recorded before the host issues the call, so when the host is slower than the kernel the host's
+    work would land inside the measured interval. Each chunk of runs is therefore queued behind a GPU-side sleep
+    long enough for the host to issue the whole chunk: the events then time the device work alone, for ours and the
+    peers alike, and the host cost per call is reported on its own (`host_us`).
+    """
+    ms, host_s = _samples(fn, input_sets, warmup=warmup, iters=iters)
+    return Timing(statistics.median(ms), min(ms), max(ms), iters, len(input_sets), host_s * 1e6)
+
+
+def time_rounds(runs: dict[str, tuple[Callable[[object], object], Sequence[object], Callable[[], object]]], *,
+                rounds: int = 3, warmup: int = 20, iters: int = 100, seed: int = 0) -> dict[str, Timing | str]:
+    """`time_cuda` of several functions in interleaved rounds: each round times every function for iters / rounds
+    runs, in its own shuffled order (seeded), and a function's Timing is over the pooled runs, so a drift of the
+    clock or of the temperature over a row hits ours and the peers alike. `runs`: name -> (fn, input sets, a context
+    manager factory to run it in, e.g. a forced SDPA backend). A function that raises RuntimeError gets its error
+    text and leaves the later rounds."""
+    per = max(CHUNK, -(-iters // rounds))
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    host: dict[str, list[float]] = {name: [] for name in runs}
+    failed: dict[str, str] = {}
+    for r in range(rounds):
+        order = list(runs)
+        random.Random(seed + r).shuffle(order)
+        for name in order:
+            if name in failed:
+                continue
+            fn, sets, context = runs[name]
+            try:
+                with context():
+                    ms, host_s = _samples(fn, sets, warmup=warmup if r == 0 else max(warmup // 4, 2), iters=per)
+            except RuntimeError as e:  # e.g. a forced SDPA backend that does not support this shape
+                failed[name] = str(e).splitlines()[0][:160]
+                continue
+            samples[name] += ms
+            host[name].append(host_s)
+    out: dict[str, Timing | str] = {}
+    for name in runs:
+        if name in failed:
+            out[name] = failed[name]
+        else:
+            ms = samples[name]
+            out[name] = Timing(statistics.median(ms), min(ms), max(ms), len(ms), len(runs[name][1]),
+                               statistics.median(host[name]) * 1e6)
+    return out
 
 
 def capture(fn: Callable[[], object], reps: int = 1) -> tuple[torch.cuda.CUDAGraph, object]:
