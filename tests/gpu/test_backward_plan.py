@@ -68,7 +68,8 @@ def _general_grads(q, k, v, o, lse, do, grad_lse, causal):
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal,sq,skv,dlse", [(False, 1000, 1000, False), (True, 300, 777, True),
-                                                (True, 130, 65, False), (False, 1, 200, True)])
+                                                (True, 130, 65, False), (False, 1, 200, True),
+                                                (False, 200, 256, True)])  # whole key blocks (EVEN_KEYS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_direct_path_matches_general_path_and_float64(d, causal, sq, skv, dlse, dtype):
     q, k, v, o, lse, do, grad_lse = _inputs(d, causal, sq, skv, dtype, seed=sq + skv + d, dlse=dlse)
@@ -86,7 +87,7 @@ def test_direct_path_matches_general_path_and_float64(d, causal, sq, skv, dlse, 
 
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal,sq,skv,dlse", [(False, 1000, 1000, False), (True, 300, 777, True),
-                                                (True, 130, 65, False)])
+                                                (True, 130, 65, False), (False, 200, 256, False)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_fused_direct_path_matches_float64(d, causal, sq, skv, dlse, dtype):
     """The fused-dQ variant's direct launches (the preprocess zeroing the fp32 dQ buffer, dK/dV reducing into it,

@@ -38,7 +38,8 @@ def _run(q, k, v, do, dlse, *, causal, dq_path):
 
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 777),
-                                           (False, 130, 65), (True, 1, 200)])
+                                           (False, 130, 65), (True, 1, 200),
+                                           (False, 200, 256)])  # whole key blocks: one unmasked walk (EVEN_KEYS)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("dq_path", ["gluon", "fused1", "fused2", "fused3"])
 def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
@@ -69,7 +70,7 @@ def test_dq_paths_match_float64(dq_path, d, causal, sq, skv, dtype):
     assert c.passed, c.reason
 
 
-@pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 300, 777), (True, 1, 200)])
+@pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 300, 777), (True, 1, 200), (False, 200, 256)])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fused_dq", [0, 1, 2, 3])
 def test_kv_regs_matches_float64(fused_dq, causal, sq, skv, dtype):

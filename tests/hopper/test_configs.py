@@ -565,8 +565,14 @@ def test_the_packed_kernel_refuses_the_dense_consumers_switches():
 
 def test_even_keys_reaches_only_dense_kernels():
     """EVEN_KEYS (a dense call's keys a multiple of BLOCK_N: full rows walk one unmasked loop) is never set for a
-    packed batch, whose sequences end anywhere in a block."""
+    packed batch, whose sequences end anywhere in a block, nor for a causal or windowed mask (no second program)."""
+    from xkernels.common.seqlen import Band
+
     for cfg in (*ATTENTION_BWD_CONFIGS.values(), *FUSED_BWD_CONFIGS.values()):
         assert cfg.constexprs(128, causal=False, even_keys=True)["EVEN_KEYS"]
         assert not cfg.constexprs(128, causal=False)["EVEN_KEYS"]
         assert not cfg.constexprs(128, causal=False, varlen=True, even_keys=True)["EVEN_KEYS"]
+        assert not cfg.constexprs(128, causal=True, even_keys=True)["EVEN_KEYS"]
+        for window in ((16, -1), (-1, 16), (16, 16)):
+            band = Band.of(False, window)
+            assert not cfg.constexprs(128, causal=False, band=band, even_keys=True)["EVEN_KEYS"], window

@@ -82,22 +82,25 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
     if not (timed and row.passed):
         return row
     sets = [first] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]
-    if sleep_s:
-        time.sleep(sleep_s)  # the seeds' pre-sleep: start each row's timings from a settled GPU
     prepare = getattr(case, "prepare", None)  # a backward row times the backward of a forward run beforehand
     runs = {OURS: (case.run, [prepare(s) for s in sets] if prepare else sets, contextlib.nullcontext)}
+    errors: dict[str, str] = {}
     for peer in peers_for(case):
         try:
             runs[peer.name] = (peer.fn, [peer.prepare(s) for s in sets], peer.context)
+        except torch.OutOfMemoryError:
+            raise
         except RuntimeError as e:  # e.g. a peer that cannot take these inputs
-            row.peers[peer.name] = str(e).splitlines()[0][:160]
+            errors[peer.name] = str(e).splitlines()[0][:160]
+    if sleep_s:
+        time.sleep(sleep_s)  # the seeds' pre-sleep: start each row's timings from a settled GPU
     # ours and the peers in interleaved rounds (`timing.time_rounds`): a row's ratio does not depend on who ran first
     timed = time_rounds(runs, rounds=ROUNDS, warmup=warmup, iters=iters)
     ours = timed.pop(OURS)
     if not isinstance(ours, Timing):
         raise RuntimeError(f"{row.kernel} {row.shape}: ours failed to run after passing its check: {ours}")
     row.ours = ours
-    row.peers.update(timed)
+    row.peers.update({peer.name: timed.get(peer.name) or errors[peer.name] for peer in peers_for(case)})
     del sets
     torch.cuda.empty_cache()
     return row

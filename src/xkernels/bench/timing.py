@@ -79,12 +79,12 @@ def time_cuda(fn: Callable[[object], object], input_sets: Sequence[object], *, w
 
 def time_rounds(runs: dict[str, tuple[Callable[[object], object], Sequence[object], Callable[[], object]]], *,
                 rounds: int = 3, warmup: int = 20, iters: int = 100, seed: int = 0) -> dict[str, Timing | str]:
-    """`time_cuda` of several functions in interleaved rounds: each round times every function for iters / rounds
-    runs, in its own shuffled order (seeded), and a function's Timing is over the pooled runs, so a drift of the
-    clock or of the temperature over a row hits ours and the peers alike. `runs`: name -> (fn, input sets, a context
-    manager factory to run it in, e.g. a forced SDPA backend). A function that raises RuntimeError gets its error
-    text and leaves the later rounds."""
-    per = max(CHUNK, -(-iters // rounds))
+    """`time_cuda` of several functions in interleaved rounds: each round warms every function up and times it
+    for iters / rounds runs, in its own shuffled order (seeded), and a function's Timing is over the pooled runs, so
+    a drift of the clock or of the temperature over a row hits ours and the peers alike. `runs`: name -> (fn, input
+    sets, a context manager factory to run it in, e.g. a forced SDPA backend). A function that raises RuntimeError
+    (but running out of memory) gets its error text and leaves the later rounds."""
+    per = max(1, -(-iters // rounds))
     samples: dict[str, list[float]] = {name: [] for name in runs}
     host: dict[str, list[float]] = {name: [] for name in runs}
     failed: dict[str, str] = {}
@@ -97,7 +97,9 @@ def time_rounds(runs: dict[str, tuple[Callable[[object], object], Sequence[objec
             fn, sets, context = runs[name]
             try:
                 with context():
-                    ms, host_s = _samples(fn, sets, warmup=warmup if r == 0 else max(warmup // 4, 2), iters=per)
+                    ms, host_s = _samples(fn, sets, warmup=warmup, iters=per)
+            except torch.OutOfMemoryError:
+                raise
             except RuntimeError as e:  # e.g. a forced SDPA backend that does not support this shape
                 failed[name] = str(e).splitlines()[0][:160]
                 continue

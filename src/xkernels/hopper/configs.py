@@ -220,11 +220,13 @@ class HopperAttentionBwdConfig:
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, band: Band | None = None,
                    even_keys: bool = False) -> dict[str, object]:
         """The kernel's compile-time values; `even_keys`: a dense call whose key count is a multiple of BLOCK_N
-        (with no causal side and no window, no step then needs the mask)."""
+        (EVEN_KEYS, for a full mask only: no step then needs it)."""
+        mask = band_constexprs(band, causal)
+        full = not mask["CAUSAL"] and mask["BAND"] < 0  # (a causal or windowed walk ignores it: not compiled twice)
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
                     FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, KV_REGS=bool(self.kv_regs),
                     MASK_SPLIT=bool(self.mask_split), VARLEN=varlen,
-                    EVEN_KEYS=even_keys and not varlen) | band_constexprs(band, causal)
+                    EVEN_KEYS=even_keys and full and not varlen) | mask
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq)
