@@ -9,8 +9,8 @@ median of 30.
 
     python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3] [--mask-split | --even-keys]
 
---even-keys: the shipped configs as shipped (dense full rows over whole key blocks walk one unmasked loop,
-EVEN_KEYS) and with every step masked as before it ("... masked"); causal rows run the same program both ways.
+--even-keys: the shipped configs as shipped and with `even_keys` ("... -ek": dense full rows over whole key blocks
+walk one unmasked loop); causal rows run the same program both ways.
 """
 
 from __future__ import annotations
@@ -94,25 +94,15 @@ def mask_split_variants(d: int, portable_cfg) -> dict:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class EveryStepMasked(HopperAttentionBwdConfig):
-    """A dK/dV config compiled without EVEN_KEYS whatever the key count (every step masked, as before it)."""
-
-    def constexprs(self, head_dim: int, **kw) -> dict[str, object]:
-        return super().constexprs(head_dim, **(kw | {"even_keys": False}))
-
-    def __str__(self) -> str:
-        return super().__str__() + "-masked"
-
-
 def even_keys_variants(d: int, portable_cfg) -> dict:
-    """The shipped backward configs (split pair and, where the head dim has it, fused), with and without EVEN_KEYS."""
+    """The shipped backward configs (split pair and, where the head dim has it, fused), as shipped and with
+    `even_keys` (dense full rows over whole key blocks: one unmasked loop)."""
     out = {}
     for fused in (False, True) if d in select.FUSED_DQ_HEAD_DIMS else (False,):
         hb = select.hopper_backward(d, portable_cfg, fused_dq=fused)
         name = "fused" if fused else "split"
         out[name] = hb
-        out[f"{name} masked"] = dataclasses.replace(hb, dkdv=EveryStepMasked(**dataclasses.asdict(hb.dkdv)))
+        out[f"{name} -ek"] = dataclasses.replace(hb, dkdv=dataclasses.replace(hb.dkdv, even_keys=1))
     return out
 
 

@@ -125,7 +125,7 @@ class BackwardPlan:
         accum = hopper_bwd.dq_accum_geometry(b * hq * sq, d, kv_cfg) if fused else flat(q, kv_cfg.block_m)
         dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, kv_cfg),
                                kv_cfg.constexprs(d, causal=self.is_causal, band=self.band,
-                                                 even_keys=skv % kv_cfg.block_n == 0), {},
+                                                 whole_key_blocks=skv % kv_cfg.block_n == 0), {},
                                {0: flat(q, kv_cfg.block_m), 1: flat(k, kv_cfg.block_n), 2: flat(v, kv_cfg.block_n),
                                 3: flat(grad_out, kv_cfg.block_m), 4: accum})
         # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
@@ -432,7 +432,8 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
 
     def dkdv() -> None:
         launch.run(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
-                   cfg.constexprs(d, causal=is_causal, band=band, even_keys=skv % cfg.block_n == 0), {})
+                   cfg.constexprs(d, causal=is_causal, band=band,
+                                  whole_key_blocks=skv % cfg.block_n == 0), {})
 
     if dq_cfg is not None and dq_accum is None:
         _dkdv_then_dq(q.device, dkdv, lambda: _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal,

@@ -571,9 +571,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 bands = ((True, WINDOW),) * (not fused.fused_dq and same_walk) + (
                     tuple((w.causal, w) for w in SIDE_WINDOWS) if d == 128 and dt == "bf16" and not fused.fused_dq
                     and not varlen and same_walk else ())
-                # full rows twice on the dense layout: a key tail (masked steps) and whole key blocks (EVEN_KEYS)
+                # full rows twice on the dense layout: a key tail (masked steps) and whole key blocks (the one
+                # unmasked loop of `even_keys`, opt-in: compiled for every config, gated with it)
                 evens = ((False, None, True),) * (not varlen)
                 for causal, band, *even in ((False, None), *evens, (True, None)) + bands:
+                    fused_ek = dataclasses.replace(fused, even_keys=1) if even else fused
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
                     # D128 causal and 13-40 in D64's kv_regs variants (causal, and fused_dq=3). Spills: the fused-dQ
                     # variants but D64's default (D128's: 16-32 bytes kept across its query loop; at most one value
@@ -581,11 +583,11 @@ def hopper_configs() -> Iterator[KernelConfig]:
                     # reloads a step from L1; packed 40-96; measured 2-4 % faster on causal rows all the same), and
                     # the D128 band (24-32 bytes: the causal window's four values stored before the query loop,
                     # reloaded after it)
-                    mode = " causal" * causal + " varlen" * varlen + str(band or "") + " even-keys" * bool(even)
-                    yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused}",
+                    mode = " causal" * causal + " varlen" * varlen + str(band or "")
+                    yield KernelConfig(f"hopper.attention_bwd.dkdv {dt} D{d}{mode} {fused_ek}",
                                        bwd.attention_dkdv_kernel, cfg_types,
-                                       fused.constexprs(d, causal=causal, varlen=varlen, band=band,
-                                                        even_keys=bool(even)), 4,
+                                       fused_ek.constexprs(d, causal=causal, varlen=varlen, band=band,
+                                                           whole_key_blocks=bool(even)), 4,
                                        gluon=True, spill_free=(not fused.fused_dq or (
                                            d == 64 and fused == FUSED_BWD_CONFIGS[64] and TRITON_TESTED))
                                        and fused.mask_split == ATTENTION_BWD_CONFIGS[d].mask_split

@@ -563,16 +563,21 @@ def test_the_packed_kernel_refuses_the_dense_consumers_switches():
             dataclasses.replace(P[128], **fields).check(128, bf16, "varlen_persistent")
 
 
-def test_even_keys_reaches_only_dense_kernels():
-    """EVEN_KEYS (a dense call's keys a multiple of BLOCK_N: full rows walk one unmasked loop) is never set for a
-    packed batch, whose sequences end anywhere in a block, nor for a causal or windowed mask (no second program)."""
+def test_even_keys_reaches_only_dense_full_masks_over_whole_key_blocks():
+    """EVEN_KEYS (config `even_keys`: full rows over whole key blocks walk one unmasked loop) is set only where the
+    config opts in and the call is dense, its mask full and its keys a multiple of BLOCK_N: never for a packed
+    batch, whose sequences end anywhere in a block, nor for a causal or windowed mask (no second program)."""
     from xkernels.common.seqlen import Band
 
-    for cfg in (*ATTENTION_BWD_CONFIGS.values(), *FUSED_BWD_CONFIGS.values()):
-        assert cfg.constexprs(128, causal=False, even_keys=True)["EVEN_KEYS"]
+    for shipped in (*ATTENTION_BWD_CONFIGS.values(), *FUSED_BWD_CONFIGS.values()):
+        assert not shipped.even_keys  # opt-in until measured
+        assert not shipped.constexprs(128, causal=False, whole_key_blocks=True)["EVEN_KEYS"]
+        cfg = dataclasses.replace(shipped, even_keys=1)
+        assert str(cfg).endswith("-ek")
+        assert cfg.constexprs(128, causal=False, whole_key_blocks=True)["EVEN_KEYS"]
         assert not cfg.constexprs(128, causal=False)["EVEN_KEYS"]
-        assert not cfg.constexprs(128, causal=False, varlen=True, even_keys=True)["EVEN_KEYS"]
-        assert not cfg.constexprs(128, causal=True, even_keys=True)["EVEN_KEYS"]
+        assert not cfg.constexprs(128, causal=False, varlen=True, whole_key_blocks=True)["EVEN_KEYS"]
+        assert not cfg.constexprs(128, causal=True, whole_key_blocks=True)["EVEN_KEYS"]
         for window in ((16, -1), (-1, 16), (16, 16)):
             band = Band.of(False, window)
-            assert not cfg.constexprs(128, causal=False, band=band, even_keys=True)["EVEN_KEYS"], window
+            assert not cfg.constexprs(128, causal=False, band=band, whole_key_blocks=True)["EVEN_KEYS"], window

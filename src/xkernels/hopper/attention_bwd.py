@@ -45,8 +45,8 @@ last query its band reaches (`q_bounds`), so a block that no query sees walks no
 step masks the lower side in `_probabilities` as it masks the causal one.
 MASK_SPLIT (config `mask_split`; D64's and D128's split configs, D64's fused one): the query walk in two loops, the
 steps that need the mask (the causal diagonal's, a key tail's, a window's) and then the rest, whose compares and
-selects are dropped (`_mask_end`). EVEN_KEYS (a dense call's key count a multiple of BLOCK_N): with no causal side
-and no window no step needs the mask, and every config walks one unmasked loop.
+selects are dropped (`_mask_end`). EVEN_KEYS (config `even_keys`, opt-in; a dense call with a full mask and its key
+count a multiple of BLOCK_N): no step needs the mask, and the walk is one unmasked loop.
 """
 
 from __future__ import annotations

@@ -216,22 +216,26 @@ class HopperAttentionBwdConfig:
     # the query walk in two loops: the steps that need the mask (causal diagonal, key tail, window edges), then the
     # rest with no compares or selects (`attention_bwd._mask_end`)
     mask_split: int = 0
+    # a dense call with a full mask over whole key blocks (Skv a multiple of BLOCK_N) walks one loop with no step
+    # masked (EVEN_KEYS); opt-in until measured (`scripts/bwd_ab.py --even-keys`): D128's fused kernel with its
+    # unmasked steps in a second loop measured 5 % slower on full rows (spilling; this one loop does not)
+    even_keys: int = 0
 
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, band: Band | None = None,
-                   even_keys: bool = False) -> dict[str, object]:
-        """The kernel's compile-time values; `even_keys`: a dense call whose key count is a multiple of BLOCK_N
-        (EVEN_KEYS, for a full mask only: no step then needs it)."""
+                   whole_key_blocks: bool = False) -> dict[str, object]:
+        """The kernel's compile-time values; `whole_key_blocks`: a dense call whose key count is a multiple of
+        BLOCK_N (with `even_keys` and a full mask, EVEN_KEYS: no step needs the mask)."""
         mask = band_constexprs(band, causal)
         full = not mask["CAUSAL"] and mask["BAND"] < 0  # (a causal or windowed walk ignores it: not compiled twice)
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
                     FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, KV_REGS=bool(self.kv_regs),
                     MASK_SPLIT=bool(self.mask_split), VARLEN=varlen,
-                    EVEN_KEYS=even_keys and full and not varlen) | mask
+                    EVEN_KEYS=bool(self.even_keys) and whole_key_blocks and full and not varlen) | mask
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq)
                 + (f"-sd{self.split_d}" if self.split_d else "") + "-kvr" * bool(self.kv_regs)
-                + "-ms" * bool(self.mask_split))
+                + "-ms" * bool(self.mask_split) + "-ek" * bool(self.even_keys))
 
 
 # D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns over
