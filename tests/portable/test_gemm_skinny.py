@@ -92,13 +92,15 @@ def test_checks_fail_on_a_broken_slice_sum(device):
 
 @pytest.mark.parametrize("rows,n,k,pick", [(16, 4096, 4096, "wide"), (32, 6144, 4096, "wide"),
                                            (9, 4096, 14336, "wide"), (16, 3072, 4096, "rows"), (32, 1024, 4096, "rows"),
-                                           (8, 4096, 4096, "skinny"), (1, 4096, 4096, "skinny"),
-                                           (16, 28672, 4096, "skinny"), (32, 28672, 4096, "skinny")])
-def test_more_rows_take_the_deeper_steps_where_k_is_split(rows, n, k, pick):
-    """On sm_90, more than SKINNY_FEW_ROWS rows against a weight whose column blocks alone do not fill the SMs (K
-    split) take `skinny_wide_rows` (32-column blocks over all of K) where those fill the SMs, else `skinny_rows`
-    (64 x 256-deep steps, K split); fewer rows, or a weight wide enough for one slice, the default; other targets
-    and symbolic sizes the default; the interpreter its own."""
+                                           (8, 4096, 4096, "wide"), (1, 4096, 4096, "wide"), (1, 6144, 4096, "wide"),
+                                           (1, 3072, 4096, "skinny"), (8, 1024, 4096, "skinny"),
+                                           (1, 28672, 4096, "skinny"), (16, 28672, 4096, "skinny"),
+                                           (32, 28672, 4096, "skinny")])
+def test_narrow_unsplit_blocks_where_they_fill_the_sms_and_k_would_be_split(rows, n, k, pick):
+    """On sm_90, a weight whose column blocks alone do not fill the SMs (`skinny` would split K) takes
+    `skinny_wide_rows` (32-column blocks over all of K) where those fill the SMs, else, above SKINNY_FEW_ROWS rows,
+    `skinny_rows` (64 x 256-deep steps, K split); fewer rows there, or a weight wide enough for one slice, the
+    default; other targets and symbolic sizes the default; the interpreter its own."""
     from xkernels.common.targets import TARGETS
 
     hopper = TARGETS["sm_90"]
@@ -109,8 +111,8 @@ def test_more_rows_take_the_deeper_steps_where_k_is_split(rows, n, k, pick):
         assert got.slices(n, k, 132) == 1
     if pick == "rows":  # the split keeps the SMs busy where the 32-column blocks alone would not
         assert got.slices(n, k, 132) > 1
-    wide = pick != "skinny"
-    assert (table.skinny.slices(n, k, 132) > 1) is wide or rows <= configs.SKINNY_FEW_ROWS
+    if pick != "skinny" or rows > configs.SKINNY_FEW_ROWS:  # off the default only where it would split K
+        assert (table.skinny.slices(n, k, 132) > 1) is (pick != "skinny")
     assert configs.skinny_gemm_config(hopper, interpret=False, rows=rows, n=n, k=k) is table.skinny  # no SM count
     ampere = TARGETS["sm_80"]
     assert configs.skinny_gemm_config(ampere, interpret=False, rows=rows, n=n, k=k, sms=108) is \

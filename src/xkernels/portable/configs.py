@@ -183,7 +183,7 @@ class SkinnyGemmConfig:
 # the H200 (scripts/skinny_tiles.py, run 23 of 2026-11-30): 0.91-0.95x torch.matmul's device time at 1 and 16 rows
 # with the best tile, 0.49-0.99x at 128 rows, where the K-slice partials and one warpgroup per tile cost too much.
 SKINNY_MAX_M = 32
-SKINNY_FEW_ROWS = 8  # up to this many rows the table's `skinny` config serves every weight shape
+SKINNY_FEW_ROWS = 8  # up to this many rows `skinny` serves the weights `skinny_wide_rows` cannot fill the SMs with
 SKINNY_WIDE_FILL = 0.9  # `skinny_wide_rows` where its column blocks number at least this share of the SMs
 
 
@@ -376,24 +376,27 @@ def decode_config(head_dim: int, target: Target | None = None, interpret: bool =
 
 def skinny_gemm_config(target: Target | None = None, interpret: bool = INTERPRET, *, rows: int = 1, n: int = 0,
                        k: int = 0, sms: int = 0) -> SkinnyGemmConfig:
-    """The few-row GEMM's config for a `rows` x `n` x `k` call on `sms` SMs: where there are more than
-    SKINNY_FEW_ROWS rows and `skinny` would split K (the weight's column blocks alone do not fill the SMs), the
-    table's `skinny_wide_rows` if its blocks fill them unsplit, else its `skinny_rows`; otherwise `skinny`.
-    Measured on the H100 (benchmarks/results/h100/2026-12-06/19-skinny-nosplit-varlen-bwd-ms, CUDA-graph replay): at
-    16 and 32 rows against Llama-8B's 4096 x 4096, 6144 x 4096 and 4096 x 14336 weights, unsplit 32 x 256-deep
-    steps gave 0.65-0.99x torch.matmul where the split 64 x 256 (the H200's pick, run 81 of 2026-12-04) gave
-    0.59-0.97x before its per-call counter fill under capture; at 1-8 rows, and against the 28672-wide weight (no K
-    split), 128 x 128 stays ahead. Symbolic sizes (a traced call) take `skinny`; the real call resolves again."""
+    """The few-row GEMM's config for a `rows` x `n` x `k` call on `sms` SMs: where `skinny` would split K (the
+    weight's column blocks alone do not fill the SMs), the table's `skinny_wide_rows` if its narrower blocks fill
+    them unsplit (no partials, no counters, so no counter fill under CUDA-graph capture), else its `skinny_rows`
+    for more than SKINNY_FEW_ROWS rows; otherwise `skinny`. Measured on the H100, CUDA-graph replay with the
+    weights rotated through 4x the L2 (as a decode step's layers read theirs), x torch.matmul: unsplit 32 x
+    256-deep steps 1.02 / 1.04 / 0.90 at 1 / 16 / 32 rows on Llama-8B's 4096 x 4096 weight (split 128 x 128 with
+    its fill: 0.91 at 1 row), 0.90 / 0.94 / 0.92 on 6144 x 4096 (0.87 at 1 row), 0.98-1.00 on 4096 x 14336
+    (benchmarks/results/h100/2026-12-06/22-even-keys-skinny-l2). With one 4096 x 4096 weight left in L2 between
+    replays, the 1-row split is ahead (0.88 against 0.74): a microbenchmark's case, not a model's. The 28672-wide
+    weight needs no K split: 128 x 128 (run 19: 0.97 against the unsplit 0.93). Symbolic sizes (a traced call)
+    take `skinny`; the real call resolves again."""
     if interpret:
         return SKINNY_INTERPRETED
     table = table_for(target)
     concrete = all(type(x) is int for x in (rows, n, k))  # a traced call's symbolic sizes add no guard here
-    if (table.skinny_rows is not None and concrete and rows > SKINNY_FEW_ROWS and sms > 0
-            and table.skinny.slices(n, k, sms) > 1):
+    if table.skinny_rows is not None and concrete and sms > 0 and table.skinny.slices(n, k, sms) > 1:
         wide = table.skinny_wide_rows
         if wide is not None and -(-n // wide.block_n) >= SKINNY_WIDE_FILL * sms:
             return wide
-        return table.skinny_rows
+        if rows > SKINNY_FEW_ROWS:
+            return table.skinny_rows
     return table.skinny
 
 
