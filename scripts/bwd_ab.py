@@ -4,8 +4,8 @@ S^T and dP^T; 2: one each, exchanged through shared memory) and the Gluon dQ on 
 of the dK/dV and dQ kernels and the dQ's key tile; D64 also the fused-dQ kernel (dQ's two column halves, or
 `fused_dq=3`: the warpgroups taking turns at the whole partial), and K and V as register operands (`kv_regs`).
 Every variant's dQ, dK and dV are first checked against float64 autograd on small shapes (tails, causal with
-Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep, `time_cuda`),
-median of 30.
+Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep), cuDNN's and
+every variant's in three interleaved rounds (`time_rounds`), median of the pooled 30 runs.
 
     python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3] [--mask-split | --even-keys]
 
@@ -16,6 +16,7 @@ walk one unmasked loop); causal rows run the same program both ways.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 
@@ -26,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import xkernels
 from xkernels import backward, select
 from xkernels.bench.report import check_summary
-from xkernels.bench.timing import time_cuda
+from xkernels.bench.timing import time_rounds
 from xkernels.hopper.configs import (
     ATTENTION_BWD_CONFIGS,
     FUSED_BWD_CONFIGS,
@@ -37,6 +38,7 @@ from xkernels.portable import attention_bwd as portable_bwd
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
 
+CUDNN = "SDPA-cuDNN"
 ROWS = {256: ((1, 16, 8192, False), (1, 16, 8192, True), (2, 16, 4096, False), (4, 16, 2048, True)),
         128: ((1, 32, 8192, False), (1, 32, 8192, True), (2, 16, 4096, True)),
         64: ((4, 32, 4096, False), (4, 32, 4096, True))}
@@ -127,10 +129,6 @@ def setup(b, hq, hkv, sq, skv, d, causal, seed=0):
     return q, k, v, do, o.detach(), lse.detach(), choice.config
 
 
-def ms(fn) -> float:
-    return time_cuda(lambda _: fn(), [None], iters=30).median_ms
-
-
 def markdown(res: dict) -> str:
     lines: list[str] = []
     head = ""
@@ -181,13 +179,21 @@ def main() -> None:
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
-                cudnn_ms = ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True))  # noqa: B023
+            # cuDNN and every variant in interleaved rounds (`time_rounds`): no variant always runs last
+            runs = {CUDNN: (lambda _: torch.autograd.grad(out, leaves, do, retain_graph=True), [None],  # noqa: B023
+                            lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))}
+            runs |= {name: (lambda _, c=cfg: run(q, k, v, do, o, lse, c, causal, pcfg), [None],  # noqa: B023
+                            contextlib.nullcontext) for name, cfg in chosen(d, pcfg).items()}
+            timed = time_rounds(runs, iters=30)
+            cudnn_ms = timed.pop(CUDNN).median_ms
             flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
             row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "cudnn_ms": cudnn_ms,
                    "cudnn_tflops": flops / cudnn_ms / 1e9, "ms": {}, "x_cudnn": {}}
-            for name, cfg in chosen(d, pcfg).items():
-                t = ms(lambda c=cfg: run(q, k, v, do, o, lse, c, causal, pcfg))  # noqa: B023
-                row["ms"][name], row["x_cudnn"][name] = t, cudnn_ms / t
+            for name, t in timed.items():
+                if isinstance(t, str):
+                    row["ms"][name] = t
+                    continue
+                row["ms"][name], row["x_cudnn"][name] = t.median_ms, cudnn_ms / t.median_ms
             res["rows"].append(row)
             print(row, flush=True)
             json.dump(res, open(args.json, "w"), indent=1)
