@@ -69,16 +69,36 @@ def launcher(a, bs, out, cfg: SkinnyGemmConfig, sms: int, split: bool):
     return call, slices
 
 
-def main() -> None:
+def checked(a, bs, want, cfg: SkinnyGemmConfig, sms: int, split: bool, row: dict, name: str):
+    """`launcher`'s call over the weights `bs` once its output on bs[0] is within 1e-2 rel-RMS of `want` (recorded
+    in row["errors"] and row["slices"]), else None; a candidate that does not compile or fit is recorded too."""
+    out = torch.empty(a.shape[0], bs[0].shape[0], dtype=torch.bfloat16, device="cuda")
+    try:
+        check, slices = launcher(a, bs[:1], out, cfg, sms, split)
+        check()
+        torch.cuda.synchronize()
+    except Exception as e:  # not fatal: the other candidates still run
+        row["errors"][name] = repr(e)[:200]
+        return None
+    err = ((out.double() - want).norm() / want.norm()).item()
+    row["errors"][name], row["slices"][name] = err, slices
+    return launcher(a, bs, out, cfg, sms, split)[0] if err < 1e-2 else None
+
+
+def setup() -> tuple[argparse.Namespace, int, object, dict]:
+    """(--json, --md, --ms, --rounds; the SM count; the device's config target; the results' head)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32])
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
     sms = sm_count(0)
-    target = _target(torch.device("cuda"))
-    res: dict = {"device": torch.cuda.get_device_name(), "sms": sms, "rows": []}
+    return ap.parse_args(), sms, _target(torch.device("cuda")), {"device": torch.cuda.get_device_name(), "sms": sms,
+                                                                 "rows": []}
+
+
+def main() -> None:
+    args, sms, target, res = setup()
     for n, k in SHAPES:
         ws = [(torch.rand(n, k, device="cuda") - 0.5).bfloat16() for _ in range(rotation_count(n * k * 2))]
         for m in args.ms:
@@ -93,18 +113,9 @@ def main() -> None:
                        "xkernels": lambda a=a, c=cyc_x: xkernels.matmul(a, next(c).T)}
                 for cfg, split in CANDIDATES:
                     name = f"{cfg}{' split' if split else ''}"
-                    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-                    try:
-                        check, slices = launcher(a, ws[:1], out, cfg, sms, split)
-                        check()
-                        torch.cuda.synchronize()
-                    except Exception as e:  # a candidate that does not compile or fit: recorded, not fatal
-                        row["errors"][name] = repr(e)[:200]
-                        continue
-                    err = ((out.double() - want).norm() / want.norm()).item()
-                    row["errors"][name], row["slices"][name] = err, slices
-                    if err < 1e-2:
-                        fns[name] = launcher(a, bs, out, cfg, sms, split)[0]
+                    call = checked(a, bs, want, cfg, sms, split, row, name)
+                    if call is not None:
+                        fns[name] = call
                 ms = interleaved_graph_ms(fns, rounds=args.rounds)
                 row["ms"][where] = ms
                 row["x_torch"][where] = {name: ms["torch"] / t for name, t in ms.items()}

@@ -14,55 +14,27 @@ Each candidate's output is checked against torch's first.
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
-import triton
 
 import xkernels
 from xkernels.bench.timing import interleaved_graph_ms
-from xkernels.common import launch
-from xkernels.common.runtime import sm_count
-from xkernels.portable import configs, gemm_skinny
+from xkernels.portable import configs
 from xkernels.portable.configs import SkinnyGemmConfig
-from xkernels.select import _target
+
+sys.path.insert(0, str(Path(__file__).parent))
+from skinny_l2_ab import checked, setup  # noqa: E402  (the candidate launcher, checked against float64)
 
 SHAPES = ((4096, 4096), (6144, 4096), (28672, 4096), (4096, 14336))
 UNSPLIT = [SkinnyGemmConfig(bn, bk, w, st) for bn, bk, w, st in
            ((32, 128, 4, 6), (32, 256, 4, 4), (16, 256, 4, 6), (64, 128, 4, 6), (32, 512, 4, 3))]
 
 
-def launcher(a, b, out, cfg: SkinnyGemmConfig, sms: int, split: bool):
-    """A call of the few-row kernel with `cfg`: K split as the shipped rule says (`split`), else one slice."""
-    m, k = a.shape
-    n = b.shape[0]
-    if split:
-        grid, slices, k_slice, cx, opts = gemm_skinny.launch_spec(m, n, k, b_layout="nk", cfg=cfg, sms=sms)
-    else:
-        slices, k_slice = 1, triton.cdiv(k, cfg.block_k) * cfg.block_k
-        grid, cx, opts = triton.cdiv(n, cfg.block_n), cfg.constexprs(gemm_skinny.block_m(m), 1, "nk"), cfg.options()
-    # zeroed once, here, outside any capture: the kernels put every counter back to zero
-    arrivals = torch.zeros(triton.cdiv(n, cfg.block_n), dtype=torch.int32, device=a.device)
-    partials = torch.empty((slices, m, n), dtype=torch.float32, device=a.device) if slices > 1 else out
-
-    def call():
-        launch.generic_launch(gemm_skinny.skinny_gemm_kernel, grid, (a, b, out, partials, arrivals, m, n, k,
-                                                                     a.stride(0), b.stride(0), out.stride(0),
-                                                                     k_slice), cx, opts)
-    return call, slices
-
-
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--json", required=True)
-    ap.add_argument("--md")
-    ap.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32])
-    ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
-    sms = sm_count(0)
-    target = _target(torch.device("cuda"))
-    res: dict = {"device": torch.cuda.get_device_name(), "sms": sms, "rows": []}
+    args, sms, target, res = setup()
     for n, k in SHAPES:
         b = (torch.rand(n, k, device="cuda") - 0.5).bfloat16()
         for m in args.ms:
@@ -74,18 +46,8 @@ def main() -> None:
             names |= {f"unsplit {c}": (c, False) for c in UNSPLIT}
             row = {"m": m, "n": n, "k": k, "shipped": str(shipped), "errors": {}, "slices": {}}
             for name, (cfg, split) in names.items():
-                out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
-                try:
-                    call, slices = launcher(a, b, out, cfg, sms, split)
-                    call()
-                    torch.cuda.synchronize()
-                except Exception as e:  # a candidate that does not compile or fit: recorded, not fatal
-                    row["errors"][name] = repr(e)[:200]
-                    continue
-                err = ((out.double() - want).norm() / want.norm()).item()
-                row["errors"][name] = err
-                row["slices"][name] = slices
-                if err < 1e-2:
+                call = checked(a, [b], want, cfg, sms, split, row, name)
+                if call is not None:
                     fns[name] = call
             got = xkernels.matmul(a, b.T)
             row["errors"]["xkernels"] = ((got.double() - want).norm() / want.norm()).item()
