@@ -191,7 +191,9 @@ def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
     p = POINTER_TYPE[torch.bfloat16]
     types = {"A": p, "B": p, "C": p, "PARTIALS": "*fp32", "ARRIVALS": "*i32"}
     divisible = ("A", "B", "C", "PARTIALS", "ARRIVALS", "N", "K", "a_sm", "b_s0", "c_sm", "k_slice")
-    table = table_for(target)  # more rows against a K-split weight, where the target has its own configs
+    # the target's own configs against a K-split weight (`skinny_wide_rows` serves 1-8 rows too: BLOCK_M 16, the
+    # program compiled here for 9 rows)
+    table = table_for(target)
     more = [c for c in (table.skinny_rows, table.skinny_wide_rows) if c is not None]
     for cfg, m in [(skinny_gemm_config(target, interpret=False), m) for m in (1, configs.SKINNY_MAX_M)] + [
             (rows, m) for rows in more for m in (configs.SKINNY_FEW_ROWS + 1, configs.SKINNY_MAX_M)]:
