@@ -44,6 +44,7 @@ class Config:
     seed: int = 0
     packed: bool = False  # rows cut into documents of `min_doc`..`seq` bytes that attend only within themselves
     min_doc: int = 16
+    same_batch: bool = False  # every step on the first batch (a smoke test: the loss must fall on data it has seen)
 
     @property
     def width(self) -> int:
@@ -168,10 +169,15 @@ def documents(cfg: Config, g: torch.Generator, device) -> Documents:
 
 def batches(data: torch.Tensor, cfg: Config, device):
     g = torch.Generator().manual_seed(cfg.seed + 1)
+    first = None
     for _ in range(cfg.steps):
+        if first is not None and cfg.same_batch:
+            yield first
+            continue
         starts = torch.randint(0, len(data) - cfg.seq - 1, (cfg.batch,), generator=g)
         chunk = torch.stack([data[s:s + cfg.seq + 1] for s in starts.tolist()]).long().to(device)
-        yield chunk[:, :-1], chunk[:, 1:], documents(cfg, g, device) if cfg.packed else None
+        first = chunk[:, :-1], chunk[:, 1:], documents(cfg, g, device) if cfg.packed else None
+        yield first
 
 
 def train(cfg: Config, attention: str, device: str, data: torch.Tensor) -> list[float]:
@@ -234,10 +240,13 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=Config.steps)
     p.add_argument("--tiny", action="store_true", help="a model small enough for the Triton interpreter")
     p.add_argument("--packed", action="store_true", help="rows cut into documents: xkernels through attention_varlen")
+    p.add_argument("--same-batch", action="store_true",
+                   help="every step on the first batch (the corpus is this repository's source: any batch of it "
+                        "changes with the code, and a few steps on new batches need not lower the loss)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="folder for train.json and train.png")
     args = p.parse_args(argv)
-    cfg = Config(steps=args.steps, packed=args.packed, **(TINY if args.tiny else {}))
+    cfg = Config(steps=args.steps, packed=args.packed, same_batch=args.same_batch, **(TINY if args.tiny else {}))
     data = corpus()
     losses, seconds = {}, {}
     for name in ATTENTIONS:
