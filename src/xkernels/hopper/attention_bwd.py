@@ -273,13 +273,16 @@ def _query_step(W: gl.constexpr, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats,
 
 @gluon.jit
 def _mask_end(lo, q_end, key0, skv, offset, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, BAND: gl.constexpr,
-              MASK_SPLIT: gl.constexpr):
-    """Where a consumer's masked steps end (its steps from `lo` are masked up to here, unmasked after): with
-    MASK_SPLIT, the first query block at or past the last of its keys' diagonal (causal), or `lo` (full); every
-    step where its keys run past skv, a window's lower side cuts some block (BAND >= 0), or without MASK_SPLIT.
-    Interior steps, most of a long sequence's, then skip the compares and selects of the mask."""
+              MASK_SPLIT: gl.constexpr, UNMASKED: gl.constexpr):
+    """Where a consumer's masked steps end (its steps from `lo` are masked up to here, unmasked after): `lo` with
+    UNMASKED (no step needs the mask); with MASK_SPLIT, the first query block at or past the last of its keys'
+    diagonal (causal), or `lo` (full); every step where its keys run past skv, a window's lower side cuts some block
+    (BAND >= 0), or without MASK_SPLIT. Interior steps, most of a long sequence's, then skip the compares and selects
+    of the mask."""
     end = q_end
-    if MASK_SPLIT and BAND < 0:
+    if UNMASKED:
+        end = lo
+    elif MASK_SPLIT and BAND < 0:
         if key0 + WG_KEYS <= skv:
             if CAUSAL:
                 last_diag = key0 + WG_KEYS - 1 - offset  # query last_diag on sees every one of these keys
@@ -320,28 +323,21 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     else:
         k_a = k_w
         v_a = v_w
+    mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT, UNMASKED)
     it = 0
-    if UNMASKED:  # every (key, query) pair of every step kept: one loop, no compares or selects
-        for _g in range(GROUP):
-            for start_m in range(lo, q_end, BLOCK_M):
-                dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
-                                     keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
-                                     FUSED_DQ, SPLIT_D, BAND, False)
-                it += 1
-    else:
-        mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT)
-        for _g in range(GROUP):
+    for _g in range(GROUP):
+        if not UNMASKED:  # (UNMASKED: no masked loop compiled at all)
             for start_m in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all: MASK_SPLIT=0)
                 dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
                                      keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
                                      FUSED_DQ, SPLIT_D, BAND, True)
                 it += 1
-            if MASK_SPLIT and BAND < 0:  # (a window masks every step: `_mask_end`)
-                for start_m in range(mask_end, q_end, BLOCK_M):  # every (key, query) pair kept
-                    dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it,
-                                         start_m, keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M,
-                                         CAUSAL, FUSED_DQ, SPLIT_D, BAND, False)
-                    it += 1
+        if (MASK_SPLIT or UNMASKED) and BAND < 0:  # (a window masks every step: `_mask_end`)
+            for start_m in range(mask_end, q_end, BLOCK_M):  # every (key, query) pair kept
+                dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
+                                     keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
+                                     FUSED_DQ, SPLIT_D, BAND, False)
+                it += 1
     rows = key0 + gl.arange(0, WG_KEYS, gl.SliceLayout(1, acc_layout))
     d = (W * HALF if SPLIT_D else 0) + gl.arange(0, COLS, gl.SliceLayout(0, acc_layout))
     keep_rows = gl.expand_dims(rows < skv, 1)
