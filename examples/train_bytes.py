@@ -169,15 +169,15 @@ def documents(cfg: Config, g: torch.Generator, device) -> Documents:
 
 def batches(data: torch.Tensor, cfg: Config, device):
     g = torch.Generator().manual_seed(cfg.seed + 1)
-    first = None
-    for _ in range(cfg.steps):
-        if first is not None and cfg.same_batch:
-            yield first
-            continue
+
+    def draw():
         starts = torch.randint(0, len(data) - cfg.seq - 1, (cfg.batch,), generator=g)
         chunk = torch.stack([data[s:s + cfg.seq + 1] for s in starts.tolist()]).long().to(device)
-        first = chunk[:, :-1], chunk[:, 1:], documents(cfg, g, device) if cfg.packed else None
-        yield first
+        return chunk[:, :-1], chunk[:, 1:], documents(cfg, g, device) if cfg.packed else None
+
+    first = draw()
+    for step in range(cfg.steps):
+        yield first if step == 0 or cfg.same_batch else draw()
 
 
 def train(cfg: Config, attention: str, device: str, data: torch.Tensor) -> list[float]:

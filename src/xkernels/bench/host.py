@@ -24,7 +24,8 @@ import torch.nn.functional as F
 
 import xkernels
 from xkernels.bench.report import pyplot
-from xkernels.bench.timing import graph_ms, l2_bytes, rotation_count
+from xkernels.bench.runner import rotated_inputs
+from xkernels.bench.timing import graph_ms, l2_bytes
 from xkernels.testing.cases import AttentionCase, Case, GemmCase
 
 CALLS = 50
@@ -124,7 +125,7 @@ def run_host_case(case: Case) -> HostRow:
                   check)
     if not check["passed"]:
         return row
-    sets = [inputs] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]
+    sets = rotated_inputs(case, inputs)
     in_l2 = case.nbytes <= l2_bytes()
     row.ours = time_host(case.run, sets, in_l2=in_l2)
     row.torch = time_host(_torch_fn(case), sets, in_l2=in_l2)

@@ -68,6 +68,12 @@ class Row:
         }
 
 
+def rotated_inputs(case: Case, first: object) -> list:
+    """`first` and more input sets of `case`, enough to span 4x the L2 (`timing.rotation_count`): calls cycling
+    through them read their operands from HBM, as a model's layers do."""
+    return [first] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]
+
+
 def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float) -> Row:
     import xkernels
 
@@ -81,11 +87,12 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
               bytes_read=getattr(case, "bytes_read", 0))
     if not (timed and row.passed):
         return row
-    sets = [first] + [case.inputs("cuda", seed=i) for i in range(1, rotation_count(case.nbytes))]
+    sets = rotated_inputs(case, first)
     prepare = getattr(case, "prepare", None)  # a backward row times the backward of a forward run beforehand
     runs = {OURS: (case.run, [prepare(s) for s in sets] if prepare else sets, contextlib.nullcontext)}
     errors: dict[str, str] = {}
-    for peer in peers_for(case):
+    peers = peers_for(case)
+    for peer in peers:
         try:
             runs[peer.name] = (peer.fn, [peer.prepare(s) for s in sets], peer.context)
         except torch.OutOfMemoryError:
@@ -100,7 +107,7 @@ def run_case(case: Case, *, timed: bool, warmup: int, iters: int, sleep_s: float
     if not isinstance(ours, Timing):
         raise RuntimeError(f"{row.kernel} {row.shape}: ours failed to run after passing its check: {ours}")
     row.ours = ours
-    row.peers.update({peer.name: timed.get(peer.name) or errors[peer.name] for peer in peers_for(case)})
+    row.peers.update({peer.name: timed.get(peer.name) or errors[peer.name] for peer in peers})
     del sets
     torch.cuda.empty_cache()
     return row

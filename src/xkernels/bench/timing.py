@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +38,16 @@ def rotation_count(working_set_bytes: int) -> int:
 
 
 CHUNK = 10
+
+
+def shuffled_rounds(names: Iterable[str], rounds: int, seed: int) -> Iterator[list[str]]:
+    """`rounds` orders of `names`, round r shuffled by Random(seed + r): no function always runs first or after the
+    same neighbour."""
+    names = list(names)
+    for r in range(rounds):
+        order = list(names)
+        random.Random(seed + r).shuffle(order)
+        yield order
 
 
 def _samples(fn: Callable[[object], object], input_sets: Sequence[object], *, warmup: int,
@@ -88,9 +98,7 @@ def time_rounds(runs: dict[str, tuple[Callable[[object], object], Sequence[objec
     samples: dict[str, list[float]] = {name: [] for name in runs}
     host: dict[str, list[float]] = {name: [] for name in runs}
     failed: dict[str, str] = {}
-    for r in range(rounds):
-        order = list(runs)
-        random.Random(seed + r).shuffle(order)
+    for order in shuffled_rounds(runs, rounds, seed):
         for name in order:
             if name in failed:
                 continue
@@ -155,9 +163,7 @@ def interleaved_graph_ms(fns: dict[str, Callable[[], object]], rounds: int = 3, 
     (seeded): a drift of the clock between calls hits every function alike, and none always runs first or after the
     same neighbour (a fixed order measured the same kernel up to 19 % apart by its place in it)."""
     times: dict[str, list[float]] = {name: [] for name in fns}
-    for r in range(rounds):
-        order = list(fns)
-        random.Random(seed + r).shuffle(order)
+    for order in shuffled_rounds(fns, rounds, seed):
         for name in order:
             times[name].append(graph_ms(fns[name]))
     return {name: statistics.median(ts) for name, ts in times.items()}
