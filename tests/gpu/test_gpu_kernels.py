@@ -181,6 +181,43 @@ def test_hopper_gemm_split_k(b_layout, m, n, k, split):
     assert "SK" not in xkernels.last_backend() and compare_gemm(whole, want, k).passed
 
 
+STREAM_K = "hopper:block_m=128,block_n=128,block_k=64,stages=6,num_warps=8,stream_k=1"
+
+
+@pytest.mark.parametrize("m,n,k", [(1536, 1536, 1536), (256, 256, 4096), (1000, 3000, 2000), (130, 130, 64),
+                                   (4095, 4097, 1000), (1536, 1536, 128), (2000, 300, 8000)])
+@pytest.mark.parametrize("walk", ["row", "grouped"])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_hopper_gemm_stream_k(b_layout, walk, m, n, k):
+    """Stream-K (each CTA an equal span of every tile's k-steps): tiles split over two CTAs (1536^3), over ~33 (4
+    tiles of 64 k-steps on 132 CTAs: an owner waits for many contributors), whole tiles only (4 tiles of one k-step,
+    4 CTAs), tails in M, N and K; right within the GEMM bounds, bitwise repeatable (the owner sums in CTA order, on
+    counters the last call put back to zero), and replayed from a CUDA graph with its own workspace."""
+    a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
+    c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)), backend=STREAM_K)
+    assert "-STK]" in xkernels.last_backend(), xkernels.last_backend()
+    r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
+    assert r.passed, r
+    for _ in range(3):
+        assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout, walk=walk, backend=STREAM_K))
+    g, static = torch.cuda.CUDAGraph(), poisoned_like(a, shape=(m, n))
+    with torch.cuda.graph(g):
+        xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=static, backend=STREAM_K)
+    for _ in range(2):
+        static.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, c)
+
+
+def test_hopper_gemm_stream_k_config_errors():
+    a, b = gemm_inputs(256, 256, 256, torch.bfloat16, "cuda", "nk", seed=1)
+    with pytest.raises(ValueError, match="walk='zorder'"):
+        xkernels.matmul(a, b, b_layout="nk", walk="zorder", backend=STREAM_K)
+    with pytest.raises(ValueError, match="takes no split_k"):
+        xkernels.matmul(a, b, b_layout="nk", backend=STREAM_K + ",split_k=2")
+
+
 def test_hopper_gemm_split_k_picked_and_captured():
     """A few hundred rows against a long-K weight: the default splits K; a CUDA graph captures a per-call workspace,
     and its replays interleaved with eager calls on the kept one stay correct."""
