@@ -4,11 +4,12 @@ deeper rings (8 stages, or 128-deep k-steps) for the memory-bound few-row shapes
 bound the rate at which the weight streams. Each
 config is a backend override string (`hopper:block_m=...`); the default and the few-row/tiled pick of `auto` are
 recorded too. Device time from CUDA-graph replay (`bench.timing.graph_ms`) against torch.matmul in the same process;
-every output is checked against torch's (relative Frobenius error < 1e-2) before it is timed. The summary names,
+every output is checked against torch's (relative Frobenius error < 1e-2) before it is timed, and every config,
+the default and torch are timed in interleaved rounds (`bench.timing.interleaved_graph_ms`). The summary names,
 per shape, the fastest config and the work units it launched, so a shape rule (units per SM) can be read off it.
 
-    python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md] [--configs pingpong]
-                                 [--shapes 1536x1536x1536 ...]
+    python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md] [--configs pingpong|big]
+                                 [--shapes 1536x1536x1536 ... | --shape-set big]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import torch
 
 import xkernels
-from xkernels.bench.timing import graph_ms
+from xkernels.bench.timing import interleaved_graph_ms
 
 SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048), (1024, 4096, 4096),
           (128, 4096, 4096), (64, 4096, 4096), (64, 4096, 14336), (128, 6144, 4096), (128, 4096, 14336),
@@ -41,7 +42,14 @@ CONFIG_SETS = {
     "narrow": [(64, 64, 64, 8, 4, 1, 1), (64, 32, 64, 8, 4, 1, 1), (64, 32, 64, 12, 4, 1, 1),
                (64, 32, 128, 6, 4, 1, 1), (64, 32, 64, 12, 4, 1, 2), (64, 32, 64, 12, 4, 2, 2)],
 }
+CONFIG_SETS["big"] = [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1),
+                      (64, 128, 64, 8, 4, 1, 1), (64, 256, 64, 4, 4, 1, 1)]  # the whole-wave tiles of `gemm_config`
 CONFIGS = CONFIG_SETS["tiles"]
+# cubes from 1024 to 8192 and Llama-8B's layers at 1024-8192 rows: the shapes `gemm_config`'s wave-fill rule ranks
+SHAPE_SETS = {"default": SHAPES,
+              "big": [(s, s, s) for s in (1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144, 8192)]
+              + [(m, n, k) for m in (1024, 4096, 8192) for n, k in ((4096, 4096), (6144, 4096), (28672, 4096),
+                                                                   (4096, 14336))]}
 
 
 def backend(cfg: tuple[int, ...]) -> str:
@@ -55,10 +63,10 @@ def row(m: int, n: int, k: int) -> dict:
     a = (torch.rand(m, k, device="cuda", generator=g) - 0.5).bfloat16()
     b = (torch.rand(n, k, device="cuda", generator=g) - 0.5).bfloat16()
     want = (a @ b.T).float()
-    out = {"shape": f"{m}x{n}x{k}", "torch_ms": graph_ms(lambda: a @ b.T), "configs": {}}
+    out = {"shape": f"{m}x{n}x{k}", "configs": {}}
     xkernels.matmul(a, b, b_layout="nk")
     out["auto_kernel"] = xkernels.last_backend()
-    out["auto_ms"] = graph_ms(lambda: xkernels.matmul(a, b, b_layout="nk"))
+    fns = {"torch": lambda: a @ b.T, "auto": lambda: xkernels.matmul(a, b, b_layout="nk")}
     for cfg in CONFIGS:
         name = backend(cfg)
         try:
@@ -66,12 +74,18 @@ def row(m: int, n: int, k: int) -> dict:
             err = ((c.float() - want).norm() / want.norm()).item()
             r = {"kernel": xkernels.last_backend(), "rel_err": err}
             if err < 1e-2:
-                r["ms"] = graph_ms(lambda: xkernels.matmul(a, b, b_layout="nk", backend=name))  # noqa: B023
-                r["x_torch"] = out["torch_ms"] / r["ms"]
+                fns[name] = lambda name=name: xkernels.matmul(a, b, b_layout="nk", backend=name)
                 r["tiles"] = -(-m // cfg[0]) * -(-n // cfg[1]) * cfg[5]  # work units
         except Exception as e:  # a config that cannot run this shape is recorded, not fatal
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         out["configs"][name] = r
+    # every config and torch in interleaved rounds (a clock drift over the row hits all alike)
+    times = interleaved_graph_ms(fns)
+    out["torch_ms"], out["auto_ms"] = times["torch"], times["auto"]
+    for name, r in out["configs"].items():
+        if name in times:
+            r["ms"] = times[name]
+            r["x_torch"] = out["torch_ms"] / r["ms"]
     timed = {name: r for name, r in out["configs"].items() if "ms" in r}
     if timed:
         best = min(timed, key=lambda name: timed[name]["ms"])
@@ -101,11 +115,13 @@ def main() -> None:
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
     ap.add_argument("--configs", choices=sorted(CONFIG_SETS), default="tiles")
-    ap.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the default list")
+    ap.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the shape set")
+    ap.add_argument("--shape-set", choices=sorted(SHAPE_SETS), default="default")
     args = ap.parse_args()
     global CONFIGS
     CONFIGS = CONFIG_SETS[args.configs]
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes else SHAPES
+    shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes
+              else SHAPE_SETS[args.shape_set])
     rows = []
     for m, n, k in shapes:
         rows.append(row(m, n, k))

@@ -377,7 +377,6 @@ class MatmulPlan:
         self.problems, self.rows = a3.shape[0], a3.shape[1]
         self.layer, self.cfg, self.skinny = choice.layer, choice.config, choice.kernel == "skinny"
         self.name = f"{choice.layer}.gemm[{b_layout} {self.walk} {choice.config}]"
-        self.needs_workspace = False  # split-K or stream-K partials and counters (`_workspace`)
         if out is None:  # contiguous: descriptor-ready when its rows are 16-byte multiples
             c_strides = (self.rows * n, n, 1)
         else:
@@ -392,10 +391,11 @@ class MatmulPlan:
             self.grid, self.ints, self.constexprs, self.options = hopper_gemm.launch_spec(
                 self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
             self.fn, self.descriptors = hopper_gemm.persistent_gemm_kernel, hopper_gemm.descriptors
-            # split-K / stream-K workspace (`_workspace`): a counter per output tile, fp32 partials
-            self.counters, self.partial_words = hopper_gemm.workspace_words(
-                self.grid, triton.cdiv(self.rows, self.cfg.block_m) * triton.cdiv(n, self.cfg.block_n), self.cfg)
-            self.needs_workspace = self.counters > 0
+            # split-K workspace (`_workspace`): a counter per output tile, (split, tile rows, tile cols) fp32
+            # partials per tile
+            self.slices = self.cfg.split_k
+            self.counters = triton.cdiv(self.rows, self.cfg.block_m) * triton.cdiv(n, self.cfg.block_n)
+            self.partial_words = self.slices * self.counters * self.cfg.block_m * self.cfg.block_n
             b_shape = (n, k) if b_layout == "nk" else (k, n)
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),
                                                                                           c_strides[1:]))
@@ -409,7 +409,6 @@ class MatmulPlan:
             # split-K workspace (`_workspace`): a counter per column block, (slice, M, N) fp32 partials
             self.counters = triton.cdiv(n, self.cfg.block_n)
             self.partial_words = self.slices * self.rows * n
-            self.needs_workspace = self.slices > 1
         else:
             self.grid, self.walk_args, self.constexprs, self.options = portable_gemm.launch_spec(
                 self.problems, self.rows, n, b_layout=b_layout, walk=self.walk, cfg=self.cfg)
@@ -462,9 +461,9 @@ class MatmulPlan:
     def _workspace(self, out):
         """(fp32 K-slice partials, arrival counters at zero) of a split-K launch (the few-row kernel, or the Hopper
         kernel with split_k > 1): the current stream's set kept across calls (`common.scratch`), or, under
-        CUDA-graph capture, one zeroed allocation from the graph's pool. An unsplit launch needs neither (the kernel
-        never reads them: `out` stands in)."""
-        if not self.needs_workspace:
+        CUDA-graph capture, one zeroed allocation from the graph's pool. One slice needs neither (the kernel never
+        reads them: `out` stands in)."""
+        if self.slices == 1:
             return out, out
         kept = scratch.split_k(out.device, self.counters, self.partial_words)
         if kept is not None:

@@ -129,15 +129,16 @@ def test_few_row_gemm_real_sizes(b_layout, m, n, k):
 def test_few_row_gemm_kept_workspace_per_stream_and_under_capture():
     """The split-K workspace kept across calls (`common.scratch`): one set per stream, so two streams running the same
     plan at once stay correct; a CUDA graph captures a per-call workspace from its own pool (no set for the capture
-    stream), and its replays interleaved with eager calls stay correct."""
+    stream), and its replays interleaved with eager calls stay correct. (A weight of 2048 columns: its 64-column
+    blocks fill half the SMs, so K is split; 32-column blocks of wider weights fill them unsplit.)"""
     from xkernels.common import scratch
 
-    a, b = gemm_inputs(16, 6144, 4096, torch.bfloat16, "cuda", "nk", seed=5)
+    a, b = gemm_inputs(16, 2048, 8192, torch.bfloat16, "cuda", "nk", seed=5)
     want = reference_matmul(a, b, "nk")
     xkernels.matmul(a, b, b_layout="nk")
     assert "skinny" in xkernels.last_backend() and "slices=1]" not in xkernels.last_backend()
     streams = [torch.cuda.Stream() for _ in range(2)]
-    outs = [[poisoned_like(a, shape=(16, 6144)) for _ in range(20)] for _ in streams]
+    outs = [[poisoned_like(a, shape=(16, 2048)) for _ in range(20)] for _ in streams]
     for _ in range(2):
         for i in range(20):
             for s, o in zip(streams, outs, strict=True):
@@ -145,9 +146,9 @@ def test_few_row_gemm_kept_workspace_per_stream_and_under_capture():
                 with torch.cuda.stream(s):
                     xkernels.matmul(a, b, b_layout="nk", out=o[i])
     torch.cuda.synchronize()
-    assert all(compare_gemm(c, want, 4096).passed for o in outs for c in o)
+    assert all(compare_gemm(c, want, 8192).passed for o in outs for c in o)
     assert {key for key in scratch._SETS} >= {(0, s.stream_id) for s in streams}
-    g, static = torch.cuda.CUDAGraph(), poisoned_like(a, shape=(16, 6144))
+    g, static = torch.cuda.CUDAGraph(), poisoned_like(a, shape=(16, 2048))
     xkernels.matmul(a, b, b_layout="nk", out=static)  # warm (compiled) outside the capture
     before = set(scratch._SETS)
     with torch.cuda.graph(g):
@@ -158,7 +159,7 @@ def test_few_row_gemm_kept_workspace_per_stream_and_under_capture():
         g.replay()
         eager = xkernels.matmul(a, b, b_layout="nk")
         torch.cuda.synchronize()
-        assert compare_gemm(static, want, 4096).passed and torch.equal(eager, static)
+        assert compare_gemm(static, want, 8192).passed and torch.equal(eager, static)
 
 
 @pytest.mark.parametrize("m,n,k,split", [(128, 4096, 4096, 2), (100, 4000, 14336, 2), (64, 4096, 4096, 4),
@@ -179,43 +180,6 @@ def test_hopper_gemm_split_k(b_layout, m, n, k, split):
         assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout, backend=backend))
     whole = xkernels.matmul(a, b, b_layout=b_layout, backend="hopper:split_k=1")
     assert "SK" not in xkernels.last_backend() and compare_gemm(whole, want, k).passed
-
-
-STREAM_K = "hopper:block_m=128,block_n=128,block_k=64,stages=6,num_warps=8,stream_k=1"
-
-
-@pytest.mark.parametrize("m,n,k", [(1536, 1536, 1536), (256, 256, 4096), (1000, 3000, 2000), (130, 130, 64),
-                                   (4095, 4097, 1000), (1536, 1536, 128), (2000, 300, 8000)])
-@pytest.mark.parametrize("walk", ["row", "grouped"])
-@pytest.mark.parametrize("b_layout", ["kn", "nk"])
-def test_hopper_gemm_stream_k(b_layout, walk, m, n, k):
-    """Stream-K (each CTA an equal span of every tile's k-steps): tiles split over two CTAs (1536^3), over ~33 (4
-    tiles of 64 k-steps on 132 CTAs: an owner waits for many contributors), whole tiles only (4 tiles of one k-step,
-    4 CTAs), tails in M, N and K; right within the GEMM bounds, bitwise repeatable (the owner sums in CTA order, on
-    counters the last call put back to zero), and replayed from a CUDA graph with its own workspace."""
-    a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
-    c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)), backend=STREAM_K)
-    assert "-STK]" in xkernels.last_backend(), xkernels.last_backend()
-    r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
-    assert r.passed, r
-    for _ in range(3):
-        assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout, walk=walk, backend=STREAM_K))
-    g, static = torch.cuda.CUDAGraph(), poisoned_like(a, shape=(m, n))
-    with torch.cuda.graph(g):
-        xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=static, backend=STREAM_K)
-    for _ in range(2):
-        static.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(static, c)
-
-
-def test_hopper_gemm_stream_k_config_errors():
-    a, b = gemm_inputs(256, 256, 256, torch.bfloat16, "cuda", "nk", seed=1)
-    with pytest.raises(ValueError, match="walk='zorder'"):
-        xkernels.matmul(a, b, b_layout="nk", walk="zorder", backend=STREAM_K)
-    with pytest.raises(ValueError, match="takes no split_k"):
-        xkernels.matmul(a, b, b_layout="nk", backend=STREAM_K + ",split_k=2")
 
 
 def test_hopper_gemm_split_k_picked_and_captured():

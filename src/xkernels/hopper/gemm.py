@@ -20,17 +20,6 @@ and counts itself in the tile's arrival counter; the last arriver sums the SPLIT
 repeatable whatever the arrival order), writes C and puts the counter back to zero (the workspace is reused:
 `common/scratch.py`). Memory order as in `portable/gemm_skinny.py`: every thread's partial stores, a barrier of the
 partition's warps, one acq_rel atomic at GPU scope; the last arriver's acquire, then a barrier, before its reads.
-
-Stream-K (STREAM_K, for outputs whose tiles fill their last wave poorly, e.g. 1536^3: 144 tiles of 128 x 128 on
-132 SMs): the k-steps of every tile, in walk order, are cut into one equal span per CTA, so each CTA runs
-tiles x k-steps / CTAs of them whatever the wave fill. A CTA walks its span's tiles from the last to the first:
-  - the last tile's piece, when the span ends inside it, is a contribution: its fp32 partial goes to the CTA's
-    workspace slot and the tile's arrival counter is raised (release);
-  - whole tiles are written as usual;
-  - the first tile's piece, when the span starts inside it, ends the tile: this CTA owns it, waits until the CTAs
-    holding its earlier k-steps have arrived (acquire), adds their partials to its own in CTA order and writes C.
-Each CTA contributes first and owns last, and an owner waits only on lower-numbered CTAs, so the waits are short
-and never circular; the sums run in a fixed order, so the result is bitwise repeatable for a given SM count.
 """
 
 from __future__ import annotations
@@ -73,38 +62,9 @@ def _load_stage(a_desc, b_desc, a, b, s, off_m, off_n, k, B_NK: gl.constexpr):
 
 
 @gluon.jit
-def _stream_span(K, walk_len, BLOCK_K: gl.constexpr):
-    """Stream-K: (first, end) of this CTA's k-steps in the walk's global order (tile t's k-step j is t * ks + j,
-    int64), and ks, the k-steps of a tile. CTA p of G holds [p * T // G, (p + 1) * T // G) of the T = tiles * ks."""
-    ks = gl.cdiv(K, BLOCK_K)
-    total = walk_len.to(gl.int64) * ks
-    pid = gl.program_id(0).to(gl.int64)
-    g = gl.num_programs(0)
-    return pid * total // g, (pid + 1) * total // g, ks
-
-
-@gluon.jit
-def _units(K, walk_len, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STREAM_K: gl.constexpr):
-    """(start, stop, step) of this CTA's loop over work units: with STREAM_K, its span's tile pieces (0 .. n - 1,
-    taken from the span's last tile back to its first: `_k_range`); else every G-th unit from the CTA's own."""
-    if STREAM_K:
-        first, end, ks = _stream_span(K, walk_len, BLOCK_K)
-        return 0, ((end - 1) // ks - first // ks + 1).to(gl.int32), 1
-    return gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)
-
-
-@gluon.jit
-def _k_range(unit, K, walk_len, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, STREAM_K: gl.constexpr):
+def _k_range(unit, K, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
     """(output tile's walk index, split, first K, end K) of a work unit: split j of a tile covers k-steps
-    [j * per, (j + 1) * per) with per = ceil(k-steps / SPLIT_K) (`launch_spec` keeps every split non-empty); with
-    STREAM_K, unit i is the piece of the span's (i + 1)-th tile from its end (split: 0)."""
-    if STREAM_K:
-        first, end, ks = _stream_span(K, walk_len, BLOCK_K)
-        tile = (end - 1) // ks - unit
-        start = tile * ks
-        k_lo = (gl.maximum(first, start) - start).to(gl.int32) * BLOCK_K
-        k_hi = gl.minimum(K, (gl.minimum(end, start + ks) - start).to(gl.int32) * BLOCK_K)
-        return tile.to(gl.int32), 0, k_lo, k_hi
+    [j * per, (j + 1) * per) with per = ceil(k-steps / SPLIT_K) (`launch_spec` keeps every split non-empty)."""
     if SPLIT_K == 1:
         return unit, 0, 0, K
     per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
@@ -115,14 +75,13 @@ def _k_range(unit, K, walk_len, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr, ST
 
 @gluon.jit
 def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
-            WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr, STREAM_K: gl.constexpr):
+            WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_NK else b_desc.block_type.shape[1]
     it = 0
-    u_start, u_stop, u_step = _units(K, walk_len, BLOCK_K, SPLIT_K, STREAM_K)
-    for unit in range(u_start, u_stop, u_step):
-        tile, _, k_lo, k_hi = _k_range(unit, K, walk_len, BLOCK_K, SPLIT_K, STREAM_K)
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, _, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):  # Z-order walks a power-of-two grid
             for k in range(k_lo, k_hi, BLOCK_K):
@@ -156,44 +115,9 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _stream_fixup(acc, WS, CNT, tile, k_lo, k_hi, K, walk_len, BLOCK_K: gl.constexpr):
-    """Stream-K: (whether this piece writes C, what it writes). A piece that stops short of K contributes: its
-    partial goes to this CTA's slot of WS ((CTAs, BLOCK_M, BLOCK_N) fp32), then the tile's counter is raised. The
-    piece that reaches K owns the tile: where it starts past k-step 0, it waits for the CTAs holding the earlier
-    k-steps (every CTA from the one holding the tile's first k-step up to this one: they contributed first in their
-    own walks), adds their partials to its own in CTA order, and puts the counter back to zero."""
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
-    cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
-    at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-    pid = gl.program_id(0)
-    owns = k_hi >= K
-    total = acc
-    if not owns:
-        gl.store(WS + pid.to(gl.int64) * (BLOCK_M * BLOCK_N) + at, acc)
-        partition_barrier()
-        gl.atomic_add(CNT + tile, 1, sem="release", scope="gpu")
-    elif k_lo > 0:
-        first, end, ks = _stream_span(K, walk_len, BLOCK_K)
-        # the CTA holding the tile's first k-step: the largest c with c * T // G <= tile * ks
-        g = gl.num_programs(0)
-        c0 = (((tile.to(gl.int64) * ks + 1) * g - 1) // (walk_len.to(gl.int64) * ks)).to(gl.int32)
-        arrived = gl.atomic_add(CNT + tile, 0, sem="acquire", scope="gpu")
-        while arrived < pid - c0:
-            arrived = gl.atomic_add(CNT + tile, 0, sem="acquire", scope="gpu")
-        partition_barrier()
-        for c in range(c0, pid):  # in place: a second accumulator would not fit the registers
-            total += gl.load(WS + c.to(gl.int64) * (BLOCK_M * BLOCK_N) + at, cache_modifier=".cg")
-        gl.atomic_xchg(CNT + tile, 0, sem="relaxed", scope="gpu")  # the counters are reused
-    return owns, total
-
-
-@gluon.jit
 def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                   B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
-                  SPLIT_K: gl.constexpr, STREAM_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr,
-                  WARPS: gl.constexpr):
+                  SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer partition CONSUMER of CONSUMERS: the work units n of this CTA with n % CONSUMERS == CONSUMER (main
     loop, then epilogue). Every consumer counts every unit's k-steps, so it knows the ring positions of its own.
     With two, the main loops take turns (`turns`): a ring wait tells its stage's laps apart by parity only, so a
@@ -208,9 +132,8 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
     out = c_smem.index(CONSUMER)
     it = 0  # ring position of the next unit's first k-step (the loader's count)
     n = 0  # this CTA's units so far
-    u_start, u_stop, u_step = _units(K, walk_len, BLOCK_K, SPLIT_K, STREAM_K)
-    for unit in range(u_start, u_stop, u_step):
-        tile, split, k_lo, k_hi = _k_range(unit, K, walk_len, BLOCK_K, SPLIT_K, STREAM_K)
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, split, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):
             steps = gl.cdiv(k_hi - k_lo, BLOCK_K)
@@ -236,9 +159,7 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
                 acc = warpgroup_mma_wait(0, deps=(acc,))
                 a.release(it + steps + STAGES - 1)
                 write = True
-                if STREAM_K:
-                    write, acc = _stream_fixup(acc, WS, CNT, tile, k_lo, k_hi, K, walk_len, BLOCK_K)
-                elif SPLIT_K > 1:
+                if SPLIT_K > 1:
                     write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
                 if write:
                     # this consumer's previous TMA store overlapped the main loops since; wait for it only now
@@ -255,10 +176,9 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
 @gluon.jit
 def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                            B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
-                           ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, STREAM_K: gl.constexpr,
-                           CONSUMERS: gl.constexpr, num_warps: gl.constexpr):
-    """WS, CNT: the split-K or stream-K workspace (fp32 partials, int32 arrival counters at zero); unread when
-    SPLIT_K == 1 and not STREAM_K.
+                           ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
+                           num_warps: gl.constexpr):
+    """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero); unread when SPLIT_K == 1.
     CONSUMERS == 2 (ping-pong): two consumer partitions of num_warps warps take this CTA's work units in turn, so
     one's epilogue (and split-K fix-up) runs under the other's main loop."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -269,49 +189,34 @@ def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n,
     if CONSUMERS == 1:
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, STREAM_K, 0, 1, num_warps)),
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
             (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
-                       SPLIT_K, STREAM_K)),
+                       SPLIT_K)),
         ], [1], [24])
     else:
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, STREAM_K, 0, 2, num_warps)),
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, num_warps)),
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, STREAM_K, 1, 2, num_warps)),
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
             (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
-                       SPLIT_K, STREAM_K)),
+                       SPLIT_K)),
         ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
 
 
 def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: HopperGemmConfig,
                 device_index: int) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
     """(grid, runtime ints after the three descriptors and the split-K workspace, constexprs, launch options): one
-    CTA per SM at most (stream-K: the workspace holds a partial per CTA, `workspace_words`)."""
+    CTA per SM at most."""
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     walk_len, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
     k_steps = triton.cdiv(k, cfg.block_k)
     if cfg.split_k > 1 and (triton.cdiv(k_steps, cfg.split_k) * (cfg.split_k - 1) >= k_steps):
         raise ValueError(f"config: split_k={cfg.split_k} leaves a split of K={k} empty "
                          f"({k_steps} steps of {cfg.block_k})")
-    if cfg.stream_k and walk == "zorder":
-        raise ValueError("config: stream_k cuts the k-steps of the tiles in row or grouped walk order; "
-                         "walk='zorder' has tiles outside the output")
-    # stream-K: every CTA gets at least one k-step
-    units = tiles_m * tiles_n * (k_steps if cfg.stream_k else cfg.split_k)
-    grid = min(sm_count(device_index), units)
+    grid = min(sm_count(device_index), tiles_m * tiles_n * cfg.split_k)
     constexprs = cfg.constexprs(b_layout, walk)
     return grid, (k, tiles_m, tiles_n, walk_len, z_bits, z_tall), constexprs, {}
-
-
-def workspace_words(grid: int, tiles: int, cfg: HopperGemmConfig) -> tuple[int, int]:
-    """(arrival counters, fp32 partial words) of a launch's workspace: split-K, a counter and SPLIT_K partials per
-    output tile; stream-K, a counter per tile and a partial per CTA; neither, none."""
-    if cfg.stream_k:
-        return tiles, grid * cfg.block_m * cfg.block_n
-    if cfg.split_k > 1:
-        return tiles, cfg.split_k * tiles * cfg.block_m * cfg.block_n
-    return 0, 0
 
 
 def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, b_layout: str, cfg: HopperGemmConfig) -> list:
