@@ -183,8 +183,9 @@ def test_persistent_descriptor_views():
     (48, 4096, 4096, "tiny", 1),  # a partial row block: 64 x 64
     (1, 4096, 8192, "small", 2),  # forced onto the Hopper kernel: 32 tiles
     (1024, 6144, 4096, "mid", 1),  # 1.45 waves of 128 x 256 tiles, 2.9 of 128 x 128
-    (3000, 3000, 3000, "small", 1), (1024, 4608, 4096, "small", 1),  # 64 x 128 tiles fill their waves best
-    (2304, 2048, 4096, "small", 1),
+    (1024, 4608, 4096, "small", 1), (2304, 2048, 4096, "small", 1),  # 64 x 128 tiles fill their waves best
+    (3000, 3000, 3000, "mid", 1), (3072, 3072, 3072, "mid", 1),  # 64 x 128 fills better, but at its lower rate
+    (2560, 2560, 2560, "big", 1),
     (2048, 2048, 2048, "big", 1), (1024, 4096, 4096, "big", 1), (128, 28672, 4096, "big", 1),
     (8192, 8192, 8192, "big", 1),
 ])

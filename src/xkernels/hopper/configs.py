@@ -290,6 +290,7 @@ class HopperGemmConfig:
     acc_fp16: bool = False  # the seeds' fp16-accumulate variant (fp16 inputs only): an ablation, off the contract
     split_k: int = 1  # work units per output tile over consecutive K ranges (`hopper/gemm.py`)
     consumers: int = 1  # 2: two consumer partitions of num_warps warps take the work units in turn (ping-pong)
+    pdl: int = 0  # 1: launched as a programmatic dependent (`hopper/pdl.py`): setup overlaps the previous kernel
 
     def check(self, dtype: torch.dtype) -> None:
         if self.acc_fp16 and dtype != torch.float16:
@@ -298,6 +299,8 @@ class HopperGemmConfig:
             raise ValueError(f"config: split_k={self.split_k} must be 1 to 8")
         if self.split_k > 1 and self.acc_fp16:
             raise ValueError("config: split_k > 1 sums fp32 partials; acc_fp16 has none")
+        if self.pdl not in (0, 1):
+            raise ValueError(f"config: pdl={self.pdl} must be 0 or 1")
         if self.stages < 2:
             raise ValueError(f"config: stages={self.stages} must be at least 2 (a stage is released only once the "
                              f"next one's wgmma is issued)")
@@ -321,15 +324,16 @@ class HopperGemmConfig:
 
     def constexprs(self, b_layout: str, walk: str) -> dict[str, object]:
         return dict(B_NK=b_layout == "nk", WALK=walk, GROUP_M=self.group_m, STAGES=self.stages,
-                    ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, CONSUMERS=self.consumers,
+                    ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, CONSUMERS=self.consumers, PDL=bool(self.pdl),
                     num_warps=self.num_warps)
 
     def __str__(self) -> str:
         acc = "-acc16" if self.acc_fp16 else ""
         split = f"-SK{self.split_k}" if self.split_k > 1 else ""
         pingpong = "-PP" if self.consumers == 2 else ""
+        pdl = "-pdl" if self.pdl else ""
         return (f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}{split}"
-                f"{pingpong}")
+                f"{pingpong}{pdl}")
 
 
 GEMM_CONFIG = HopperGemmConfig()
@@ -343,8 +347,12 @@ TINY_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=64, stages=8, num_warps=
 # 64 x 32 with 128-deep k-steps: 64 rows against a weight of at most a wave of 32-column tiles (cuBLAS's tile at
 # 64 x 4096 x 4096 is 64 x 32): twice the SMs of 64 x 64 tiles streaming the weight, 24 KB per k-step
 NARROW_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=32, block_k=128, stages=6, num_warps=4)
-# throughput at whole waves relative to 128 x 256 tiles (2048^3 and 1024 x 4096 x 4096, run 10 of 2026-12-01)
-TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (SMALL_GEMM_CONFIG, 0.92))
+# throughput at whole waves relative to 128 x 256 tiles: 128 x 128 0.98 (2048^3 and 1024 x 4096 x 4096, run 10 of
+# 2026-12-01, H200); 64 x 128 0.82 (H100, every tile timed in interleaved rounds: 0.77 at 2048^3, 0.82 at 1024 x
+# 4096 x 4096; it reads twice the operand bytes per product, and its rate falls with size: 2560^3 and 3072^3, where
+# it filled the waves best, ran 0.76x torch against 0.88-0.89 for 128 x 256 or 128 x 128, run 25 of 2026-12-06;
+# the H200's 0.92 in run 10 was timed config after config)
+TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (SMALL_GEMM_CONFIG, 0.82))
 FULL_WAVE = 0.8  # outputs of at least this share of a wave of 128 x 128 tiles take the best-filling big tile
 MAX_SPLIT_K = 2  # 4 splits never beat 2 where measured
 MIN_SPLIT_STEPS = 64  # k-steps per split at least: shorter splits lose more to the partials' traffic than they gain
@@ -359,7 +367,9 @@ def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
     """The Hopper GEMM config for an M x N x K problem on `sms` SMs:
       - outputs of about a wave of 128 x 128 tiles or more: of 128 x 256, 128 x 128 and 64 x 128, the tile with the
         best wave fill times its whole-wave rate (`TILE_RATES`; ties to the larger tile): 1024 x 6144 x 4096 fills
-        1.45 waves of 128 x 256 tiles, 0.79x torch.matmul, and 2.9 of 128 x 128, 0.99x; 1536^3 takes 64 x 128;
+        1.45 waves of 128 x 256 tiles, 0.79x torch.matmul, and 2.9 of 128 x 128, 0.99x; 1536^3 takes 64 x 128
+        (0.88x, against 0.74-0.76 for the larger tiles), 2560^3 128 x 256 (0.89; 64 x 128 0.76), 3072^3 128 x 128
+        (0.88; 64 x 128 0.73);
       - one full row block (M = 64) whose 64 x 32 tiles fit one wave: NARROW_GEMM_CONFIG (0.84-1.07x torch.matmul
         on five such shapes, where 64 x 64 gave 0.72-0.91x and split-K 64 x 128 0.98x at K = 14336); at 40-48 rows
         64 x 64 is ahead (0.82-0.89x against 0.70-0.81x: both lose time to the partial row block, 64 x 32 more);
@@ -368,7 +378,8 @@ def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
         weight, 0.95-0.99x); else TINY_GEMM_CONFIG (64 x 64) where its tiles fit one wave (512^3, 64-128 rows
         against 4096 x 4096: 0.77-1.21x where 64 x 128 tiles gave 0.58-1.02x), else SMALL_GEMM_CONFIG.
     Measured on the H200: benchmarks/results/h200/2026-12-01/09-l2chunk-gemm-tiles-bwd and 10-*/gemm_tiles.md, and
-    (the 64 x 32 tiles) 2026-12-03/68-*/gemm_narrow.md and 69-*/gemm_narrow_rule.md."""
+    (the 64 x 32 tiles) 2026-12-03/68-*/gemm_narrow.md and 69-*/gemm_narrow_rule.md; the 64 x 128 rate on the H100:
+    benchmarks/results/h100/2026-12-06/25-gemm-tiles-bwd-even-keys."""
     def tiles(cfg: HopperGemmConfig) -> int:
         return -(-m // cfg.block_m) * -(-n // cfg.block_n)
 
