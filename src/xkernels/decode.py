@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from xkernels.common import launch, scratch
-from xkernels.common.runtime import INTERPRET, sm_count
+from xkernels.common.runtime import INTERPRET, pdl_available, sm_count
 from xkernels.portable import attention_decode as kernel
 from xkernels.portable.configs import DecodeConfig
 from xkernels.portable.softmax import softcap_name
@@ -25,12 +25,6 @@ LOG2E = math.log2(math.e)
 MAX_SPLITS = 128
 COMBINE_CHUNK = 16
 INTERPRETED_SMS = 4  # a small "GPU" under the interpreter, so CPU tests split the keys too
-
-
-def _pdl_available(device: torch.device) -> bool:
-    """Whether the split and combine kernels can be a programmatic dependent pair on `device` (sm_90+ CUDA)."""
-    return (device.type == "cuda" and not INTERPRET and torch.version.cuda is not None
-            and torch.cuda.get_device_capability(device) >= (9, 0))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -114,7 +108,7 @@ class DecodePlan:
         The launch for `g`'s capacity is `self.launch`; `resize` gives the launch for another capacity of a dense
         cache (the dense API's K/V grown by a token: the same plan, new integer arguments)."""
         self.window = window
-        if cfg.pdl and not _pdl_available(device):  # griddepcontrol: CUDA sm_90 and newer only
+        if cfg.pdl and not pdl_available(device):  # griddepcontrol: CUDA sm_90 and newer only
             cfg = dataclasses.replace(cfg, pdl=False)
         self.g, self.device, self.write_lse, self.cfg, self.recipe = g, device, write_lse, cfg, recipe
         self.is_causal, self.forced_splits = is_causal, splits

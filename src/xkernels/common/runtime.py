@@ -63,6 +63,12 @@ def hopper_available(device: torch.device) -> bool:
             and capability(device_index(device)) == (9, 0))
 
 
+def pdl_available(device: torch.device) -> bool:
+    """Kernels can be launched as programmatic dependents here (`griddepcontrol`: CUDA sm_90 and newer, compiled)."""
+    return (not INTERPRET and device.type == "cuda" and torch.version.cuda is not None
+            and capability(device_index(device)) >= (9, 0))
+
+
 def check_device(device: torch.device, name: str) -> None:
     """Fail loudly where the kernels cannot run, rather than fall back to something else."""
     if device.type == "cpu" and not INTERPRET:
