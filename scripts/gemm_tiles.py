@@ -44,14 +44,10 @@ CONFIG_SETS = {
 }
 CONFIG_SETS["big"] = [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1),
                       (64, 128, 64, 8, 4, 1, 1), (64, 256, 64, 4, 4, 1, 1)]  # the whole-wave tiles of `gemm_config`
-# each whole-wave tile and the few-row ones launched plainly and as a programmatic dependent (8th field: pdl)
-CONFIG_SETS["pdl"] = [cfg + (p,) for cfg in ((128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1),
-                                              (64, 128, 64, 8, 4, 1, 1), (64, 64, 64, 8, 4, 1, 1),
-                                              (64, 128, 64, 8, 4, 2, 1)) for p in (0, 1)]
 CONFIGS = CONFIG_SETS["tiles"]
 # cubes from 1024 to 8192 and Llama-8B's layers at 1024-8192 rows: the shapes `gemm_config`'s wave-fill rule ranks
 SHAPE_SETS = {"default": SHAPES,
-              # the small outputs where launch and setup are a large share of the call
+              # the small outputs, where launch and setup are a large share of the call
               "small": [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048),
                         (768, 768, 4096), (128, 4096, 4096), (128, 4096, 14336), (256, 4096, 4096),
                         (1024, 4096, 4096)],
@@ -61,9 +57,9 @@ SHAPE_SETS = {"default": SHAPES,
 
 
 def backend(cfg: tuple[int, ...]) -> str:
-    bm, bn, bk, st, w, split, consumers, *pdl = cfg
+    bm, bn, bk, st, w, split, consumers = cfg
     return (f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w},split_k={split},"
-            f"consumers={consumers}" + (f",pdl={pdl[0]}" if pdl else ""))
+            f"consumers={consumers}")
 
 
 def row(m: int, n: int, k: int) -> dict:
@@ -104,7 +100,7 @@ def row(m: int, n: int, k: int) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     names = [f"{bm}x{bn}x{bk} S{st} W{w}" + (f" SK{sk}" if sk > 1 else "") + (" PP" if c == 2 else "")
-             + (" PDL" if pdl and pdl[0] else "") for bm, bn, bk, st, w, sk, c, *pdl in CONFIGS]
+             for bm, bn, bk, st, w, sk, c in CONFIGS]
     lines = ["| shape | torch us | auto (x torch) | " + " | ".join(names) + " |",
              "|---" * (3 + len(names)) + "|"]
     for r in rows:

@@ -11,7 +11,7 @@ calls cycling through weights that span 4x the L2 (`bench.timing.rotation_count`
 Every program of a column block reads all of A's rows for its K range, so A's traffic is (N / BLOCK_N) * M * K * 2
 bytes: at 32 rows and BLOCK_N 32 as much as the weight's. Wider column blocks cut it, at the price of a K split.
 
-    python scripts/skinny_l2_ab.py --json skinny_l2.json [--md skinny_l2.md] [--ms 1 16 32] [--candidates pdl]
+    python scripts/skinny_l2_ab.py --json skinny_l2.json [--md skinny_l2.md] [--ms 1 16 32]
 """
 
 from __future__ import annotations
@@ -44,13 +44,6 @@ CANDIDATES = [  # (config, split K by its rule)
     (SkinnyGemmConfig(256, 64, 4, 4, programs_per_sm=1), True),
     (SkinnyGemmConfig(256, 128, 8, 3, programs_per_sm=1), True),
 ]
-
-
-# the shipped configs (unsplit 32 columns; split 64 and 128 columns) launched plainly and as programmatic dependents
-CANDIDATE_SETS = {"tiles": CANDIDATES, "pdl": [
-    (SkinnyGemmConfig(32, 256, 4, 4, programs_per_sm=1, pdl=p), False) for p in (False, True)] + [
-    (SkinnyGemmConfig(64, 256, 4, 3, programs_per_sm=2, pdl=p), True) for p in (False, True)] + [
-    (SkinnyGemmConfig(128, 128, 4, 3, programs_per_sm=2, pdl=p), True) for p in (False, True)]}
 
 
 def launcher(a, bs, out, cfg: SkinnyGemmConfig, sms: int, split: bool):
@@ -99,7 +92,6 @@ def setup() -> tuple[argparse.Namespace, int, object, dict]:
     ap.add_argument("--md")
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--candidates", choices=("tiles", "pdl"), default="tiles")
     sms = sm_count(0)
     return ap.parse_args(), sms, _target(torch.device("cuda")), {"device": torch.cuda.get_device_name(), "sms": sms,
                                                                  "rows": []}
@@ -107,8 +99,6 @@ def setup() -> tuple[argparse.Namespace, int, object, dict]:
 
 def main() -> None:
     args, sms, target, res = setup()
-    global CANDIDATES
-    CANDIDATES = CANDIDATE_SETS[args.candidates]
     for n, k in SHAPES:
         ws = [(torch.rand(n, k, device="cuda") - 0.5).bfloat16() for _ in range(rotation_count(n * k * 2))]
         for m in args.ms:

@@ -619,12 +619,10 @@ def hopper_configs() -> Iterator[KernelConfig]:
 
     split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)  # the split-K epilogue (any split count compiles alike)
     pingpong = dataclasses.replace(SMALL_GEMM_CONFIG, consumers=2)  # opt-in (`hopper:consumers=2`)
-    dependent = dataclasses.replace(SMALL_GEMM_CONFIG, pdl=1)  # a programmatic dependent launch (`hopper/pdl.py`)
     every_walk = ("row", "grouped", "zorder")
     for c, walks in ((GEMM_CONFIG, every_walk), (MID_GEMM_CONFIG, every_walk), (SMALL_GEMM_CONFIG, every_walk),
                      (TINY_GEMM_CONFIG, every_walk), (NARROW_GEMM_CONFIG, every_walk), (split, ("grouped",)),
-                     (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",)),
-                     (dependent, ("grouped",)), (dataclasses.replace(GEMM_CONFIG, pdl=1), ("grouped",))):
+                     (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",))):
         for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"), walks):
             descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"

@@ -243,42 +243,6 @@ def test_hopper_gemm_pingpong(b_layout, walk, m, n, k, tile, split):
         assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout, walk=walk, backend=base + ",consumers=2"))
 
 
-@pytest.mark.parametrize("tile", ["block_m=64,block_n=128,block_k=64,stages=8,num_warps=4,split_k=1",
-                                  "block_m=64,block_n=128,block_k=64,stages=8,num_warps=4,split_k=2",
-                                  "block_m=128,block_n=256,block_k=64,stages=3,num_warps=8,split_k=1"])
-def test_hopper_gemm_pdl_chain(tile):
-    """A programmatic dependent launch (`pdl=1`) starts before the kernel ahead of it ends, so a chain where each
-    product reads the one before (and a torch kernel rewrites an operand in between) checks its wait: eagerly and
-    replayed from a CUDA graph, every product is bitwise the plain launch's, and right."""
-    a, b = gemm_inputs(1024, 1024, 1024, torch.bfloat16, "cuda", "nk", seed=11)
-    plain, dependent = f"hopper:{tile},pdl=0", f"hopper:{tile},pdl=1"
-
-    def chain(backend):
-        x, outs = a, []
-        for i in range(4):
-            x = xkernels.matmul(x, b, b_layout="nk", backend=backend)
-            if i == 1:
-                x = x.mul(0.5)  # a torch kernel between two of ours
-            outs.append(x)
-        return outs
-
-    want = chain(plain)
-    assert "-pdl" not in xkernels.last_backend()
-    got = chain(dependent)
-    assert "-pdl]" in xkernels.last_backend(), xkernels.last_backend()
-    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    assert compare_gemm(got[0], reference_matmul(a, b, "nk"), 1024).passed
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static = chain(dependent)
-    for _ in range(3):
-        for t in static:
-            t.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        assert all(torch.equal(s_, w) for s_, w in zip(static, want, strict=True))
-
-
 def test_hopper_gemm_pingpong_config_errors():
     a, b = gemm_inputs(256, 256, 256, torch.bfloat16, "cuda", "nk", seed=1)
     with pytest.raises(ValueError, match="consumers=2 must be 1, or 2 with num_warps=4"):

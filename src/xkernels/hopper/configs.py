@@ -290,7 +290,6 @@ class HopperGemmConfig:
     acc_fp16: bool = False  # the seeds' fp16-accumulate variant (fp16 inputs only): an ablation, off the contract
     split_k: int = 1  # work units per output tile over consecutive K ranges (`hopper/gemm.py`)
     consumers: int = 1  # 2: two consumer partitions of num_warps warps take the work units in turn (ping-pong)
-    pdl: int = 0  # 1: launched as a programmatic dependent (`hopper/pdl.py`): setup overlaps the previous kernel
 
     def check(self, dtype: torch.dtype) -> None:
         if self.acc_fp16 and dtype != torch.float16:
@@ -299,8 +298,6 @@ class HopperGemmConfig:
             raise ValueError(f"config: split_k={self.split_k} must be 1 to 8")
         if self.split_k > 1 and self.acc_fp16:
             raise ValueError("config: split_k > 1 sums fp32 partials; acc_fp16 has none")
-        if self.pdl not in (0, 1):
-            raise ValueError(f"config: pdl={self.pdl} must be 0 or 1")
         if self.stages < 2:
             raise ValueError(f"config: stages={self.stages} must be at least 2 (a stage is released only once the "
                              f"next one's wgmma is issued)")
@@ -324,16 +321,15 @@ class HopperGemmConfig:
 
     def constexprs(self, b_layout: str, walk: str) -> dict[str, object]:
         return dict(B_NK=b_layout == "nk", WALK=walk, GROUP_M=self.group_m, STAGES=self.stages,
-                    ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, CONSUMERS=self.consumers, PDL=bool(self.pdl),
+                    ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, CONSUMERS=self.consumers,
                     num_warps=self.num_warps)
 
     def __str__(self) -> str:
         acc = "-acc16" if self.acc_fp16 else ""
         split = f"-SK{self.split_k}" if self.split_k > 1 else ""
         pingpong = "-PP" if self.consumers == 2 else ""
-        pdl = "-pdl" if self.pdl else ""
         return (f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}{split}"
-                f"{pingpong}{pdl}")
+                f"{pingpong}")
 
 
 GEMM_CONFIG = HopperGemmConfig()

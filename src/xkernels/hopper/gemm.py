@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from xkernels.common.dtypes import smem_layout
 from xkernels.common.runtime import sm_count
 from xkernels.common.tile_walk import tile_coords, zorder_grid
-from xkernels.hopper import pdl, tma
+from xkernels.hopper import tma
 from xkernels.hopper.barriers import gemm_barriers
 from xkernels.hopper.configs import HopperGemmConfig
 from xkernels.hopper.pipeline import partition_barrier
@@ -75,14 +75,10 @@ def _k_range(unit, K, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
 
 @gluon.jit
 def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
-            WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr, PDL: gl.constexpr):
+            WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_NK else b_desc.block_type.shape[1]
-    if PDL:
-        # the kernel before this one on the stream may still be writing A or B: its completion comes before the
-        # first load (the consumers read and write global memory only after data from these loads)
-        pdl.wait_primary()
     it = 0
     for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
         tile, _, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
@@ -181,14 +177,10 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
 def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                            B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                            ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
-                           PDL: gl.constexpr, num_warps: gl.constexpr):
+                           num_warps: gl.constexpr):
     """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero); unread when SPLIT_K == 1.
     CONSUMERS == 2 (ping-pong): two consumer partitions of num_warps warps take this CTA's work units in turn, so
-    one's epilogue (and split-K fix-up) runs under the other's main loop. PDL (launched as a programmatic
-    dependent): this CTA's setup overlaps the previous kernel's tail, and the next kernel may be scheduled at once
-    (it waits for this one's completion before touching memory: `hopper/pdl.py`)."""
-    if PDL:
-        pdl.launch_dependents()
+    one's epilogue (and split-K fix-up) runs under the other's main loop."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
     c_smem = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
@@ -199,7 +191,7 @@ def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n,
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
                              z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
             (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
-                       SPLIT_K, PDL)),
+                       SPLIT_K)),
         ], [1], [24])
     else:
         gl.warp_specialize([
@@ -208,7 +200,7 @@ def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n,
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
                              z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
             (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
-                       SPLIT_K, PDL)),
+                       SPLIT_K)),
         ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
 
 
@@ -224,7 +216,7 @@ def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: Hopper
                          f"({k_steps} steps of {cfg.block_k})")
     grid = min(sm_count(device_index), tiles_m * tiles_n * cfg.split_k)
     constexprs = cfg.constexprs(b_layout, walk)
-    return grid, (k, tiles_m, tiles_n, walk_len, z_bits, z_tall), constexprs, {"launch_pdl": True} if cfg.pdl else {}
+    return grid, (k, tiles_m, tiles_n, walk_len, z_bits, z_tall), constexprs, {}
 
 
 def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, b_layout: str, cfg: HopperGemmConfig) -> list:

@@ -158,15 +158,13 @@ class SkinnyGemmConfig:
     programs_per_sm: int = 2
     min_k_steps: int = 4
     max_slices: int = 16
-    pdl: bool = False  # launched as a programmatic dependent (CUDA sm_90+ only: `portable/pdl.py`)
 
     def constexprs(self, block_m: int, slices: int, b_layout: str, interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, SLICES=slices,
-                    B_NK=b_layout == "nk", DESCRIPTORS=TENSOR_DESCRIPTORS, INTERPRET=interpret, PDL=self.pdl)
+                    B_NK=b_layout == "nk", DESCRIPTORS=TENSOR_DESCRIPTORS, INTERPRET=interpret)
 
     def options(self) -> dict[str, int]:
-        return dict(num_warps=self.num_warps, num_stages=self.num_stages) | (dict(launch_pdl=True) if self.pdl
-                                                                             else {})
+        return dict(num_warps=self.num_warps, num_stages=self.num_stages)
 
     def slices(self, n: int, k: int, sms: int) -> int:
         """K slices per column block: as many as keep every (column block, slice) program resident at once
@@ -178,7 +176,7 @@ class SkinnyGemmConfig:
         return int(max(1, min(fit, most, self.max_slices)))
 
     def __str__(self) -> str:
-        return f"skinny-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}" + "-pdl" * self.pdl
+        return f"skinny-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
 
 
 # Calls with at most this many rows (after folding a's batch) run `gemm_skinny` (decode-time linear layers). Timed on

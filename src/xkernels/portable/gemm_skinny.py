@@ -18,7 +18,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from xkernels.portable import pdl, tiles
+from xkernels.portable import tiles
 from xkernels.portable.configs import SkinnyGemmConfig
 from xkernels.portable.dot import mma
 from xkernels.portable.tiles import load_tile, store_tile
@@ -27,12 +27,7 @@ from xkernels.portable.tiles import load_tile, store_tile
 @triton.jit
 def skinny_gemm_kernel(A, B, C, PARTIALS, ARRIVALS, M, N, K, a_sm, b_s0, c_sm, k_slice,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SLICES: tl.constexpr,
-                       B_NK: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr,
-                       PDL: tl.constexpr = False):
-    if PDL:  # a programmatic dependent launch (CUDA sm_90+): the next kernel may be scheduled now; this one's setup
-        # overlaps the previous kernel's tail, and waits for its completion before any global read or write
-        pdl.launch_dependents()
-        pdl.wait_primary()
+                       B_NK: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
     # the slices of one column block are adjacent programs: they run together and share A's rows in L2
     tile_n = tl.program_id(0) // SLICES
     part = tl.program_id(0) % SLICES
