@@ -45,12 +45,13 @@ CONFIG_SETS = {
 CONFIG_SETS["big"] = [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1),
                       (64, 128, 64, 8, 4, 1, 1), (64, 256, 64, 4, 4, 1, 1)]  # the whole-wave tiles of `gemm_config`
 CONFIGS = CONFIG_SETS["tiles"]
-# cubes from 1024 to 8192 and Llama-8B's layers at 1024-8192 rows: the shapes `gemm_config`'s wave-fill rule ranks
 SHAPE_SETS = {"default": SHAPES,
               # the small outputs, where launch and setup are a large share of the call
               "small": [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048),
                         (768, 768, 4096), (128, 4096, 4096), (128, 4096, 14336), (256, 4096, 4096),
                         (1024, 4096, 4096)],
+              # cubes from 1024 to 8192 and Llama-8B's layers at 1024-8192 rows: the shapes `gemm_config`'s
+              # wave-fill rule ranks
               "big": [(s, s, s) for s in (1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144, 8192)]
               + [(m, n, k) for m in (1024, 4096, 8192) for n, k in ((4096, 4096), (6144, 4096), (28672, 4096),
                                                                    (4096, 14336))]}
