@@ -41,15 +41,12 @@ CONFIG_SETS = {
     # 32-column tiles (twice the CTAs of 64 x 64 on a few-row output; cuBLAS's pick at 64 x 4096 x 4096 is 64 x 32)
     "narrow": [(64, 64, 64, 8, 4, 1, 1), (64, 32, 64, 8, 4, 1, 1), (64, 32, 64, 12, 4, 1, 1),
                (64, 32, 128, 6, 4, 1, 1), (64, 32, 64, 12, 4, 1, 2), (64, 32, 64, 12, 4, 2, 2)],
+    # the whole-wave tiles `gemm_config` ranks
+    "big": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1),
+            (64, 128, 64, 8, 4, 1, 1), (64, 256, 64, 4, 4, 1, 1)],
 }
-CONFIG_SETS["big"] = [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1),
-                      (64, 128, 64, 8, 4, 1, 1), (64, 256, 64, 4, 4, 1, 1)]  # the whole-wave tiles of `gemm_config`
 CONFIGS = CONFIG_SETS["tiles"]
 SHAPE_SETS = {"default": SHAPES,
-              # the small outputs, where launch and setup are a large share of the call
-              "small": [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048),
-                        (768, 768, 4096), (128, 4096, 4096), (128, 4096, 14336), (256, 4096, 4096),
-                        (1024, 4096, 4096)],
               # cubes from 1024 to 8192 and Llama-8B's layers at 1024-8192 rows: the shapes `gemm_config`'s
               # wave-fill rule ranks
               "big": [(s, s, s) for s in (1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144, 8192)]
