@@ -21,8 +21,6 @@ import torch
 
 import xkernels
 from xkernels.bench.timing import interleaved_graph_ms
-from xkernels.common.runtime import sm_count
-from xkernels.hopper.gemm import whole_tiles
 
 SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 2048), (1024, 4096, 4096),
           (128, 4096, 4096), (64, 4096, 4096), (64, 4096, 14336), (128, 6144, 4096), (128, 4096, 14336),
@@ -46,11 +44,6 @@ CONFIG_SETS = {
     # the whole-wave tiles `gemm_config` ranks
     "big": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1),
             (64, 128, 64, 8, 4, 1, 1), (64, 256, 64, 4, 4, 1, 1)],
-    # the big tiles with the tiles past their last whole wave split 2 or 4 ways (split_k on an output of a wave or
-    # more), against the same tiles unsplit and 64 x 128
-    "tail": [(128, 256, 64, 3, 8, 1, 1), (128, 256, 64, 3, 8, 2, 1), (128, 256, 64, 3, 8, 4, 1),
-             (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 6, 8, 2, 1), (128, 128, 64, 6, 8, 4, 1),
-             (64, 128, 64, 8, 4, 1, 1)],
 }
 CONFIGS = CONFIG_SETS["tiles"]
 SHAPE_SETS = {"default": SHAPES,
@@ -58,12 +51,7 @@ SHAPE_SETS = {"default": SHAPES,
               # wave-fill rule ranks
               "big": [(s, s, s) for s in (1024, 1536, 2048, 2560, 3072, 3584, 4096, 6144, 8192)]
               + [(m, n, k) for m in (1024, 4096, 8192) for n, k in ((4096, 4096), (6144, 4096), (28672, 4096),
-                                                                   (4096, 14336))],
-              # outputs whose big tiles end on a thin last wave (132 SMs): 1536^3 1.09 waves of 128 x 128,
-              # 2560^3 3.03, 3072^3 2.18 of 128 x 256 and 4.36 of 128 x 128, 5120^3 6.06 of 128 x 256, ...
-              "tail": [(1024, 1024, 1024), (1536, 1536, 1536), (2560, 2560, 2560), (3072, 3072, 3072),
-                       (5120, 5120, 5120), (6144, 6144, 6144), (8192, 8192, 8192), (1024, 6144, 4096),
-                       (4096, 28672, 4096)]}
+                                                                   (4096, 14336))]}
 
 
 def backend(cfg: tuple[int, ...]) -> str:
@@ -89,9 +77,7 @@ def row(m: int, n: int, k: int) -> dict:
             r = {"kernel": xkernels.last_backend(), "rel_err": err}
             if err < 1e-2:
                 fns[name] = lambda name=name: xkernels.matmul(a, b, b_layout="nk", backend=name)
-                tiles = -(-m // cfg[0]) * -(-n // cfg[1])
-                whole = whole_tiles(tiles, cfg[5], sm_count(0))
-                r["tiles"] = whole + (tiles - whole) * cfg[5]  # work units (split-K: the tiles past the whole waves)
+                r["tiles"] = -(-m // cfg[0]) * -(-n // cfg[1]) * cfg[5]  # work units
         except Exception as e:  # a config that cannot run this shape is recorded, not fatal
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         out["configs"][name] = r

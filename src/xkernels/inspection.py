@@ -617,14 +617,12 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 yield KernelConfig(f"hopper.attention_bwd.dq {dt} D{d}{mode} {qc}", dq.attention_dq_kernel, types,
                                    qc.constexprs(d, causal=causal, varlen=varlen, band=band), 4, gluon=True)
 
-    # the split-K epilogue (any split count compiles alike) on each tile `gemm_config` splits
-    split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)
-    splits = [(dataclasses.replace(c, split_k=2), ("grouped",)) for c in (GEMM_CONFIG, MID_GEMM_CONFIG)]
+    split = dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)  # the split-K epilogue (any split count compiles alike)
     pingpong = dataclasses.replace(SMALL_GEMM_CONFIG, consumers=2)  # opt-in (`hopper:consumers=2`)
     every_walk = ("row", "grouped", "zorder")
     for c, walks in ((GEMM_CONFIG, every_walk), (MID_GEMM_CONFIG, every_walk), (SMALL_GEMM_CONFIG, every_walk),
                      (TINY_GEMM_CONFIG, every_walk), (NARROW_GEMM_CONFIG, every_walk), (split, ("grouped",)),
-                     *splits, (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",))):
+                     (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",))):
         for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"), walks):
             descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"

@@ -352,36 +352,11 @@ TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (SMALL_GEMM_CONFIG, 0
 FULL_WAVE = 0.8  # outputs of at least this share of a wave of 128 x 128 tiles take the best-filling big tile
 MAX_SPLIT_K = 2  # 4 splits never beat 2 where measured
 MIN_SPLIT_STEPS = 64  # k-steps per split at least: shorter splits lose more to the partials' traffic than they gain
-# split-K of the tiles past an output's last whole wave (`hopper/gemm.py`): the split counts tried, the largest last
-# wave (share of the SMs) split, the fewest k-steps a split, and the fix-up's cost per partial stored or read, in
-# k-steps of the tile (model: to be calibrated on the device)
-TAIL_SPLITS = (2, 4)
-TAIL_SHARE = 0.5
-MIN_TAIL_STEPS = 8
-TAIL_FIXUP_STEPS = 2.0
 
 
 def wave_fill(units: int, sms: int) -> float:
     """Share of the SM-slots of the waves `units` work units take that hold work (1.0: whole waves)."""
     return units / (-(-units // sms) * sms)
-
-
-def tail_split_fits(tiles: int, split: int, k_steps: int, sms: int) -> bool:
-    """Whether splitting the tiles past the last whole wave `split` ways can pay: a whole wave first (else split-K
-    proper), a last wave of at most a fraction TAIL_SHARE of the SMs, and at least MIN_TAIL_STEPS k-steps a split."""
-    tail = tiles % sms
-    return tiles >= sms and 0 < tail <= TAIL_SHARE * sms and k_steps >= split * MIN_TAIL_STEPS
-
-
-def tail_fill(tiles: int, split: int, k_steps: int, sms: int) -> float:
-    """`wave_fill` of `tiles` output tiles of `k_steps` k-steps with those past the last whole wave split `split`
-    ways: the split units take ceil(tail * split / sms) waves of 1 / split of a tile each, and the fix-up (each unit
-    stores its partial, the last arriver reads all of them) TAIL_FIXUP_STEPS k-steps' time per partial moved."""
-    if split == 1:
-        return wave_fill(tiles, sms)
-    full, tail = divmod(tiles, sms)
-    waves = full + -(-tail * split // sms) / split + (split + 1) * TAIL_FIXUP_STEPS / k_steps
-    return tiles / (waves * sms)
 
 
 def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
@@ -405,12 +380,7 @@ def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
         return -(-m // cfg.block_m) * -(-n // cfg.block_n)
 
     if tiles(MID_GEMM_CONFIG) >= FULL_WAVE * sms:
-        k_steps = -(-k // GEMM_CONFIG.block_k)
-        options = [(cfg, split) for cfg, _ in TILE_RATES for split in (1, *TAIL_SPLITS)
-                   if split == 1 or tail_split_fits(tiles(cfg), split, k_steps, sms)]
-        rate = dict((str(cfg), r) for cfg, r in TILE_RATES)
-        cfg, split = max(options, key=lambda o: tail_fill(tiles(o[0]), o[1], k_steps, sms) * rate[str(o[0])])
-        return dataclasses.replace(cfg, split_k=split)
+        return max(TILE_RATES, key=lambda c: wave_fill(tiles(c[0]), sms) * c[1])[0]
     if m == NARROW_GEMM_CONFIG.block_m and tiles(NARROW_GEMM_CONFIG) <= sms:
         return NARROW_GEMM_CONFIG
     split = min(sms // tiles(SMALL_GEMM_CONFIG), MAX_SPLIT_K, -(-k // SMALL_GEMM_CONFIG.block_k) // MIN_SPLIT_STEPS)

@@ -14,16 +14,12 @@ Split-barrier windows (arrive -> independent work -> wait):
 B is read as [K, N] or, for the "nk" layout, as [N, K] tiles viewed transposed in shared memory: no copy. The
 barriers are listed in `hopper/barriers.py`.
 
-Split-K (SPLIT_K > 1): the tiles past the last whole wave of the walk (its first WHOLE tiles, a multiple of the
-grid: `whole_tiles`) are each SPLIT_K work units over consecutive K ranges, so the last wave's few tiles spread over
-the SMs instead of running alone; an output of less than a wave (e.g. a few hundred rows against a Llama weight)
-splits every tile. Every split tile's k-ranges start at the same offsets, so the units running side by side read
-the same k-slab of a shared A row block or B column block, as the whole tiles do. A unit stores its fp32 partial in
-the workspace and counts itself in the tile's arrival counter; the last arriver sums the SPLIT_K partials in split
-order (bitwise repeatable whatever the arrival order), writes C and puts the counter back to zero (the workspace,
-one slot per split tile, is reused: `common/scratch.py`). Memory order as in `portable/gemm_skinny.py`: every
-thread's partial stores, a barrier of the partition's warps, one acq_rel atomic at GPU scope; the last arriver's
-acquire, then a barrier, before its reads.
+Split-K (SPLIT_K > 1, for outputs of too few tiles to fill the SMs, e.g. a few hundred rows against a Llama weight):
+each output tile is SPLIT_K work units over consecutive K ranges. A unit stores its fp32 partial in the workspace
+and counts itself in the tile's arrival counter; the last arriver sums the SPLIT_K partials in split order (bitwise
+repeatable whatever the arrival order), writes C and puts the counter back to zero (the workspace is reused:
+`common/scratch.py`). Memory order as in `portable/gemm_skinny.py`: every thread's partial stores, a barrier of the
+partition's warps, one acq_rel atomic at GPU scope; the last arriver's acquire, then a barrier, before its reads.
 """
 
 from __future__ import annotations
@@ -66,42 +62,26 @@ def _load_stage(a_desc, b_desc, a, b, s, off_m, off_n, k, B_NK: gl.constexpr):
 
 
 @gluon.jit
-def _units(walk_len, WHOLE, SPLIT_K: gl.constexpr):
-    """Work units of the walk: its first WHOLE tiles once, every later one SPLIT_K times."""
-    if SPLIT_K == 1:
-        return walk_len
-    return WHOLE + (walk_len - WHOLE) * SPLIT_K
-
-
-@gluon.jit
-def _k_range(unit, K, WHOLE, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
-    """(output tile's walk index, split, first K, end K) of a work unit: units below WHOLE are the walk's first
-    tiles over all of K; past them, split j of a tile covers k-steps [j * per, (j + 1) * per) with
-    per = ceil(k-steps / SPLIT_K) (`launch_spec` keeps every split non-empty)."""
+def _k_range(unit, K, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
+    """(output tile's walk index, split, first K, end K) of a work unit: split j of a tile covers k-steps
+    [j * per, (j + 1) * per) with per = ceil(k-steps / SPLIT_K) (`launch_spec` keeps every split non-empty)."""
     if SPLIT_K == 1:
         return unit, 0, 0, K
-    tile = gl.to_tensor(unit)
-    split = gl.to_tensor(0)
-    k_lo = gl.to_tensor(0)
-    k_hi = gl.to_tensor(K)
-    if unit >= WHOLE:
-        per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-        tile = WHOLE + (unit - WHOLE) // SPLIT_K
-        split = (unit - WHOLE) % SPLIT_K
-        k_lo = split * per
-        k_hi = gl.minimum(K, k_lo + per)
-    return tile, split, k_lo, k_hi
+    per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    split = unit % SPLIT_K
+    k_lo = split * per
+    return unit // SPLIT_K, split, k_lo, gl.minimum(K, k_lo + per)
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, WHOLE, B_NK: gl.constexpr,
+def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
             WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_NK else b_desc.block_type.shape[1]
     it = 0
-    for unit in range(gl.program_id(0), _units(walk_len, WHOLE, SPLIT_K), gl.num_programs(0)):
-        tile, _, k_lo, k_hi = _k_range(unit, K, WHOLE, BLOCK_K, SPLIT_K)
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, _, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):  # Z-order walks a power-of-two grid
             for k in range(k_lo, k_hi, BLOCK_K):
@@ -112,9 +92,8 @@ def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
 
 @gluon.jit
 def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
-    """Split-K: store this unit's partial in split tile `tile_id`'s slot, count it; (whether this unit arrived last,
-    the sum of every split's partial in split order: only meaningful to the last arriver, which also resets the
-    counter)."""
+    """Split-K: store this unit's partial, count it; (whether this unit arrived last, the sum of every split's
+    partial in split order: only meaningful to the last arriver, which also resets the counter)."""
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
     rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
@@ -137,7 +116,7 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
 
 @gluon.jit
 def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
-                  WHOLE, B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
+                  B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
                   SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer partition CONSUMER of CONSUMERS: the work units n of this CTA with n % CONSUMERS == CONSUMER (main
     loop, then epilogue). Every consumer counts every unit's k-steps, so it knows the ring positions of its own.
@@ -153,8 +132,8 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
     out = c_smem.index(CONSUMER)
     it = 0  # ring position of the next unit's first k-step (the loader's count)
     n = 0  # this CTA's units so far
-    for unit in range(gl.program_id(0), _units(walk_len, WHOLE, SPLIT_K), gl.num_programs(0)):
-        tile, split, k_lo, k_hi = _k_range(unit, K, WHOLE, BLOCK_K, SPLIT_K)
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, split, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):
             steps = gl.cdiv(k_hi - k_lo, BLOCK_K)
@@ -181,9 +160,7 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
                 a.release(it + steps + STAGES - 1)
                 write = True
                 if SPLIT_K > 1:
-                    write = tile < WHOLE
-                    if tile >= WHOLE:  # a split tile: its last arriver writes it
-                        write, acc = _reduce_splits(acc, WS, CNT, tile - WHOLE, split, SPLIT_K)
+                    write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
                 if write:
                     # this consumer's previous TMA store overlapped the main loops since; wait for it only now
                     # that its buffer is about to be overwritten
@@ -197,12 +174,11 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
 
 
 @gluon.jit
-def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, WHOLE,
+def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                            B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                            ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            num_warps: gl.constexpr):
-    """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero, a slot per tile from walk index
-    WHOLE on); unread when SPLIT_K == 1.
+    """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero); unread when SPLIT_K == 1.
     CONSUMERS == 2 (ping-pong): two consumer partitions of num_warps warps take this CTA's work units in turn, so
     one's epilogue (and split-K fix-up) runs under the other's main loop."""
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
@@ -213,44 +189,34 @@ def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n,
     if CONSUMERS == 1:
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, WHOLE, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
-            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, WHOLE, B_NK, WALK,
-                       GROUP_M, SPLIT_K)),
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
+            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
+                       SPLIT_K)),
         ], [1], [24])
     else:
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, WHOLE, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, num_warps)),
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, num_warps)),
             (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, WHOLE, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
-            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, WHOLE, B_NK, WALK,
-                       GROUP_M, SPLIT_K)),
+                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
+            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
+                       SPLIT_K)),
         ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
-
-
-def whole_tiles(walk_len: int, split_k: int, sms: int) -> int:
-    """The walk's tiles computed whole, ahead of the split ones: every tile without split-K, else the whole waves of
-    the grid (one CTA per SM): none where the output is less than a wave, so each of its tiles is split."""
-    return walk_len if split_k == 1 else (walk_len // sms) * sms
 
 
 def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: HopperGemmConfig,
                 device_index: int) -> tuple[int, tuple[int, ...], dict[str, object], dict[str, int]]:
     """(grid, runtime ints after the three descriptors and the split-K workspace, constexprs, launch options): one
-    CTA per SM at most. The last int is WHOLE (`whole_tiles`): the split-K workspace has a slot for each of the
-    walk's tiles from there on."""
+    CTA per SM at most."""
     tiles_m, tiles_n = triton.cdiv(m, cfg.block_m), triton.cdiv(n, cfg.block_n)
     walk_len, z_bits, z_tall = zorder_grid(tiles_m, tiles_n) if walk == "zorder" else (tiles_m * tiles_n, 0, 0)
     k_steps = triton.cdiv(k, cfg.block_k)
     if cfg.split_k > 1 and (triton.cdiv(k_steps, cfg.split_k) * (cfg.split_k - 1) >= k_steps):
         raise ValueError(f"config: split_k={cfg.split_k} leaves a split of K={k} empty "
                          f"({k_steps} steps of {cfg.block_k})")
-    sms = sm_count(device_index)
-    whole = whole_tiles(walk_len, cfg.split_k, sms)
-    tiles = tiles_m * tiles_n
-    grid = min(sms, tiles if whole else tiles * cfg.split_k)  # (whole > 0: a wave or more of units)
+    grid = min(sm_count(device_index), tiles_m * tiles_n * cfg.split_k)
     constexprs = cfg.constexprs(b_layout, walk)
-    return grid, (k, tiles_m, tiles_n, walk_len, z_bits, z_tall, whole), constexprs, {}
+    return grid, (k, tiles_m, tiles_n, walk_len, z_bits, z_tall), constexprs, {}
 
 
 def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, b_layout: str, cfg: HopperGemmConfig) -> list:
