@@ -8,7 +8,7 @@ every output is checked against torch's (relative Frobenius error < 1e-2) before
 the default and torch are timed in interleaved rounds (`bench.timing.interleaved_graph_ms`). The summary names,
 per shape, the fastest config and the work units it launched, so a shape rule (units per SM) can be read off it.
 
-    python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md] [--configs pingpong|big]
+    python scripts/gemm_tiles.py --json gemm_tiles.json [--md gemm_tiles.md] [--configs pingpong|big|rows]
                                  [--shapes 1536x1536x1536 ... | --shape-set big]
 """
 
@@ -27,7 +27,8 @@ SHAPES = [(512, 512, 512), (1024, 1024, 1024), (1536, 1536, 1536), (2048, 2048, 
           (128, 28672, 4096), (256, 4096, 4096), (1024, 6144, 4096)]  # the last: 1.45 waves of 128 x 256 tiles
 # (block_m, block_n, block_k, stages, num_warps, split_k): compiled spill-free for sm_90 (bf16 and fp16, both B
 # layouts); every field is named in the override, so none is inherited from the shape's default pick
-# (the last field: consumer partitions; 2 = ping-pong)
+# (the seventh field: consumer partitions, 2 = ping-pong; an eighth, where given: row warpgroups, 3 = 192-row tiles
+# over three one-warpgroup partitions)
 CONFIG_SETS = {
     "tiles": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1),
               (64, 128, 64, 6, 4, 1, 1), (64, 128, 64, 8, 4, 1, 1), (64, 128, 128, 4, 4, 1, 1),
@@ -44,6 +45,11 @@ CONFIG_SETS = {
     # the whole-wave tiles `gemm_config` ranks
     "big": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (128, 128, 64, 5, 8, 1, 1),
             (64, 128, 64, 8, 4, 1, 1), (64, 256, 64, 4, 4, 1, 1)],
+    # 192-row tiles (three row warpgroups) against the ranked tiles; 128 x 128 over two row warpgroups is the
+    # same-program control of one 8-warp partition (bitwise the same products)
+    "rows": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (64, 128, 64, 8, 4, 1, 1),
+             (128, 128, 64, 6, 4, 1, 1, 2), (192, 128, 64, 4, 4, 1, 1, 3), (192, 128, 64, 3, 4, 1, 1, 3),
+             (192, 64, 64, 6, 4, 1, 1, 3)],
 }
 CONFIGS = CONFIG_SETS["tiles"]
 SHAPE_SETS = {"default": SHAPES,
@@ -55,9 +61,9 @@ SHAPE_SETS = {"default": SHAPES,
 
 
 def backend(cfg: tuple[int, ...]) -> str:
-    bm, bn, bk, st, w, split, consumers = cfg
+    bm, bn, bk, st, w, split, consumers, row_wgs = (*cfg, 1)[:8]
     return (f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w},split_k={split},"
-            f"consumers={consumers}")
+            f"consumers={consumers},row_wgs={row_wgs}")
 
 
 def row(m: int, n: int, k: int) -> dict:
@@ -98,7 +104,7 @@ def row(m: int, n: int, k: int) -> dict:
 
 def markdown(rows: list[dict]) -> str:
     names = [f"{bm}x{bn}x{bk} S{st} W{w}" + (f" SK{sk}" if sk > 1 else "") + (" PP" if c == 2 else "")
-             for bm, bn, bk, st, w, sk, c in CONFIGS]
+             + (f" R{r}" if r > 1 else "") for bm, bn, bk, st, w, sk, c, r in ((*cfg, 1)[:8] for cfg in CONFIGS)]
     lines = ["| shape | torch us | auto (x torch) | " + " | ".join(names) + " |",
              "|---" * (3 + len(names)) + "|"]
     for r in rows:

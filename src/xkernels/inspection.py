@@ -357,6 +357,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
         MID_GEMM_CONFIG,
         NARROW_GEMM_CONFIG,
         PERSISTENT_ATTENTION_CONFIGS,
+        ROWS3_GEMM_CONFIG,
         SMALL_GEMM_CONFIG,
         TINY_GEMM_CONFIG,
     )
@@ -622,7 +623,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
     every_walk = ("row", "grouped", "zorder")
     for c, walks in ((GEMM_CONFIG, every_walk), (MID_GEMM_CONFIG, every_walk), (SMALL_GEMM_CONFIG, every_walk),
                      (TINY_GEMM_CONFIG, every_walk), (NARROW_GEMM_CONFIG, every_walk), (split, ("grouped",)),
-                     (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",))):
+                     (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",)),
+                     (ROWS3_GEMM_CONFIG, every_walk)):
         for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"), walks):
             descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"

@@ -251,6 +251,39 @@ def test_hopper_gemm_pingpong_config_errors():
         xkernels.matmul(a, b, b_layout="nk", backend="hopper:block_m=64,block_n=128,num_warps=4,stages=9,consumers=2")
 
 
+@pytest.mark.parametrize("m,n,k,rows,tile", [(1536, 1536, 1536, 3, "block_n=128,stages=4"),
+                                             (1000, 3000, 2000, 3, "block_n=128,stages=3"),
+                                             (3072, 3072, 3072, 3, "block_n=128,stages=4"),
+                                             (100, 4000, 100, 3, "block_n=64,stages=6"),
+                                             (4095, 4097, 1000, 2, "block_n=128,stages=6"),
+                                             (40, 1000, 4160, 3, "block_n=128,stages=4")])
+@pytest.mark.parametrize("walk", ["grouped", "zorder"])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_hopper_gemm_row_split(b_layout, walk, m, n, k, rows, tile):
+    """Tiles of 64 * rows rows over `rows` one-warpgroup partitions sharing each stage's B box (tails in M, N and K;
+    row warpgroups whose rows lie wholly past M; a Z-order walk with tiles outside the grid): each warpgroup issues
+    the 64-row wgmmas an 8-warp 128-row tile's warpgroup issues, in the same k order, so the result is bitwise equal
+    to the one-partition kernel's, and right."""
+    a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
+    c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)),
+                        backend=f"hopper:block_m={64 * rows},{tile},block_k=64,num_warps=4,row_wgs={rows}")
+    assert f"-R{rows}]" in xkernels.last_backend(), xkernels.last_backend()
+    r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
+    assert r.passed, r
+    block_n = tile.split(",")[0]
+    one = xkernels.matmul(a, b, b_layout=b_layout, walk=walk,
+                          backend=f"hopper:block_m=128,{block_n},block_k=64,num_warps=8,stages=4,row_wgs=1")
+    assert "-R" not in xkernels.last_backend() and torch.equal(c, one)
+
+
+def test_hopper_gemm_row_split_config_errors():
+    a, b = gemm_inputs(256, 256, 256, torch.bfloat16, "cuda", "nk", seed=1)
+    with pytest.raises(ValueError, match="row_wgs=3 must be 1, or 2 or 3 with num_warps=4"):
+        xkernels.matmul(a, b, b_layout="nk", backend="hopper:block_m=128,num_warps=4,row_wgs=3")
+    with pytest.raises(ValueError, match="row_wgs=3 must be 1"):
+        xkernels.matmul(a, b, b_layout="nk", backend="hopper:block_m=192,block_n=128,num_warps=4,row_wgs=3,split_k=2")
+
+
 @pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])
 def test_hopper_gemm_ablation_configs(overrides):
     a, b = gemm_inputs(1000, 3000, 2000, torch.bfloat16, "cuda", "nk", seed=9)

@@ -242,6 +242,25 @@ def test_gemm_pingpong_and_shared_memory_checks():
     assert configs.HopperGemmConfig().constexprs("nk", "grouped")["CONSUMERS"] == 1
 
 
+def test_gemm_row_split_checks():
+    """Row warpgroups: one-warpgroup partitions of 64 rows each (block_m = 64 * row_wgs), one consumer, no split-K;
+    the A and C boxes are one warpgroup's rows, B's the whole tile's columns."""
+    from xkernels.hopper import configs
+
+    rows3 = configs.ROWS3_GEMM_CONFIG
+    rows3.check(torch.bfloat16)
+    assert rows3.shared_bytes(torch.bfloat16) == 4 * (192 + 128) * 64 * 2 + 192 * 128 * 2
+    assert rows3.blocks("nk") == ([64, 64], [128, 64], [64, 128]) and rows3.blocks("kn")[1] == [64, 128]
+    assert str(rows3) == "BM192-BN128-BK64-S4-W4-R3" and rows3.constexprs("kn", "row")["ROW_WGS"] == 3
+    assert configs.HopperGemmConfig().blocks("kn")[0] == [128, 64]
+    for bad in (dict(row_wgs=4, block_m=256), dict(num_warps=8), dict(block_m=128), dict(consumers=2),
+                dict(split_k=2)):
+        with pytest.raises(ValueError, match=r"row_wgs=\d must be 1, or 2 or 3 with num_warps=4"):
+            dataclasses.replace(rows3, **bad).check(torch.bfloat16)
+    with pytest.raises(ValueError, match="bytes of shared memory"):
+        dataclasses.replace(rows3, stages=5).check(torch.bfloat16)
+
+
 def test_persistent_walk_head_chunks():
     """The L2-chunk walk's (`walk=0`) head chunk: query heads whose K/V fit the L2 budget together, whole GQA groups,
     at least one group. The budget follows the shape (8 MiB for full MHA at D128, else 32) unless the config names

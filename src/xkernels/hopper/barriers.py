@@ -62,7 +62,9 @@ Attention backward, dK/dV (`attention_bwd.py`), per CTA:
 
 GEMM (`gemm.py`), per CTA: one ring of A+B stages.
   ready[s]     loader's TMA (A and B tile bytes) -> MMA partition, per k-step: stage s's tiles have landed.
-  empty[s]     MMA partition, once the wgmma reading stage s retired -> loader, before refilling stage s.
+  empty[s]     MMA partition, once the wgmma reading stage s retired -> loader, before refilling stage s. With the
+               rows split over ROW_WGS partitions (each its own A box of the stage, all the same B box), each of
+               them arrives: the stage is free once every wgmma reading it retired.
   With two consumer partitions (ping-pong), each waits and releases the stages of its own work units only, so
   every stage still has one arrive per lap: a consumer counts the other's k-steps to know its ring positions.
   turns[c]     the other consumer, once its ring waits for a unit have passed -> consumer c, before its first ring
@@ -169,13 +171,11 @@ def tail_zeroed_barriers():
 
 
 @gluon.jit
-def gemm_barriers(a_bufs, b_bufs):
-    """The A+B ring of the table above (one ready and one empty barrier per stage, shared by both tiles) and the
-    two consumers' `turns` (unused with one)."""
-    STAGES: gl.constexpr = a_bufs.shape[0]
-    ready = allocate_barriers(STAGES, 1)
-    empty = allocate_barriers(STAGES, 1)
-    return Ring(a_bufs, ready, empty), Ring(b_bufs, ready, empty), allocate_barriers(2, 1)
+def gemm_barriers(b_bufs, ROW_WGS: gl.constexpr):
+    """The A+B ring of the table above over the B stages (one ready and one empty barrier per stage, shared by the
+    stage's A boxes, which live beside it) and the two consumers' `turns` (unused with one)."""
+    STAGES: gl.constexpr = b_bufs.shape[0]
+    return Ring(b_bufs, allocate_barriers(STAGES, 1), allocate_barriers(STAGES, ROW_WGS)), allocate_barriers(2, 1)
 
 
 @gluon.jit

@@ -290,6 +290,7 @@ class HopperGemmConfig:
     acc_fp16: bool = False  # the seeds' fp16-accumulate variant (fp16 inputs only): an ablation, off the contract
     split_k: int = 1  # work units per output tile over consecutive K ranges (`hopper/gemm.py`)
     consumers: int = 1  # 2: two consumer partitions of num_warps warps take the work units in turn (ping-pong)
+    row_wgs: int = 1  # 2 or 3: one-warpgroup partitions splitting each tile's rows, 64 each (3: 192-row tiles)
 
     def check(self, dtype: torch.dtype) -> None:
         if self.acc_fp16 and dtype != torch.float16:
@@ -304,6 +305,10 @@ class HopperGemmConfig:
         if self.consumers not in (1, 2) or (self.consumers == 2 and self.num_warps != 4):
             raise ValueError(f"config: consumers={self.consumers} must be 1, or 2 with num_warps=4 (two 4-warp "
                              f"partitions; num_warps={self.num_warps})")
+        if self.row_wgs != 1 and (self.row_wgs not in (2, 3) or self.num_warps != 4 or self.consumers != 1
+                                  or self.split_k != 1 or self.block_m != 64 * self.row_wgs):
+            raise ValueError(f"config: row_wgs={self.row_wgs} must be 1, or 2 or 3 with num_warps=4, consumers=1, "
+                             f"split_k=1 and block_m=64 * row_wgs ({self})")
         if self.shared_bytes(dtype) > SHARED_BYTES:
             raise ValueError(f"config: {self} needs {self.shared_bytes(dtype)} bytes of shared memory "
                              f"(sm_90 has {SHARED_BYTES})")
@@ -315,21 +320,23 @@ class HopperGemmConfig:
                 + self.consumers * self.block_m * self.block_n * size)
 
     def blocks(self, b_layout: str) -> tuple[list[int], list[int], list[int]]:
-        """Descriptor boxes of A, B and C."""
+        """Descriptor boxes of A, B and C (A and C: one row warpgroup's rows of a tile)."""
         b_block = [self.block_n, self.block_k] if b_layout == "nk" else [self.block_k, self.block_n]
-        return [self.block_m, self.block_k], b_block, [self.block_m, self.block_n]
+        rows = self.block_m // self.row_wgs
+        return [rows, self.block_k], b_block, [rows, self.block_n]
 
     def constexprs(self, b_layout: str, walk: str) -> dict[str, object]:
         return dict(B_NK=b_layout == "nk", WALK=walk, GROUP_M=self.group_m, STAGES=self.stages,
                     ACC_FP16=self.acc_fp16, SPLIT_K=self.split_k, CONSUMERS=self.consumers,
-                    num_warps=self.num_warps)
+                    ROW_WGS=self.row_wgs, num_warps=self.num_warps)
 
     def __str__(self) -> str:
         acc = "-acc16" if self.acc_fp16 else ""
         split = f"-SK{self.split_k}" if self.split_k > 1 else ""
         pingpong = "-PP" if self.consumers == 2 else ""
+        rows = f"-R{self.row_wgs}" if self.row_wgs > 1 else ""
         return (f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}{split}"
-                f"{pingpong}")
+                f"{pingpong}{rows}")
 
 
 GEMM_CONFIG = HopperGemmConfig()
@@ -349,6 +356,11 @@ NARROW_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=32, block_k=128, stage
 # it filled the waves best, ran 0.76x torch against 0.88-0.89 for 128 x 256 or 128 x 128, run 25 of 2026-12-06;
 # the H200's 0.92 in run 10 was timed config after config)
 TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (SMALL_GEMM_CONFIG, 0.82))
+# 192 x 128 over three row warpgroups (`row_wgs`): one wave of 96 tiles at 1536^3 and 3 of 384 at 3072^3, where the
+# ranked tiles need 2-3 and 5 waves of less work; compiled spill-free, an override only (`hopper:block_m=192,
+# block_n=128,stages=4,num_warps=4,row_wgs=3`) until a device run (`scripts/gemm_tiles.py --configs rows`) gives
+# its rate for TILE_RATES
+ROWS3_GEMM_CONFIG = HopperGemmConfig(block_m=192, block_n=128, stages=4, num_warps=4, row_wgs=3)
 FULL_WAVE = 0.8  # outputs of at least this share of a wave of 128 x 128 tiles take the best-filling big tile
 MAX_SPLIT_K = 2  # 4 splits never beat 2 where measured
 MIN_SPLIT_STEPS = 64  # k-steps per split at least: shorter splits lose more to the partials' traffic than they gain

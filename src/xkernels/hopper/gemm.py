@@ -5,6 +5,9 @@ the portable kernel). Its partitions run concurrently:
   - loader (1 warp, few registers): for every tile and k-step, acquire a free ring stage, TMA A and B into it;
   - MMA + epilogue (2 consumer warpgroups, 64 rows of the 128-row tile each, or one on a 64-row tile): wait for a
     stage, issue async wgmma, and release the previous stage once its wgmma has retired.
+  - row split (ROW_WGS > 1): ROW_WGS such partitions of one warpgroup share each tile, 64 rows each (3: 192-row
+    tiles, which Gluon's power-of-two tensor shapes allow only as separate partitions); a stage holds ROW_WGS A boxes
+    and one B box, and is free once every partition's wgmma reading it retired.
   - ping-pong (CONSUMERS == 2): two such partitions take the CTA's work units in turn; while one converts and stores
     its tile (or sums split-K partials), the other's main loop keeps the tensor cores busy.
 Split-barrier windows (arrive -> independent work -> wait):
@@ -47,18 +50,24 @@ from xkernels.hopper.pipeline import partition_barrier
 # registers per thread of the second consumer partition (a 64 x 128 fp32 accumulator is 64 of them); the first
 # consumer gets what the loader and this one leave of the register file
 PINGPONG_WORKER_REGS = gl.constexpr(232)
+# registers per thread of the two worker partitions of a 3-warpgroup row split (a 64 x 128 fp32 accumulator is 64 of
+# them): 3 x 128 threads x 160 and the loader's warp fit the 64K register file
+ROW_WG_WORKER_REGS = gl.constexpr(160)
 
 
 @gluon.jit
-def _load_stage(a_desc, b_desc, a, b, s, off_m, off_n, k, B_NK: gl.constexpr):
-    """Arm stage s's ready barrier with the bytes of both tiles, then start their TMA copies onto it."""
-    bar = a.ready.index(s)
-    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-    tma.async_load(a_desc, [off_m, k], bar, a.bufs.index(s))
+def _load_stage(a_desc, b_desc, a_bufs, ring, s, off_m, off_n, k, B_NK: gl.constexpr, ROW_WGS: gl.constexpr):
+    """Arm stage s's ready barrier with the bytes of its ROW_WGS A boxes and its B box, then start their TMA copies
+    onto it."""
+    A_ROWS: gl.constexpr = a_desc.block_type.shape[0]
+    bar = ring.ready.index(s)
+    mbarrier.expect(bar, ROW_WGS * a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    for w in gl.static_range(ROW_WGS):
+        tma.async_load(a_desc, [off_m + w * A_ROWS, k], bar, a_bufs.index(s * ROW_WGS + w))
     if B_NK:
-        tma.async_load(b_desc, [off_n, k], bar, b.bufs.index(s))
+        tma.async_load(b_desc, [off_n, k], bar, ring.bufs.index(s))
     else:
-        tma.async_load(b_desc, [k, off_n], bar, b.bufs.index(s))
+        tma.async_load(b_desc, [k, off_n], bar, ring.bufs.index(s))
 
 
 @gluon.jit
@@ -74,9 +83,9 @@ def _k_range(unit, K, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
-            WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr):
-    BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
+def _loader(a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
+            WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr, ROW_WGS: gl.constexpr):
+    BLOCK_M: gl.constexpr = ROW_WGS * a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_NK else b_desc.block_type.shape[1]
     it = 0
@@ -85,8 +94,8 @@ def _loader(a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):  # Z-order walks a power-of-two grid
             for k in range(k_lo, k_hi, BLOCK_K):
-                s = a.acquire(it)
-                _load_stage(a_desc, b_desc, a, b, s, tile_m * BLOCK_M, tile_n * BLOCK_N, k, B_NK)
+                s = ring.acquire(it)
+                _load_stage(a_desc, b_desc, a_bufs, ring, s, tile_m * BLOCK_M, tile_n * BLOCK_N, k, B_NK, ROW_WGS)
                 it += 1
 
 
@@ -115,21 +124,24 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
-                  B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
-                  SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, WARPS: gl.constexpr):
+def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
+                  z_tall, B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
+                  SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, ROW_WG: gl.constexpr,
+                  ROW_WGS: gl.constexpr, WARPS: gl.constexpr):
     """Consumer partition CONSUMER of CONSUMERS: the work units n of this CTA with n % CONSUMERS == CONSUMER (main
-    loop, then epilogue). Every consumer counts every unit's k-steps, so it knows the ring positions of its own.
+    loop, then epilogue), rows [ROW_WG * A_ROWS, (ROW_WG + 1) * A_ROWS) of each tile (every row with ROW_WGS == 1).
+    Every consumer counts every unit's k-steps, so it knows the ring positions of its own.
     With two, the main loops take turns (`turns`): a ring wait tells its stage's laps apart by parity only, so a
     consumer may wait for a stage only within one lap of what the loader has filled, that is, after the other
     consumer's waits for the unit before have passed."""
-    STAGES: gl.constexpr = a.bufs.shape[0]
-    BLOCK_M: gl.constexpr = c_desc.block_type.shape[0]
+    STAGES: gl.constexpr = ring.bufs.shape[0]
+    A_ROWS: gl.constexpr = c_desc.block_type.shape[0]  # this partition's rows of a tile
+    BLOCK_M: gl.constexpr = ROW_WGS * A_ROWS
     BLOCK_N: gl.constexpr = c_desc.block_type.shape[1]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                          instr_shape=[16, BLOCK_N, 16])
-    out = c_smem.index(CONSUMER)
+    out = c_smem.index(CONSUMER * ROW_WGS + ROW_WG)
     it = 0  # ring position of the next unit's first k-step (the loader's count)
     n = 0  # this CTA's units so far
     for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
@@ -140,24 +152,25 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
             if n % CONSUMERS == CONSUMER:
                 if (CONSUMERS == 2) & (n > 0):
                     mbarrier.wait(turns.index(CONSUMER), ((n - 1) // 2) & 1)  # the other's unit n - 1 has waited
-                acc = warpgroup_mma_init(gl.zeros((BLOCK_M, BLOCK_N), dtype=gl.float16 if ACC_FP16 else gl.float32,
+                acc = warpgroup_mma_init(gl.zeros((A_ROWS, BLOCK_N), dtype=gl.float16 if ACC_FP16 else gl.float32,
                                                   layout=acc_layout))
                 for j in range(steps):
-                    s = a.wait(it + j)
+                    s = ring.wait(it + j)
                     if B_NK:
-                        b_tile = b.bufs.index(s).permute((1, 0))
+                        b_tile = ring.bufs.index(s).permute((1, 0))
                     else:
-                        b_tile = b.bufs.index(s)
-                    acc = warpgroup_mma(a.bufs.index(s), b_tile, acc, is_async=True)
+                        b_tile = ring.bufs.index(s)
+                    acc = warpgroup_mma(a_bufs.index(s * ROW_WGS + ROW_WG), b_tile, acc, is_async=True)
                     # keep one wgmma in flight: the one before it has retired, so its stage goes back to the loader
+                    # (once every row partition has released it)
                     warpgroup_mma_wait(1, deps=(acc,))
-                    a.release(it + j + STAGES - 1, pred=j > 0)
+                    ring.release(it + j + STAGES - 1, pred=j > 0)
                 if CONSUMERS == 2:
                     # every stage of this unit has landed: the other consumer's next unit may wait for its stages;
                     # its main loop runs from here on while this one retires its wgmmas and stores the tile
                     mbarrier.arrive(turns.index(1 - CONSUMER))
                 acc = warpgroup_mma_wait(0, deps=(acc,))
-                a.release(it + steps + STAGES - 1)
+                ring.release(it + steps + STAGES - 1)
                 write = True
                 if SPLIT_K > 1:
                     write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
@@ -167,7 +180,7 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
                     tma.store_wait(0)
                     out.store(acc.to(c_desc.dtype))
                     fence_async_shared()
-                    tma.async_store(c_desc, [tile_m * BLOCK_M, tile_n * BLOCK_N], out)
+                    tma.async_store(c_desc, [tile_m * BLOCK_M + ROW_WG * A_ROWS, tile_n * BLOCK_N], out)
             it += steps
             n += 1
     tma.store_wait(0)
@@ -177,30 +190,54 @@ def _mma_epilogue(a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tile
 def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                            B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                            ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           ROW_WGS: gl.constexpr, num_warps: gl.constexpr):
     """WS, CNT: the split-K workspace (fp32 partials, int32 arrival counters at zero); unread when SPLIT_K == 1.
     CONSUMERS == 2 (ping-pong): two consumer partitions of num_warps warps take this CTA's work units in turn, so
-    one's epilogue (and split-K fix-up) runs under the other's main loop."""
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES] + a_desc.block_type.shape, a_desc.layout)
+    one's epilogue (and split-K fix-up) runs under the other's main loop. ROW_WGS > 1: that many one-warpgroup
+    partitions share each tile, a_desc's and c_desc's box rows each."""
+    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES * ROW_WGS] + a_desc.block_type.shape, a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES] + b_desc.block_type.shape, b_desc.layout)
-    c_smem = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS] + c_desc.block_type.shape, c_desc.layout)
-    a, b, turns = gemm_barriers(a_bufs, b_bufs)  # one ring (A and B stages share its barriers); consumers' turns
-    # the partitions are spelled out per consumer count: warp_specialize takes a literal list of them
-    if CONSUMERS == 1:
+    c_smem = gl.allocate_shared_memory(c_desc.dtype, [CONSUMERS * ROW_WGS] + c_desc.block_type.shape, c_desc.layout)
+    ring, turns = gemm_barriers(b_bufs, ROW_WGS)  # one ring (A and B boxes share its barriers); consumers' turns
+    # the partitions are spelled out per consumer and row-warpgroup count: warp_specialize takes a literal list (and
+    # a tuple cannot carry the string constexpr WALK)
+    if ROW_WGS == 3:
+        gl.static_assert(CONSUMERS == 1, "row-split tiles have one consumer per row warpgroup")
         gl.warp_specialize([
-            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, num_warps)),
-            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
-                       SPLIT_K)),
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 3, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 1, 3, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 2, 3, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
+                       GROUP_M, SPLIT_K, ROW_WGS)),
+        ], [num_warps, num_warps, 1], [ROW_WG_WORKER_REGS, ROW_WG_WORKER_REGS, 24])
+    elif ROW_WGS == 2:
+        gl.static_assert(CONSUMERS == 1, "row-split tiles have one consumer per row warpgroup")
+        gl.warp_specialize([
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 2, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 1, 2, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
+                       GROUP_M, SPLIT_K, ROW_WGS)),
+        ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
+    elif CONSUMERS == 1:
+        gl.warp_specialize([
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 1, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
+                       GROUP_M, SPLIT_K, ROW_WGS)),
         ], [1], [24])
     else:
         gl.warp_specialize([
-            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, num_warps)),
-            (_mma_epilogue, (a_desc, c_desc, a, b, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
-                             z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, num_warps)),
-            (_loader, (a_desc, b_desc, a, b, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK, GROUP_M,
-                       SPLIT_K)),
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, 0, 1, num_warps)),
+            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, 0, 1, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
+                       GROUP_M, SPLIT_K, ROW_WGS)),
         ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
 
 
