@@ -654,3 +654,29 @@ def test_an_append_refuses_arguments_that_alias_the_caches(device):
     want = reference(q, k_cache, k_cache, lengths.tolist(), causal=True).to(o.device)
     good = [b for b, n in enumerate(lengths.tolist()) if n > 0]
     assert compare_attention(o[good], want[good], ATTENTION_RECIPES["fp16"]).passed
+
+
+@pytest.mark.parametrize("page", [None, 16])
+def test_an_append_into_interleaved_caches_of_one_buffer(device, page):
+    """K and V as the interleaved halves of one buffer (kv[:, :, 0] and kv[:, :, 1], dense or paged): their address
+    ranges meet but no element is in both, so the append runs, and writes and attends as into two separate caches;
+    halves of one buffer that do share elements (one row apart) are still refused, with nothing written."""
+    q, k_cache, v_cache, k, v, lengths = setup(device, sq=2, new=2, s_max=32)
+    kv = torch.stack([k_cache, v_cache], 2)  # (B, S_max, 2, Hkv, D)
+    table = None
+    if page is not None:
+        g = torch.Generator(device=device).manual_seed(5)
+        paged, table = paged_copy(kv.flatten(2, 3), page, g)
+        kv = paged.unflatten(2, (2, k_cache.shape[2]))
+    separate = (kv[:, :, 0].clone(), kv[:, :, 1].clone())
+    o = xkernels.attention_with_kvcache(q, kv[:, :, 0], kv[:, :, 1], cache_seqlens=lengths, k=k, v=v,
+                                        block_table=table)
+    want = xkernels.attention_with_kvcache(q, *separate, cache_seqlens=lengths, k=k, v=v, block_table=table)
+    assert torch.equal(o, want)
+    for half, cache in zip((0, 1), separate, strict=True):
+        assert torch.equal(kv[:, :, half].nan_to_num(7.0), cache.nan_to_num(7.0))
+    if page is None:  # the layout-agnostic check, on dense halves one row apart (31 rows each)
+        before, short = kv.clone(), torch.tensor([5, 0, 20], dtype=torch.int32, device=device)
+        with pytest.raises(ValueError, match="v_cache: overlaps k_cache"):
+            xkernels.attention_with_kvcache(q, kv[:, 1:, 0], kv[:, :-1, 0], cache_seqlens=short, k=k, v=v)
+        assert torch.equal(kv, before)

@@ -25,7 +25,6 @@ def test_attention_bad_inputs(qkv, device):
         (dict(q=torch.cat([q, q]), ), ValueError, "batch"),
         (dict(q=q[..., :32], k=k[..., :32], v=v[..., :32]), ValueError, "head dim 32"),
         (dict(k=k[..., :32], v=v[..., :32]), ValueError, "k: head dim"),
-        (dict(k=k[:, :, :0], v=v[:, :, :0]), ValueError, "sequence length is 0"),
         (dict(q="q"), TypeError, "q: expected a torch.Tensor"),
         (dict(precision="fp8"), ValueError, "precision"),
         (dict(precision="bf16"), TypeError, "precision='bf16' needs"),
@@ -53,6 +52,30 @@ def test_attention_empty_gives_empty(device):
     q, k, v = attention_inputs(1, 2, 0, 8, 64, torch.float16, device)
     o, lse = xkernels.attention(q, k, v, return_lse=True)
     assert o.shape == (1, 2, 0, 64) and lse.shape == (1, 2, 0)
+
+
+@pytest.mark.parametrize("sq", [3, 40])  # the split-KV kernel's few rows, the forward kernels' many
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_attention_without_keys(device, sq, with_sinks):
+    """Skv = 0: every row sees no key, so O is 0 and the LSE its sink (or -inf), as SDPA and the varlen op give
+    such a row, into a poisoned `out` too; dQ is 0, dK and dV empty, and a sink's gradient is its rows' dLSE (each
+    row's whole softmax is the sink's)."""
+    q, k, v = attention_inputs(2, 4, sq, 0, 64, torch.bfloat16, device, hkv=2, seed=1)
+    sinks = torch.randn(4, device=device) if with_sinks else None
+    want_lse = (sinks[None, :, None].expand(2, 4, sq) if with_sinks
+                else torch.full((2, 4, sq), float("-inf"), device=device))
+    out = torch.full_like(q, float("nan"))
+    o, lse = xkernels.attention(q, k, v, enable_gqa=True, is_causal=True, sinks=sinks, return_lse=True, out=out)
+    assert o is out and torch.equal(o, torch.zeros_like(q)) and torch.equal(lse, want_lse)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)] + ([sinks.clone().requires_grad_()] if with_sinks else [])
+    o, lse = xkernels.attention(*leaves[:3], enable_gqa=True, sinks=leaves[3] if with_sinks else None,
+                                return_lse=True)
+    grad_lse = torch.randn_like(lse)
+    torch.autograd.backward([o, lse], [torch.randn_like(o), grad_lse if with_sinks else torch.zeros_like(lse)])
+    assert torch.equal(leaves[0].grad, torch.zeros_like(q))
+    assert leaves[1].grad.shape == k.shape and leaves[2].grad.shape == v.shape
+    if with_sinks:
+        torch.testing.assert_close(leaves[3].grad, grad_lse.sum((0, 2)))
 
 
 def test_out_requiring_grad_is_refused(qkv):
@@ -225,3 +248,23 @@ def test_sinks_are_inputs_too(device):
                                                          sinks=sparse)):
         with pytest.raises(ValueError, match="sinks: layout"):
             call()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 12)), min_size=1, max_size=3), st.integers(0, 40),
+       st.integers(0, 40))
+def test_share_elements_never_misses_a_shared_element(dims, off_a, off_b):
+    """Two views of one layout (shape, strides) at element offsets: `_share_elements` may only answer False when no
+    element of one is an element of the other (checked against the sets of element offsets)."""
+    from itertools import product
+
+    from xkernels.validation import _share_elements
+
+    shape, stride = [n for n, _ in dims], [st_ for _, st_ in dims]
+    buf = torch.zeros(512)
+    a, b = buf.as_strided(shape, stride, off_a), buf.as_strided(shape, stride, off_b)
+    offsets = [sum(i * s for i, s in zip(idx, stride, strict=True)) for idx in product(*map(range, shape))]
+    if {off_a + o for o in offsets} & {off_b + o for o in offsets}:
+        assert _share_elements(a, b)
+    kv = torch.zeros(2, 8, 2, 3, 16)
+    assert not _share_elements(kv[:, :, 0], kv[:, :, 1]) and _share_elements(kv[:, 1:, 0], kv[:, :-1, 0])

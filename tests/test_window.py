@@ -228,10 +228,10 @@ def test_opcheck_with_a_window(device):
 
 
 @pytest.mark.parametrize("causal,window", [(False, (-1, 2**31 - 1)), (True, (2**31 - 1, 0)), (False, (3, 2**31 - 5)),
-                                           (True, (2**40, 0))])
+                                           (True, (2**40, 0)), (True, (2**64, 0)), (False, (5, 2**70))])
 def test_windows_longer_than_the_keys_cut_nothing(device, causal, window):
     """A side at least Sq + Skv long is unbounded (as flash_attn makes it): no int32 position wraps, the result and
-    the gradients are those of the window's other side alone."""
+    the gradients are those of the window's other side alone; past int64 too (the ops' schema type)."""
     q, k, v = attention_inputs(1, 2, 40, 40, 64, torch.float16, device, seed=12)
     do = _grad_out(q.shape, device)
     o, lse, grads = _dense(q, k, v, do, causal=causal, window=window)

@@ -81,9 +81,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     an -acc16 variant's that of its base.
     `window_size` (left, right) is FlashAttention's sliding window, aligned as `is_causal` (top-left): query i
     attends keys i - left <= j <= i + right, -1 for an unbounded side; with is_causal, right must be -1 or 0. Rows
-    that see no key (a window past the last key) return 0 and LSE -inf. A window visits only the key tiles inside
-    its band, forward and backward (on Hopper the Gluon kernels' band, elsewhere the portable kernels'); each window
-    value compiles its own kernel variant. `softcap` > 0 soft-caps the scaled scores x to
+    that see no key (a window past the last key, or Skv = 0) return 0 and LSE -inf. A window visits only the key
+    tiles inside its band, forward and backward (on Hopper the Gluon kernels' band, elsewhere the portable
+    kernels'); each window value compiles its own kernel variant. `softcap` > 0 soft-caps the scaled scores x to
     softcap * tanh(x / softcap) (flash_attn's softcap, Gemma 2's attn_logit_softcapping), in the forward and the
     backward (on Hopper the Gluon forward and the portable backward; the portable kernels elsewhere). `sinks`
     (Hq,) float: attention sinks (gpt-oss), one natural-log logit per query head that joins each row's softmax as a

@@ -283,6 +283,23 @@ class PersistentAttention:
                                        qk_scale, *self.tail))
 
 
+def _no_keys(q, k, v, out, *, enable_gqa: bool, precision: str, return_lse: bool, backend: str, is_causal: bool,
+             window: tuple[int, int], softcap: float, sinks):
+    """A call with no key (Skv = 0): every row's O is 0 and its LSE its sink (or -inf), as SDPA and the varlen op
+    give a row that sees no key; checked as any call, with no launch (a TMA descriptor cannot describe an empty
+    tensor)."""
+    select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
+                             is_causal=is_causal, window=window, softcap=softcap, sinks=sinks)
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device) if out is None else out.zero_()
+    lse = None
+    if return_lse:
+        b, hq, sq = q.shape[:3]
+        lse = (torch.full((b, hq, sq), float("-inf"), device=q.device) if sinks is None
+               else sinks.float()[None, :, None].expand(b, hq, sq).contiguous())
+    _record("empty")
+    return out, lse
+
+
 _NOT_DECODE = object()  # a growing-cache key whose call does not take the split-KV kernel: use the full key
 
 
@@ -297,6 +314,9 @@ def attention(q, k, v, out, *, is_causal: bool, scale: float | None, enable_gqa:
         sinks = sinks.contiguous()
     positive = scale is None or scale > 0
     q_shape, k_shape, v_shape = q.shape, k.shape, v.shape
+    if len(k_shape) == 4 and k_shape[2] == 0:
+        return _no_keys(q, k, v, out, enable_gqa=enable_gqa, precision=precision, return_lse=return_lse,
+                        backend=backend, is_causal=is_causal, window=window, softcap=softcap, sinks=sinks)
     if (len(q_shape) == len(k_shape) == len(v_shape) == 4 and q_shape[2] <= DECODE_MAX_SQ and k_shape[2]
             and k.is_contiguous() and v.is_contiguous()):
         # few query rows over contiguous K/V: a key without the key count, so a growing cache keeps its plan

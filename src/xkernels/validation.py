@@ -130,8 +130,6 @@ def check_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torc
             raise ValueError(f"k: {hkv} heads but q has {hq}; pass enable_gqa=True for grouped-query attention")
         if hkv == 0 or hq % hkv:
             raise ValueError(f"k: {hkv} kv heads do not divide q's {hq} heads")
-    if skv == 0 and b * hq * sq > 0:
-        raise ValueError("k: sequence length is 0; softmax over no keys is undefined")
     recipe = resolve_attention_recipe(precision, q.dtype)
     check_out(out, q.shape, q.dtype, q.device)
     return recipe
@@ -224,7 +222,7 @@ def check_softcap(softcap: object) -> float:
 
 def check_window(window: object, is_causal: bool) -> tuple[int, int]:
     """FlashAttention's window_size: (left, right) ints >= -1 (-1: unbounded); causal windows end at the query
-    (right -1 or 0). Returns (left, right) with a causal right of -1 made 0."""
+    (right -1 or 0). Returns (left, right) with a causal right of -1 made 0 and a side of 2^31 - 1 or more -1."""
     if not (isinstance(window, tuple | list) and len(window) == 2
             and all(type(side) is int for side in window)):
         raise TypeError(f"window_size: expected a (left, right) pair of ints, got {window!r}")
@@ -233,6 +231,8 @@ def check_window(window: object, is_causal: bool) -> tuple[int, int]:
         raise ValueError(f"window_size: {tuple(window)} has a side below -1 (-1: unbounded)")
     if is_causal and right > 0:
         raise ValueError(f"window_size: right = {right} with is_causal (a causal window ends at the query: -1 or 0)")
+    # a side past any position the kernels index (int32) cuts no key: unbounded, so it fits the ops' int64 too
+    left, right = (-1 if side >= 2**31 - 1 else side for side in (left, right))
     return left, 0 if is_causal else right
 
 
@@ -420,13 +420,52 @@ def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.numel() > 0 and b.numel() > 0 and _meets(_span(a), _span(b))
 
 
+def _offset_reachable(diff: int, t: torch.Tensor, budget: int = 4096) -> bool:
+    """Whether `diff` elements is the distance between two elements of `t`'s layout: sum(i * stride) over index
+    differences |i| < size. Dims are tried largest stride first, each bounded by what the smaller ones can still
+    reach; a search past `budget` steps answers True (undecided counts as reachable)."""
+    dims = sorted(((st, sz) for st, sz in zip(t.stride(), t.shape, strict=True) if sz > 1), reverse=True)
+    reach = [0] * (len(dims) + 1)
+    for i in range(len(dims) - 1, -1, -1):
+        reach[i] = reach[i + 1] + dims[i][0] * (dims[i][1] - 1)
+    steps = 0
+
+    def found(i: int, rest: int) -> bool:
+        nonlocal steps
+        if i == len(dims):
+            return rest == 0
+        steps += 1
+        if abs(rest) > reach[i] or steps > budget:
+            return steps > budget
+        stride, size = dims[i]
+        lo = max(1 - size, -((reach[i + 1] - rest) // stride))  # ceil((rest - reach) / stride)
+        hi = min(size - 1, (rest + reach[i + 1]) // stride)
+        return any(found(i + 1, rest - j * stride) for j in range(lo, hi + 1))
+
+    return found(0, diff)
+
+
+def _share_elements(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two tensors may share memory: their address ranges meet and, where both have one layout (shape,
+    strides, element size) that gives each element its own address and lie whole elements apart, an element of one
+    is an element of the other (the interleaved halves kv[:, :, 0] and kv[:, :, 1] of one buffer share none)."""
+    if not _overlap(a, b):
+        return False
+    size = a.element_size()
+    if (a.shape != b.shape or a.stride() != b.stride() or b.element_size() != size or self_overlaps(a)
+            or (b.data_ptr() - a.data_ptr()) % size):
+        return True
+    return _offset_reachable((b.data_ptr() - a.data_ptr()) // size, a)
+
+
 _CHECKED_CACHES: dict = {}  # (address, shape, strides, element size) of a checked cache pair -> their spans
 
 
 def check_cache_writes(k_cache: torch.Tensor, v_cache: torch.Tensor, others: dict[str, torch.Tensor | None]) -> None:
     """An append writes k_cache and v_cache in place: each must give every element its own memory (not an
-    expanded view), they must not share memory, and no other argument (the new k and v, q, the lengths, the block
-    table) may lie in their memory, which the append would overwrite before, or while, it is read. The pair's own
+    expanded view), they must not share an element (interleaved views of one buffer may be given), and no other
+    argument (the new k and v, q, the lengths, the block table) may lie in their memory, which the append would
+    overwrite before, or while, it is read. The pair's own
     checks depend only on its addresses and layouts, so a decoding loop's caches are checked once (keyed by
     numbers: no tensor is kept)."""
     key = (k_cache.data_ptr(), k_cache.shape, k_cache.stride(), v_cache.data_ptr(), v_cache.shape, v_cache.stride(),
@@ -437,7 +476,7 @@ def check_cache_writes(k_cache: torch.Tensor, v_cache: torch.Tensor, others: dic
             if self_overlaps(cache):
                 raise ValueError(f"{name}: several of its elements share memory (an expanded or overlapping view); "
                                  "appending k and v writes it in place")
-        if _overlap(k_cache, v_cache):
+        if _share_elements(k_cache, v_cache):
             raise ValueError("v_cache: overlaps k_cache's memory; appending k and v writes both in place")
         spans = (_span(k_cache), _span(v_cache)) if k_cache.numel() and v_cache.numel() else ()
         if len(_CHECKED_CACHES) >= 64:
