@@ -389,3 +389,32 @@ def test_jit_trace_records_the_ops_and_negative_views_are_read_as_values(device)
     assert negative.is_neg()
     want = xkernels.attention(q, -k, v, enable_gqa=True)
     assert torch.equal(xkernels.attention(q, negative, v, enable_gqa=True), want)
+
+
+@pytest.mark.parametrize("a_shape,b_shape", [((40,), (40, 24)), ((40,), (2, 40, 24)), ((3, 40), (40,)),
+                                             ((2, 3, 40), (40,)), ((40,), (40,))])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_matmul_vectors_as_torch_matmul(device, a_shape, b_shape, b_layout):
+    """1-D operands as torch.matmul takes them (a a row, b a column, the added dims dropped; both: a 0-d dot
+    product), into a poisoned `out` of that shape too, with gradients against float64 autograd."""
+    from xkernels.testing import compare_gemm
+
+    g = torch.Generator().manual_seed(len(a_shape) * 7 + len(b_shape))
+    a = (torch.rand(a_shape, generator=g) - 0.5).half().to(device)
+    b = (torch.rand(b_shape, generator=g) - 0.5).half().to(device)
+    stored = b if b_layout == "kn" or b.dim() == 1 else b.mT.contiguous()  # "nk": (..., N, K) storage
+    want = torch.matmul(a.double(), b.double())
+    c = xkernels.matmul(a, stored, b_layout=b_layout)
+    assert c.shape == want.shape and c.dtype == a.dtype
+    assert compare_gemm(c.reshape(-1, 1).float(), want.reshape(-1, 1), 40).passed
+    out = poisoned_like(c)
+    assert xkernels.matmul(a, stored, b_layout=b_layout, out=out) is out and torch.equal(out, c)
+    leaves = [t.clone().requires_grad_() for t in (a, stored)]
+    dc = torch.randn(want.shape, generator=g).half().to(device)
+    xkernels.matmul(*leaves, b_layout=b_layout).backward(dc)
+    exact = [t.double().requires_grad_() for t in (a, b)]
+    torch.matmul(*exact).backward(dc.double())
+    want_db = exact[1].grad if b_layout == "kn" or b.dim() == 1 else exact[1].grad.mT
+    for got, ref in ((leaves[0].grad, exact[0].grad), (leaves[1].grad, want_db)):
+        assert got.shape == ref.shape
+        assert compare_gemm(got.reshape(-1, 1).float(), ref.reshape(-1, 1), 24).passed

@@ -278,9 +278,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
 
     a (..., M, K); b (..., K, N) for b_layout "kn", or (..., N, K) for "nk" (computes a @ b^T without a transpose
     copy); a column-major "kn" b, such as `weight.T` of a row-major weight, is read in place as "nk". Batch dims
-    broadcast. `walk` sets the output-tile order: "row", "grouped", "zorder"; "auto" (the default) is "grouped", or
-    for one 2-D problem of at most 32 rows the few-row kernel (K split over the SMs where the weight's columns do
-    not fill them; no tile order to choose).
+    broadcast; a 1-D a or b is a vector, as in torch.matmul (its dim dropped from the result). `walk` sets the
+    output-tile order: "row", "grouped", "zorder"; "auto" (the default) is "grouped", or for one 2-D problem of at
+    most 32 rows the few-row kernel (K split over the SMs where the weight's columns do not fill them; no tile order
+    to choose).
     `out_dtype` defaults to the input dtype (fp16, bf16 or fp32 allowed). `backend` as for `attention`.
     Differentiable in a and b (not with `out`): the backward is two more matmuls in the inputs' dtype (dC rounded to
     it when `out_dtype` is wider), batch broadcasts summed in fp32.
@@ -296,6 +297,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
+    vector_a, vector_b = a.dim() == 1, b.dim() == 1
+    if vector_a or vector_b:  # torch.matmul's vectors: a row (1, K) of a, a column of b ((1, K) read as "nk")
+        return _vector_matmul(a, b, vector_a, vector_b, b_layout=b_layout, walk=walk, out_dtype=out_dtype, out=out,
+                              backend=backend)
     if b_layout == "kn" and b.dim() >= 2 and b.stride(-2) == 1:  # (a row-major b fails the first stride test)
         b, b_layout = _column_major_as_nk(a, b)
     if out is None:
@@ -307,3 +312,22 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
     _out(out)
     ops.matmul_out_op(a, b, out, b_layout, walk, out_dtype, backend)
     return out
+
+
+def _vector_matmul(a: torch.Tensor, b: torch.Tensor, vector_a: bool, vector_b: bool, **kwargs) -> torch.Tensor:
+    """torch.matmul's 1-D operands: a vector a is the row (1, K), a vector b the column (K, 1) (whatever b_layout
+    says: passed as the "nk" row (1, K)); the product drops the dims they added (both: a 0-d dot product). `out`, of
+    the dropped shape, receives it through a view with those dims."""
+    if vector_a:
+        a = a.unsqueeze(0)
+    if vector_b:
+        b, kwargs["b_layout"] = b.unsqueeze(0), "nk"
+    out = kwargs.pop("out")
+    if out is not None and isinstance(out, torch.Tensor):
+        view = out.reshape(1, 1) if vector_a and vector_b else out.unsqueeze(-1) if vector_b else out.unsqueeze(-2)
+        matmul(a, b, out=view, **kwargs)
+        return out
+    c = matmul(a, b, **kwargs)
+    if vector_a and vector_b:
+        return c.reshape(())
+    return c.squeeze(-1) if vector_b else c.squeeze(-2)
