@@ -11,12 +11,17 @@ calls cycling through weights that span 4x the L2 (`bench.timing.rotation_count`
 Every program of a column block reads all of A's rows for its K range, so A's traffic is (N / BLOCK_N) * M * K * 2
 bytes: at 32 rows and BLOCK_N 32 as much as the weight's. Wider column blocks cut it, at the price of a K split.
 
-    python scripts/skinny_l2_ab.py --json skinny_l2.json [--md skinny_l2.md] [--ms 1 16 32]
+With --swap the candidates are the target's shipped few-row configs of 64 columns or more, split by their rule and
+unsplit, each beside its `swap` twin (the weight's tile as the product's first operand: a wgmma with the rows as
+its N side, where the rows-first product is an mma.sync).
+
+    python scripts/skinny_l2_ab.py --json skinny_l2.json [--md skinny_l2.md] [--ms 1 16 32] [--swap]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 
@@ -44,6 +49,16 @@ CANDIDATES = [  # (config, split K by its rule)
     (SkinnyGemmConfig(256, 64, 4, 4, programs_per_sm=1), True),
     (SkinnyGemmConfig(256, 128, 8, 3, programs_per_sm=1), True),
 ]
+
+
+def swap_candidates(target) -> list[tuple[SkinnyGemmConfig, bool]]:
+    """--swap: each shipped few-row config of the target with at least 64 columns (wgmma's smallest M), split by
+    its rule and unsplit, then its `swap` twin."""
+    table = configs.table_for(target)
+    shipped = [c for c in (table.skinny, table.skinny_rows, table.skinny_wide_rows) if c is not None
+               and c.block_n >= 64]
+    return [(c, split) for base in shipped for split in (True, False)
+            for c in (base, dataclasses.replace(base, swap=True))]
 
 
 def launcher(a, bs, out, cfg: SkinnyGemmConfig, sms: int, split: bool):
@@ -92,6 +107,7 @@ def setup() -> tuple[argparse.Namespace, int, object, dict]:
     ap.add_argument("--md")
     ap.add_argument("--ms", type=int, nargs="+", default=[1, 16, 32])
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--swap", action="store_true", help="the shipped configs beside their `swap` twins")
     sms = sm_count(0)
     return ap.parse_args(), sms, _target(torch.device("cuda")), {"device": torch.cuda.get_device_name(), "sms": sms,
                                                                  "rows": []}
@@ -99,6 +115,7 @@ def setup() -> tuple[argparse.Namespace, int, object, dict]:
 
 def main() -> None:
     args, sms, target, res = setup()
+    candidates = swap_candidates(target) if args.swap else CANDIDATES
     for n, k in SHAPES:
         ws = [(torch.rand(n, k, device="cuda") - 0.5).bfloat16() for _ in range(rotation_count(n * k * 2))]
         for m in args.ms:
@@ -111,7 +128,7 @@ def main() -> None:
                 cyc_t, cyc_x = itertools.cycle(bs), itertools.cycle(bs)
                 fns = {"torch": lambda a=a, c=cyc_t: a @ next(c).T,
                        "xkernels": lambda a=a, c=cyc_x: xkernels.matmul(a, next(c).T)}
-                for cfg, split in CANDIDATES:
+                for cfg, split in candidates:
                     name = f"{cfg}{' split' if split else ''}"
                     call = checked(a, bs, want, cfg, sms, split, row, name)
                     if call is not None:
@@ -126,7 +143,7 @@ def main() -> None:
             res["rows"].append(row)
             json.dump(res, open(args.json, "w"), indent=1)
     if args.md:
-        cols = ["xkernels"] + [f"{c}{' split' if s else ''}" for c, s in CANDIDATES]
+        cols = ["xkernels"] + [f"{c}{' split' if s else ''}" for c, s in candidates]
         with open(args.md, "w") as f:
             f.write(f"# few-row GEMM candidates, weight in L2 / from HBM, on {res['device']} (CUDA-graph replay, "
                     "torch time / ours)\n\nEach cell: weight in L2 / weights rotated through 4x the L2.\n\n")

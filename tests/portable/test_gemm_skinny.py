@@ -1,6 +1,7 @@
 """The few-row GEMM (`gemm_skinny`): float64 references with one and several K slices, the selection boundary, bitwise
 repeatability, and the same checks failing on a broken slice sum."""
 
+import math
 import re
 
 import pytest
@@ -60,16 +61,42 @@ def test_selection_boundary(device):
     assert "skinny" in xkernels.last_backend()
 
 
-def _launch_raw(a, b, out, *, slices, k_slice, arrivals):
-    cfg = configs.skinny_gemm_config()
+def _launch_raw(a, b, out, *, slices, k_slice, arrivals, cfg=None, b_layout="kn"):
+    cfg = cfg or configs.skinny_gemm_config()
     m, k = a.shape
-    n = b.shape[1]
+    n = b.shape[0] if b_layout == "nk" else b.shape[1]
     partials = torch.full((slices, m, n), float("nan"), dtype=torch.float32, device=a.device)
     grid = -(-n // cfg.block_n) * slices
     launch.generic_launch(gemm_skinny.skinny_gemm_kernel, grid,
                           (a, b, out, partials, arrivals, m, n, k, a.stride(0), b.stride(0), out.stride(0), k_slice),
-                          cfg.constexprs(gemm_skinny.block_m(m), slices, "kn"), cfg.options())
+                          cfg.constexprs(gemm_skinny.block_m(m), slices, b_layout), cfg.options())
     return out
+
+
+# (16-byte row strides: the raw launch takes the kernel's descriptor loads, which the plans give aligned layouts)
+@pytest.mark.parametrize("m,n,k,slices", [(1, 64, 96, 1), (5, 104, 200, 3), (16, 64, 40, 1), (29, 96, 136, 2),
+                                          (32, 40, 64, 2)])
+@pytest.mark.parametrize("b_layout", ["kn", "nk"])
+def test_swapped_operands_match_float64(device, b_layout, m, n, k, slices):
+    """`swap` (the weight's tile as the product's first operand, C^T = B^T A^T, transposed back before the store):
+    within the GEMM bounds of float64, with one and several K slices (the slice sum reads the transposed-back
+    partials), tails in every dim, both B layouts; a broken transpose (the rows' tile read as columns) fails."""
+    import dataclasses
+
+    base = configs.skinny_gemm_config()
+    cfg = dataclasses.replace(base, swap=True)
+    assert str(cfg) == f"{base}-T" and cfg.constexprs(16, 1, "nk")["SWAP"]
+    a, b = gemm_inputs(m, n, k, torch.bfloat16, device, b_layout, seed=m * n + k)
+    want = reference_matmul(a, b, b_layout)
+    steps = math.ceil(math.ceil(k / cfg.block_k) / slices)  # k-steps per slice; no slice left empty
+    slices, k_slice = math.ceil(math.ceil(k / cfg.block_k) / steps), steps * cfg.block_k
+    zeros = torch.zeros(-(-n // cfg.block_n), dtype=torch.int32, device=device)
+    c = _launch_raw(a, b, poisoned_like(a, shape=(m, n)), slices=slices, k_slice=k_slice, arrivals=zeros.clone(),
+                    cfg=cfg, b_layout=b_layout)
+    r = compare_gemm(c, want, k)
+    assert r.passed, r
+    if m > 1:
+        assert not compare_gemm(c.flip(0), want, k).passed
 
 
 def test_checks_fail_on_a_broken_slice_sum(device):

@@ -65,7 +65,8 @@ def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
     """The few-row GEMM, bf16, at 1 and 32 rows (16- and 32-row tiles), one K slice and several (the arrival
     counter and the ordered sum), both B layouts; and the target's configs for more rows (`skinny_rows`,
     `skinny_wide_rows`) at 9 and 32.
-    On sm_90 a 16-row tile takes mma.sync (wgmma needs 64 rows)."""
+    On sm_90 a 16-row tile takes mma.sync (wgmma needs 64 rows); with `swap` (opt-in, compiled for sm_90's
+    configs of 64 columns or more) the weight's columns are the product's rows, and a wgmma takes it."""
     from xkernels.portable import configs, gemm_skinny
     from xkernels.portable.configs import skinny_gemm_config, table_for
 
@@ -76,10 +77,13 @@ def _gemm_skinny_configs(target: Target) -> Iterator[KernelConfig]:
     # program compiled here for 9 rows)
     table = table_for(target)
     more = [c for c in (table.skinny_rows, table.skinny_wide_rows) if c is not None]
-    for cfg, m in [(skinny_gemm_config(target, interpret=False), m) for m in (1, configs.SKINNY_MAX_M)] + [
-            (rows, m) for rows in more for m in (configs.SKINNY_FEW_ROWS + 1, configs.SKINNY_MAX_M)]:
+    variants = [(skinny_gemm_config(target, interpret=False), m) for m in (1, configs.SKINNY_MAX_M)] + [
+        (rows, m) for rows in more for m in (configs.SKINNY_FEW_ROWS + 1, configs.SKINNY_MAX_M)]
+    if target.name == "sm_90":
+        variants += [(dataclasses.replace(cfg, swap=True), m) for cfg, m in variants if cfg.block_n >= 64]
+    for cfg, m in variants:
         bm = gemm_skinny.block_m(m)
-        matrix = "HMMA" if target.name == "sm_90" and bm < 64 else "target"
+        matrix = "HMMA" if target.name == "sm_90" and bm < 64 and not cfg.swap else "target"
         for slices in (1, 4):
             for lay in ("kn", "nk"):
                 yield KernelConfig(f"portable.gemm bf16 {lay} M{m} slices{slices} {cfg}",

@@ -158,10 +158,14 @@ class SkinnyGemmConfig:
     programs_per_sm: int = 2
     min_k_steps: int = 4
     max_slices: int = 16
+    # the weight's tile as the product's first operand (C^T = B^T A^T): on sm_90, with BLOCK_N a multiple of 64, a
+    # wgmma reads it from shared memory, the rows as its N side (16-32), where the rows-first product is an mma.sync
+    # of 16-32 rows whose warps each load the weight columns they need into registers
+    swap: bool = False
 
     def constexprs(self, block_m: int, slices: int, b_layout: str, interpret: bool = INTERPRET) -> dict[str, object]:
         return dict(BLOCK_M=block_m, BLOCK_N=self.block_n, BLOCK_K=self.block_k, SLICES=slices,
-                    B_NK=b_layout == "nk", DESCRIPTORS=TENSOR_DESCRIPTORS, INTERPRET=interpret)
+                    B_NK=b_layout == "nk", DESCRIPTORS=TENSOR_DESCRIPTORS, INTERPRET=interpret, SWAP=self.swap)
 
     def options(self) -> dict[str, int]:
         return dict(num_warps=self.num_warps, num_stages=self.num_stages)
@@ -176,7 +180,7 @@ class SkinnyGemmConfig:
         return int(max(1, min(fit, most, self.max_slices)))
 
     def __str__(self) -> str:
-        return f"skinny-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}"
+        return f"skinny-BN{self.block_n}-BK{self.block_k}-W{self.num_warps}-S{self.num_stages}{'-T' * self.swap}"
 
 
 # Calls with at most this many rows (after folding a's batch) run `gemm_skinny` (decode-time linear layers). Timed on

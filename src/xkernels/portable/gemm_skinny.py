@@ -27,7 +27,8 @@ from xkernels.portable.tiles import load_tile, store_tile
 @triton.jit
 def skinny_gemm_kernel(A, B, C, PARTIALS, ARRIVALS, M, N, K, a_sm, b_s0, c_sm, k_slice,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SLICES: tl.constexpr,
-                       B_NK: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr):
+                       B_NK: tl.constexpr, DESCRIPTORS: tl.constexpr, INTERPRET: tl.constexpr,
+                       SWAP: tl.constexpr = False):
     # the slices of one column block are adjacent programs: they run together and share A's rows in L2
     tile_n = tl.program_id(0) // SLICES
     part = tl.program_id(0) % SLICES
@@ -40,7 +41,10 @@ def skinny_gemm_kernel(A, B, C, PARTIALS, ARRIVALS, M, N, K, a_sm, b_s0, c_sm, k
             b_desc = tiles.make_tensor_descriptor(B, shape=[N, K], strides=[b_s0, 1], block_shape=[BLOCK_N, BLOCK_K])
         else:
             b_desc = tiles.make_tensor_descriptor(B, shape=[K, N], strides=[b_s0, 1], block_shape=[BLOCK_K, BLOCK_N])
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if SWAP:  # C^T = B^T A^T: the weight's columns are the product's rows
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     for k in tl.range(k_lo, k_hi, BLOCK_K):
         # slices end on BLOCK_K multiples (the last at K, where the bounds give zeros): no step crosses a slice's end
         if DESCRIPTORS:
@@ -55,7 +59,12 @@ def skinny_gemm_kernel(A, B, C, PARTIALS, ARRIVALS, M, N, K, a_sm, b_s0, c_sm, k
                 b = tl.trans(load_tile(B, off_n, k, N, K, b_s0, BLOCK_N, BLOCK_K))
             else:
                 b = load_tile(B, k, off_n, K, N, b_s0, BLOCK_K, BLOCK_N)
-        acc = mma(a, b, acc, INTERPRET)
+        if SWAP:
+            acc = mma(tl.trans(b), tl.trans(a), acc, INTERPRET)
+        else:
+            acc = mma(a, b, acc, INTERPRET)
+    if SWAP:
+        acc = tl.trans(acc)
     if SLICES == 1:
         store_tile(C, 0, off_n, M, N, c_sm, acc.to(C.dtype.element_ty), BLOCK_M, BLOCK_N)
     else:
