@@ -7,7 +7,8 @@ Every variant's dQ, dK and dV are first checked against float64 autograd on smal
 Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind a GPU-side sleep), cuDNN's and
 every variant's in three interleaved rounds (`time_rounds`), median of the pooled 30 runs.
 
-    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3] [--mask-split | --even-keys]
+    python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3]
+                             [--mask-split | --even-keys | --rotate]
 
 --even-keys: the shipped configs as shipped and with `even_keys` ("... -ek": dense full rows over whole key blocks
 walk one unmasked loop); causal rows run the same program both ways.
@@ -108,6 +109,15 @@ def even_keys_variants(d: int, portable_cfg) -> dict:
     return out
 
 
+def rotate_variants(d: int, portable_cfg) -> dict:
+    """The fused backward config as shipped and with `rotate` ("-rot": each key block's query walk starts at its own
+    block, so a head's programs reduce dQ into different rows at a time; dense full rows only), and the split pair
+    as a control."""
+    hb = select.hopper_backward(d, portable_cfg, fused_dq=True)
+    return {"split": select.hopper_backward(d, portable_cfg), "fused": hb,
+            "fused -rot": dataclasses.replace(hb, dkdv=dataclasses.replace(hb.dkdv, rotate=1))}
+
+
 def run(q, k, v, do, o, lse, cfg, causal, portable_cfg, poison=False):
     """The backward into fresh gradient buffers (NaN-filled for the checks, so a row a kernel skips fails; left
     uninitialized when timed, so no fill is counted against our kernels that cuDNN's do not pay)."""
@@ -151,10 +161,13 @@ def main() -> None:
                     "(`mask_split_variants`) in place of the tile variants")
     ap.add_argument("--even-keys", action="store_true", help="the shipped configs with and without EVEN_KEYS "
                     "(`even_keys_variants`) in place of the tile variants")
+    ap.add_argument("--rotate", action="store_true", help="the fused config with and without `rotate` "
+                    "(`rotate_variants`) in place of the tile variants")
     args = ap.parse_args()
 
     def chosen(d, pcfg) -> dict:
-        pick = mask_split_variants if args.mask_split else even_keys_variants if args.even_keys else variants
+        pick = (mask_split_variants if args.mask_split else even_keys_variants if args.even_keys
+                else rotate_variants if args.rotate else variants)
         every = pick(d, pcfg)
         return {n: c for n, c in every.items() if not (args.skip and args.skip in n)}
 

@@ -233,3 +233,31 @@ def test_even_keys_matches_float64_and_the_masked_walk(d, fused, sq, skv):
         masked = [torch.full_like(t, float("nan")) for t in (q, k, v)]
         backward._hopper(q, k, v, o, lse, do, *masked, None, is_causal=False, scale=d ** -0.5, cfg=base)
         assert all(torch.equal(a, b) for a, b in zip(grads, masked, strict=True))
+
+
+@pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (False, 300, 1000), (False, 1000, 130),
+                                           (False, 64, 256), (True, 1000, 1000)])  # causal: ROTATE is off there
+def test_rotate_matches_float64(causal, sq, skv):
+    """`rotate` (opt-in): the fused D128 kernel's dense full walk starts each key block's query walk at its own
+    block and wraps. Every gradient within bf16's bounds against float64 from NaN-poisoned buffers, with a query
+    tail wherever the rotation puts it, more query blocks than key blocks and fewer, GQA and dLSE; a walk that
+    skipped or repeated a query block fails dQ (and dK, dV)."""
+    import xkernels
+
+    d, dtype = 128, torch.bfloat16
+    q, k, v = attention_inputs(2, 8, sq, skv, d, dtype, "cuda", hkv=2, seed=sq + 3 * skv)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    do = (torch.rand(q.shape, generator=g, device="cuda") - 0.5).to(dtype)
+    dlse = (torch.rand(q.shape[:3], generator=g, device="cuda") - 0.5).float()
+    o, lse = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, return_lse=True)
+    _, choice = select.resolve_attention_backward(do, q, k, v, o, lse, dlse, enable_gqa=True, precision="auto",
+                                                  backend="auto")
+    base = select.hopper_backward(d, choice.config.portable, fused_dq=True)
+    cfg = dataclasses.replace(base, dkdv=dataclasses.replace(base.dkdv, rotate=1))
+    assert cfg.dkdv.constexprs(d, causal=causal)["ROTATE"] is (not causal)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    backward._hopper(q, k, v, o, lse, do, *grads, dlse, is_causal=causal, scale=d ** -0.5, cfg=cfg)
+    refs = reference_attention_grads(q, k, v, do, is_causal=causal, grad_lse=dlse)
+    for grad, ref in zip(grads, refs, strict=True):
+        c = compare_grad(grad, ref, ATTENTION_RECIPES["bf16"])
+        assert c.passed, c.reason

@@ -261,6 +261,24 @@ def test_gemm_row_split_checks():
         dataclasses.replace(rows3, stages=5).check(torch.bfloat16)
 
 
+def test_rotate_reaches_only_the_fused_dense_full_walk():
+    """`rotate` (opt-in) turns ROTATE on only where the fused kernel walks a dense full mask in one loop: not causal,
+    windowed, packed, split-walk (mask_split), split_d, even_keys or unfused configs."""
+    from xkernels.common.seqlen import Band
+    from xkernels.hopper.configs import ATTENTION_BWD_CONFIGS, FUSED_BWD_CONFIGS
+
+    rot = dataclasses.replace(FUSED_BWD_CONFIGS[128], rotate=1)
+    assert str(rot).endswith("-rot") and rot.constexprs(128, causal=False)["ROTATE"]
+    assert not FUSED_BWD_CONFIGS[128].constexprs(128, causal=False)["ROTATE"]
+    for off in (rot.constexprs(128, causal=True), rot.constexprs(128, causal=False, varlen=True),
+                rot.constexprs(128, causal=False, band=Band.of(False, (100, 60))),
+                dataclasses.replace(rot, mask_split=1).constexprs(128, causal=False),
+                dataclasses.replace(rot, even_keys=1).constexprs(128, causal=False, whole_key_blocks=True),
+                dataclasses.replace(rot, fused_dq=0).constexprs(128, causal=False),
+                dataclasses.replace(ATTENTION_BWD_CONFIGS[256], rotate=1).constexprs(256, causal=False)):
+        assert not off["ROTATE"]
+
+
 def test_persistent_walk_head_chunks():
     """The L2-chunk walk's (`walk=0`) head chunk: query heads whose K/V fit the L2 budget together, whole GQA groups,
     at least one group. The budget follows the shape (8 MiB for full MHA at D128, else 32) unless the config names

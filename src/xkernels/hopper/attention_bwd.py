@@ -75,9 +75,30 @@ LOG2E = gl.constexpr(1.4426950408889634)
 
 
 @gluon.jit
+def _rotation(lo, q_end, start_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """ROTATE: (the walk's first query block's offset from lo, the walk's span): key block n starts its walk n
+    blocks after lo (modulo the walk's length), so the programs of a head, walking together, reduce their dQ
+    partials into different rows at any one time rather than all into the same ones."""
+    n_q = gl.maximum(gl.cdiv(q_end - lo, BLOCK_M), 1)
+    return ((start_n // BLOCK_N) % n_q) * BLOCK_M, n_q * BLOCK_M
+
+
+@gluon.jit
+def _rotated(step, lo, rot, span, ROTATE: gl.constexpr):
+    """The query block of walk step `step` (lo, lo + BLOCK_M, ...): itself, or with ROTATE moved on by `rot` and
+    wrapped within the walk's span."""
+    start = step
+    if ROTATE:
+        start = step + rot
+        if start >= lo + span:
+            start = start - span
+    return start
+
+
+@gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b, hk,
               bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM: gl.constexpr,
-              BLOCK_M: gl.constexpr, VARLEN: gl.constexpr):
+              BLOCK_M: gl.constexpr, VARLEN: gl.constexpr, ROTATE: gl.constexpr):
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
     if VARLEN:  # packed (total, H * D) views: the sequence's rows, the kv head's columns
         kv_at = [(k0 + start_n).to(gl.int32), (hk * HEAD_DIM).to(gl.int32)]
@@ -87,6 +108,7 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
     tma.async_load(v_desc, kv_at, kv_ready, v_buf)
     rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     offs = gl.arange(0, BLOCK_M, rows_layout)
+    rot, span = _rotation(lo, q_end, start_n, BLOCK_M, k_desc.block_type.shape[0])
     it = 0
     for g in range(GROUP):
         h = hk * GROUP + g
@@ -98,7 +120,8 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
             stats_row0 = (b * HQ + h) * SQ  # (B, Hq, Sq), and Q's and dO's flat rows
             q_row0 = stats_row0
             q_col = 0
-        for start_m in range(lo, q_end, BLOCK_M):
+        for step in range(lo, q_end, BLOCK_M):
+            start_m = _rotated(step, lo, rot, span, ROTATE)
             s = qdo.acquire(it)
             mbarrier.expect(qdo.ready.index(s), 2 * q_desc.block_type.nbytes)
             tma.async_load(q_desc, [(q_row0 + start_m).to(gl.int32), q_col], qdo.ready.index(s), qdo.bufs.index(s))
@@ -297,7 +320,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
               dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
               scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
               SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr, MASK_SPLIT: gl.constexpr,
-              UNMASKED: gl.constexpr):
+              UNMASKED: gl.constexpr, ROTATE: gl.constexpr):
     HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
     COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
     s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
@@ -324,10 +347,12 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
         k_a = k_w
         v_a = v_w
     mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT, UNMASKED)
+    rot, span = _rotation(lo, q_end, start_n, BLOCK_M, 2 * WG_KEYS)  # (ROTATE: a dense full walk, no split)
     it = 0
     for _g in range(GROUP):
         if not UNMASKED:  # (UNMASKED: no masked loop compiled at all)
-            for start_m in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all: MASK_SPLIT=0)
+            for step in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all: MASK_SPLIT=0)
+                start_m = _rotated(step, lo, rot, span, ROTATE)
                 dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
                                      keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
                                      FUSED_DQ, SPLIT_D, BAND, True)
@@ -349,8 +374,8 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
 
 
 @gluon.jit
-def _dq_writer(dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
-               FUSED_DQ: gl.constexpr):
+def _dq_writer(dq_desc, dq0, dq1, b, hk, start_n, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.constexpr,
+               BLOCK_M: gl.constexpr, FUSED_DQ: gl.constexpr, ROTATE: gl.constexpr):
     """FUSED_DQ's dQ writer (1 warp): per step, each consumer's fp32 partial [BLOCK_M, D / 2] (FUSED_DQ = 3: the
     step's one [BLOCK_M, D] partial, from the consumer whose turn it was) goes from its `dq` slot into the fp32
     buffer by a TMA reduce-add, and the slot is handed back once the reduce has read it, so the consumers never wait
@@ -358,11 +383,12 @@ def _dq_writer(dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.
     step it, `store_wait(2)` leaves only that one and the other consumer's of step it - 1 pending, so w's reduce
     of step it - 1 has read its slot."""
     HALF: gl.constexpr = HEAD_DIM // 2
+    rot, span = _rotation(lo, q_end, start_n, BLOCK_M, 2 * WG_KEYS)
     it = 0
     for g in range(GROUP):
         row0 = (b * HQ + hk * GROUP + g) * SQ
-        for start_m in range(lo, q_end, BLOCK_M):
-            at = (row0 + start_m).to(gl.int32)
+        for step in range(lo, q_end, BLOCK_M):
+            at = (row0 + _rotated(step, lo, rot, span, ROTATE)).to(gl.int32)
             if FUSED_DQ == 3:
                 _write_turn(dq_desc, at, dq0, dq1, it)
             else:
@@ -407,7 +433,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
                           KV_REGS: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr,
-                          MASK_SPLIT: gl.constexpr = False, EVEN_KEYS: gl.constexpr = False):
+                          MASK_SPLIT: gl.constexpr = False, EVEN_KEYS: gl.constexpr = False,
+                          ROTATE: gl.constexpr = False):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
@@ -417,6 +444,9 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.static_assert((FUSED_DQ != 3) or (HEAD_DIM == 64), "FUSED_DQ = 3: a [BLOCK_M, D] fp32 dQ fits beside dK and dV "
                      "at D64 only")
     gl.static_assert(not (EVEN_KEYS and VARLEN), "EVEN_KEYS: a dense call's key count")
+    gl.static_assert(not ROTATE or (FUSED_DQ and not CAUSAL and BAND < 0 and not MASK_SPLIT and not VARLEN
+                                    and not SPLIT_D and not EVEN_KEYS), "ROTATE: the fused kernel's dense full walk, "
+                     "one masked loop")
     # dense full rows over whole key blocks: no key past SKV, no causal or window side in any step
     UNMASKED: gl.constexpr = EVEN_KEYS and (not CAUSAL) and BAND < 0
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
@@ -466,29 +496,30 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
                          qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED)),
+                         UNMASKED, ROTATE)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
                          qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED)),
+                         UNMASKED, ROTATE)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
-                         VARLEN)),
-            (_dq_writer, (dq_desc, dq0, dq1, b, hk, lo, q_end, HQ, GROUP, SQ, HEAD_DIM, BLOCK_M, FUSED_DQ)),
+                         VARLEN, ROTATE)),
+            (_dq_writer, (dq_desc, dq0, dq1, b, hk, start_n, lo, q_end, HQ, GROUP, SQ, HEAD_DIM, BLOCK_M, FUSED_DQ,
+                          ROTATE)),
         ], [4, 1, 1], [240, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
                          qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED)),
+                         UNMASKED, ROTATE)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
                          dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
                          qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED)),
+                         UNMASKED, ROTATE)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
-                         VARLEN)),
+                         VARLEN, ROTATE)),
         ], [4, 1], [240, PRODUCER_REGS])
 
 

@@ -220,6 +220,10 @@ class HopperAttentionBwdConfig:
     # masked (EVEN_KEYS); opt-in until measured (`scripts/bwd_ab.py --even-keys`): D128's fused kernel with its
     # unmasked steps in a second loop measured 5 % slower on full rows (spilling; this one loop does not)
     even_keys: int = 0
+    # the fused kernel's dense full walk (one loop) starts each key block's query walk at its own block index, so a
+    # head's programs reduce dQ into different rows at a time (ROTATE); opt-in until measured
+    # (`scripts/bwd_ab.py --rotate`)
+    rotate: int = 0
 
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, band: Band | None = None,
                    whole_key_blocks: bool = False) -> dict[str, object]:
@@ -227,15 +231,18 @@ class HopperAttentionBwdConfig:
         BLOCK_N (with `even_keys` and a full mask, EVEN_KEYS: no step needs the mask)."""
         mask = band_constexprs(band, causal)
         full = not mask["CAUSAL"] and mask["BAND"] < 0  # (a causal or windowed walk ignores it: not compiled twice)
+        even = bool(self.even_keys) and whole_key_blocks and full and not varlen
         return dict(HEAD_DIM=head_dim, BLOCK_M=self.block_m, BLOCK_N=self.block_n, STAGES=self.stages,
                     FUSED_DQ=self.fused_dq, SPLIT_D=self.split_d, KV_REGS=bool(self.kv_regs),
                     MASK_SPLIT=bool(self.mask_split), VARLEN=varlen,
-                    EVEN_KEYS=bool(self.even_keys) and whole_key_blocks and full and not varlen) | mask
+                    EVEN_KEYS=even,
+                    ROTATE=bool(self.rotate) and bool(self.fused_dq) and full and not self.mask_split and not varlen
+                    and not self.split_d and not even) | mask
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq)
                 + (f"-sd{self.split_d}" if self.split_d else "") + "-kvr" * bool(self.kv_regs)
-                + "-ms" * bool(self.mask_split) + "-ek" * bool(self.even_keys))
+                + "-ms" * bool(self.mask_split) + "-ek" * bool(self.even_keys) + "-rot" * bool(self.rotate))
 
 
 # D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns over

@@ -225,7 +225,10 @@ def hopper_configs() -> Iterator[KernelConfig]:
                              (dataclasses.replace(bc, fused_dq=3, kv_regs=1), fused_types([bc.block_m, d]))]
             if d in FUSED_BWD_CONFIGS:  # the shipped fused-dQ config, whatever the lines above derived
                 fused_default = FUSED_BWD_CONFIGS[d]
-                variants += [(fused_default, fused_types([bc.block_m, d if fused_default.fused_dq == 3 else d // 2]))]
+                fused_box = fused_types([bc.block_m, d if fused_default.fused_dq == 3 else d // 2])
+                variants += [(fused_default, fused_box)]
+                if d == 128 and dt == "bf16":  # opt-in `rotate` (its dense full walk only: compiled there)
+                    variants += [(dataclasses.replace(fused_default, rotate=1), fused_box)]
             if dt == "bf16":  # the other query walk (`mask_split` flipped: every step masked at D64 and D128,
                 # the unmasked steps in a loop of their own at D256; reported, not gated)
                 variants += [(dataclasses.replace(bc, mask_split=1 - bc.mask_split), types)]
@@ -246,6 +249,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 # unmasked loop of `even_keys`, opt-in: compiled for every config, gated with it)
                 evens = ((False, None, True),) * (not varlen)
                 for causal, band, *even in ((False, None), *evens, (True, None)) + bands:
+                    if fused.rotate and (causal or even):  # (ROTATE is off there: the fused default's program)
+                        continue
                     fused_ek = dataclasses.replace(fused, even_keys=1) if even else fused
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
                     # D128 causal and 13-40 in D64's kv_regs variants (causal, and fused_dq=3). Spills: the fused-dQ
