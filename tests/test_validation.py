@@ -111,7 +111,9 @@ def test_matmul_bad_inputs(device):
         (dict(b=b.bfloat16()), TypeError, "b: dtype"),
         (dict(a=a.float(), b=b.float()), TypeError, "a: dtype"),
         (dict(b=b[:8]), ValueError, "b: inner dim"),
-        (dict(a=a[0]), ValueError, "a: expected at least 2 dims"),
+        (dict(a=a[0, 0]), ValueError, "a: expected a vector or a matrix"),
+        (dict(b=b[0, 0]), ValueError, "b: expected a vector or a matrix"),
+        (dict(a=a[0], b=b[:8, 0]), ValueError, "b: inner dim"),  # vectors: K must match too
         (dict(b_layout="tn"), ValueError, "b_layout"),
         (dict(walk="hilbert"), ValueError, "walk"),
         (dict(out_dtype=torch.int8), TypeError, "out_dtype"),

@@ -297,6 +297,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
+    for name, t in (("a", a), ("b", b)):
+        if t.dim() == 0:
+            raise ValueError(f"{name}: expected a vector or a matrix (at least 1 dim), got a 0-d tensor")
     vector_a, vector_b = a.dim() == 1, b.dim() == 1
     if vector_a or vector_b:  # torch.matmul's vectors: a row (1, K) of a, a column of b ((1, K) read as "nk")
         return _vector_matmul(a, b, vector_a, vector_b, b_layout=b_layout, walk=walk, out_dtype=out_dtype, out=out,
