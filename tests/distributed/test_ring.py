@@ -101,11 +101,50 @@ def _worker(rank: int, world: int, port: int, results) -> None:
         dist.destroy_process_group()
 
 
-def _run(world: int) -> dict[int, dict[str, list[str]]]:
+def _run(world: int, worker=None) -> dict[int, dict[str, list[str]]]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    mp.start_processes(_worker, args=(world, _free_port(), results), nprocs=world, start_method="spawn")
+    mp.start_processes(worker or _worker, args=(world, _free_port(), results), nprocs=world, start_method="spawn")
     return dict(results.get(timeout=60) for _ in range(world))
+
+
+def _raised(fn, match: str) -> str:
+    """'' when fn() raises a ValueError containing `match`, else what happened instead."""
+    try:
+        fn()
+    except ValueError as e:
+        return "" if match in str(e) else f"ValueError without {match!r}: {e}"
+    return f"no error (wanted {match!r})"
+
+
+def _disagreeing_worker(rank: int, world: int, port: int, results) -> None:
+    """Ranks whose shards or arguments disagree each raise, naming what differs, before any K/V moves (the receive
+    buffers take the local shard's shape: a longer shard elsewhere would corrupt this rank's steps); a rank outside
+    the group is told so (torch's -1 rank and size would run no ring step and return uninitialized memory)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        q, k, v = attention_inputs(1, 2, 8, 8, 64, torch.float16, "cpu", seed=rank)
+        rows = 8 if rank == 0 else 6
+        out = {"length": _raised(lambda: ring_attention(q[:, :, :rows], k[:, :, :rows], v[:, :, :rows]),
+                                 "disagree on q shape, k shape, v shape"),
+               "causal": _raised(lambda: ring_attention(q, k, v, is_causal=rank == 0), "disagree on is_causal"),
+               "heads": _raised(lambda: ring_attention(q, k[:, :1 + rank], v[:, :1 + rank], enable_gqa=True),
+                                "disagree on k shape, v shape")}
+        first = dist.new_group([0])  # every rank creates it; rank 1 is not in it
+        if rank == 1:
+            out["outside"] = _raised(lambda: ring_attention(q, k, v, group=first), "not a member")
+        results.put((rank, out))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_that_disagree_raise_on_every_rank():
+    if torch.cuda.is_available():
+        pytest.skip("CPU tensors through the interpreter")
+    for rank, out in _run(2, _disagreeing_worker).items():
+        for case, failure in out.items():
+            assert not failure, f"rank {rank}, {case}: {failure}"
 
 
 @pytest.mark.parametrize("world", [2, 3])

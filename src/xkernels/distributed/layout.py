@@ -60,7 +60,10 @@ def _check_layout(layout: object) -> str:
 def _world(group) -> tuple[int, int]:
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("xkernels.distributed: torch.distributed is not initialized (init_process_group first)")
-    return dist.get_rank(group), dist.get_world_size(group)
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    if rank < 0:  # torch answers -1 on a rank outside the group
+        raise ValueError(f"group: global rank {dist.get_rank()} is not a member of this process group")
+    return rank, world
 
 
 def shard(x: torch.Tensor, group: dist.ProcessGroup | None = None, layout: str = "contiguous") -> torch.Tensor:

@@ -146,8 +146,36 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: 
                  DEFAULT_BACKEND if backend is None else backend)
 
 
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _agree(q, k, v, group, causal: bool, enable_gqa: bool, layout: str) -> None:
+    """Every rank's shards must have the same shapes and dtype and its call the same mask, GQA flag and layout: the
+    receive buffers take the local shard's shape, so a rank whose shard differs would corrupt its neighbours' steps.
+    One all_gather of these numbers (a host sync) before the ring, on every rank, so all of them raise together."""
+    _, world = _world(group)
+    if world == 1:
+        return
+    mine = [*q.shape, *k.shape, *v.shape, _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1, int(causal),
+            int(enable_gqa), ("contiguous", "zigzag").index(layout)]
+    local = torch.tensor(mine, dtype=torch.int64, device=q.device)
+    every = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(every, local, group=group)
+    rows = [t.tolist() for t in every]
+    if any(row != rows[0] for row in rows):
+        names = ("q shape", "k shape", "v shape", "dtype", "is_causal", "enable_gqa", "layout")
+        spans = ((0, 4), (4, 8), (8, 12), (12, 13), (13, 14), (14, 15), (15, 16))
+        differ = [name for name, (lo, hi) in zip(names, spans, strict=True)
+                  if any(row[lo:hi] != rows[0][lo:hi] for row in rows)]
+        raise ValueError(f"q, k, v: the ranks of the group disagree on {', '.join(differ)} "
+                         f"(per rank: {[row[:12] for row in rows]}); every rank passes same-shaped shards and the "
+                         "same arguments")
+
+
 @torch.compiler.disable
-def _ring(*args):
+def _ring(q, k, v, group, causal, scale, enable_gqa, precision, layout, backend):
     """The ring runs eagerly under torch.compile (a graph break around it, as for torch's own context parallelism
-    outside DTensor): its steps are point-to-point transfers, kernel launches and merges whose order is the point."""
-    return _RingAttention.apply(*args)
+    outside DTensor): its steps are point-to-point transfers, kernel launches and merges whose order is the point.
+    The ranks first check that they agree on their shards (`_agree`)."""
+    _agree(q, k, v, group, causal, enable_gqa, layout)
+    return _RingAttention.apply(q, k, v, group, causal, scale, enable_gqa, precision, layout, backend)
