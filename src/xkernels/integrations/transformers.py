@@ -26,6 +26,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import xkernels
+from xkernels.api import _autocast
 from xkernels.select import DECODE_MAX_SQ
 
 NAME = "xkernels"
@@ -103,6 +104,9 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
                          "keys from its first valid position to the end (left padding, causal or not, a causal "
                          "sliding window); this one differs (right padding, another pattern): use "
                          "attn_implementation='sdpa'")
+    # under autocast (an fp32 model trained or run in bf16) the inputs in its dtype, as sdpa takes them: the
+    # cache read below does not cast (it may write a cache), and the packed output takes q's dtype
+    query, key, value = _autocast((query, key, value))
     q_t, k_t, v_t = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)  # (B, S, H, D) views
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
                                             or (sinks is not None and sinks.requires_grad))
