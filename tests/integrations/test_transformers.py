@@ -45,11 +45,12 @@ def _prefill_matches_eager(ours, eager, ablated, ran: str, device):
     return ids, mask
 
 
-def _generate_matches(ours, ref, ids, mask) -> str:
+def _generate_matches(ours, ref, ids, mask, **extra) -> str:
     """Greedy generate() of 3 tokens from a left-padded batch: each step's logits match the reference model's within
     bf16 noise, up to the first step where a near-tie flips a token (later steps continue different texts). Returns
     the kernel our last step ran."""
-    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    kw = dict(max_new_tokens=3, do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+              **extra)
     with torch.no_grad():
         out = ours.generate(ids, attention_mask=mask, **kw)
         ran = xkernels.last_backend()
@@ -122,6 +123,20 @@ def test_left_padded_batch_of_an_fp32_model_under_autocast(device, length):
     for name, g in grads[0].items():
         assert g is not None and torch.isfinite(g).all(), name
         assert _rel(g, grads[1][name]) < 5e-2, (name, _rel(g, grads[1][name]))
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_generate_with_a_static_cache_matches_sdpa(device, padded):
+    """cache_implementation="static": the cache's slots past the tokens so far are masked at the end of each row,
+    so each sequence sees keys [first valid, last valid]: prefill packs them (varlen), decoding steps read the cache
+    in place up to the tokens so far (split-KV kernel, per-sequence lengths), and every step matches sdpa."""
+    ours, sdpa = tiny_llama("xkernels", device), tiny_llama("sdpa", device)
+    ids = torch.randint(0, 256, (2, 10), generator=torch.Generator().manual_seed(6)).to(device)
+    mask = torch.ones_like(ids)
+    if padded:
+        mask[0, :3] = 0
+    ran = _generate_matches(ours, sdpa, ids, mask, cache_implementation="static")
+    assert ran.startswith("portable.decode"), ran
 
 
 def test_masks_it_cannot_serve_are_refused(device):

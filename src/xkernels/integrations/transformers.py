@@ -79,8 +79,9 @@ def _window_mask(sq: int, skv: int, window: int, device) -> torch.Tensor:
 def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor,
                  scaling: float | None, window: int | None = None, softcap: float = 0.0,
                  sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, Skv), causally (key j for query i
-    when j <= i + Skv - Sq) or all of them, and with a sliding `window` only keys j > i + Skv - Sq - window. Decoding
+    """A boolean (B, 1, Sq, Skv) mask in which sequence b sees keys [start_b, end_b) (end_b < Skv: a static cache's
+    slots not yet filled), causally (key j for query i when j <= i + end_b - Sq) or all of them, and with a sliding
+    `window` only keys j > i + end_b - Sq - window. Decoding
     steps (a few causal rows) read K and V in place as a left-padded cache (`attention_with_kvcache(cache_leftpad=
     ...)`, with the window as `window_size=(window - 1, 0)`); other prefill packs the valid rows and keys into one
     varlen call (the window aligned bottom-right there too) and unpacks them, the rows that see no key at 0; so does
@@ -93,16 +94,20 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     mask = mask[:, 0]
     keys = torch.arange(skv, device=mask.device)
     valid = mask.any(1)  # (B, Skv): keys some query sees
-    start = torch.where(valid.any(1), valid.to(torch.int8).argmax(1), skv)  # first valid key of each sequence
-    key_ok = keys[None, :] >= start[:, None]
-    causal = keys[None, None, :] <= torch.arange(sq, device=mask.device)[None, :, None] + (skv - sq)
-    if window is not None:
-        causal = causal & _window_mask(sq, skv, window, mask.device)[None]
+    seen = valid.any(1)
+    start = torch.where(seen, valid.to(torch.int8).argmax(1), skv)  # first valid key of each sequence
+    # one past its last valid key: Skv, or less in a static cache, whose slots past the tokens so far are masked
+    end = torch.where(seen, skv - valid.flip(1).to(torch.int8).argmax(1), skv)
+    key_ok = (keys[None, :] >= start[:, None]) & (keys[None, :] < end[:, None])
+    rows = torch.arange(sq, device=mask.device)[None, :, None]
+    causal = keys[None, None, :] <= rows + (end - sq)[:, None, None]  # bottom-right against the sequence's end
+    if window is not None:  # transformers' rule, j > i + end - Sq - window
+        causal = causal & (keys[None, None, :] > rows + (end - sq)[:, None, None] - window)
     is_causal = torch.equal(mask, key_ok[:, None, :] & causal)  # each equal() is one read to the host
     if not (is_causal or (window is None and torch.equal(mask, key_ok[:, None, :].expand_as(mask)))):
         raise ValueError("attention_mask: attn_implementation='xkernels' serves masks where each sequence sees the "
-                         "keys from its first valid position to the end (left padding, causal or not, a causal "
-                         "sliding window); this one differs (right padding, another pattern): use "
+                         "keys from its first valid position to its last (left padding, static caches, causal or "
+                         "not, a causal sliding window); this one differs (right padding, another pattern): use "
                          "attn_implementation='sdpa'")
     # under autocast (an fp32 model trained or run in bf16) the inputs in its dtype, as sdpa takes them: the
     # cache read below does not cast (it may write a cache), and the packed output takes q's dtype
@@ -111,13 +116,13 @@ def _left_padded(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ma
     training = torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad
                                             or (sinks is not None and sinks.requires_grad))
     window_size = (-1, -1) if window is None else (window - 1, 0)  # transformers' window counts the query's key
-    if window is not None and is_causal and sq == skv and not bool(start.any()):
+    if window is not None and is_causal and sq == skv and not bool(start.any() | (end != skv).any()):
         # no padding (transformers builds a mask for every windowed call): the dense kernels' window, no packing
         return xkernels.attention(query, key, value, is_causal=True, scale=scaling, window_size=window_size,
                                   enable_gqa=query.shape[1] != key.shape[1], softcap=softcap,
                                   sinks=sinks).transpose(1, 2).contiguous()
     if is_causal and sq <= DECODE_MAX_SQ and not training:  # decoding: the split-KV kernel reads the cache in place
-        lengths = torch.full((batch,), skv, dtype=torch.int32, device=query.device)
+        lengths = end.to(torch.int32)
         # lengths and first keys come from the mask checked above: no second read of the cache checks
         return xkernels.attention_with_kvcache(q_t, k_t, v_t, cache_seqlens=lengths,
                                                cache_leftpad=start.to(torch.int32), scale=scaling, sync_checks=False,
