@@ -246,6 +246,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--out", default=None, help="folder for train.json and train.png")
     args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps: {args.steps}; at least 1 step (the loss curves compare trained steps)")
     cfg = Config(steps=args.steps, packed=args.packed, same_batch=args.same_batch, **(TINY if args.tiny else {}))
     data = corpus()
     losses, seconds = {}, {}

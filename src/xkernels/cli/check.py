@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import track
@@ -71,9 +72,15 @@ def run_check(device: str, json_path: str | None) -> int:
         c = case.check(case.inputs(device, seed=len(rows)))
         rows.append({"kernel": kernel_name(case), "recipe": case.recipe, "shape": case.shape,
                      "backend": xkernels.last_backend(), "threshold": threshold(case), **c.row()})
-    table = Table(title="correctness (float64 reference on the kernel's quantized inputs)")
-    for col in ("kernel", "recipe", "shape", "rel-RMS", "max-diff", "threshold", "result"):
-        table.add_column(col)
+    table = Table(title="correctness (float64 reference on the kernel's quantized inputs)", box=box.SIMPLE_HEAD,
+                  pad_edge=False, collapse_padding=True)
+    for col in ("kernel", "recipe"):  # names and numbers whole; shapes, bounds and reasons wrap
+        table.add_column(col, no_wrap=True)
+    table.add_column("shape", overflow="fold", ratio=1)
+    for col in ("rel-RMS", "max-diff"):
+        table.add_column(col, justify="right", no_wrap=True)
+    table.add_column("threshold", min_width=9)
+    table.add_column("result", overflow="fold", min_width=4)
     for r in rows:
         verdict = "[green]PASS" if r["passed"] else f"[red]FAIL[/] {escape(r['reason'])}"
         table.add_row(r["kernel"], r["recipe"], escape(r["shape"]), f"{r['rel_rms']:.2e}", f"{r['max_abs_diff']:.2e}",

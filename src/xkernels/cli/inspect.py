@@ -9,6 +9,7 @@ import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
 
+from rich import box
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -27,6 +28,9 @@ def run_inspect(kernel: str, targets: list[str], json_path: str | None, jobs: in
     console = Console(width=None if sys.stdout.isatty() else 220)
     if os.environ.get("TRITON_INTERPRET") == "1":
         console.print("[red]inspect compiles kernels: unset TRITON_INTERPRET")
+        return 2
+    if json_path and not os.path.isdir(os.path.dirname(os.path.abspath(json_path))):
+        console.print(f"[red]--json: the folder of {json_path} does not exist")
         return 2
     import triton
     from triton.backends import backends
@@ -69,10 +73,17 @@ def run_inspect(kernel: str, targets: list[str], json_path: str | None, jobs: in
     bad = []
     for name in names:
         rows = [r for r in reports if r.target == name]
-        ops = list(ops_for(TARGETS[name]))
-        table = Table(title=f"{name} compile report (shared memory limit {TARGETS[name].smem // 1024} KB)")
-        for col in ("kernel config", "regs", "stack", "local", "shared B", *ops, "result"):
-            table.add_column(col)
+        # to fit a terminal: an instruction column no config of the target has is left out (named below the
+        # table; the JSON keeps every count), numbers never wrap, the config names fold
+        ops = [o for o in ops_for(TARGETS[name]) if any(r.sass.get(o) for r in rows)]
+        absent = [o for o in ops_for(TARGETS[name]) if o not in ops]
+        table = Table(title=f"{name} compile report (shared memory limit {TARGETS[name].smem // 1024} KB)",
+                      box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+                      caption=f"no {', '.join(absent)} in any config" if absent else None)
+        table.add_column("kernel config", overflow="fold", min_width=16, ratio=1)
+        for col in ("regs", "stack", "local", "smem B", *ops):
+            table.add_column(col, justify="right", no_wrap=True)
+        table.add_column("result", overflow="fold", min_width=6)
         for r in rows:
             verdict = r.verdict()
             regs = (str(r.registers), str(r.stack), str(r.local)) if r.allocated else ("—", "—", "—")
