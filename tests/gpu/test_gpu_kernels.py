@@ -243,12 +243,15 @@ def test_hopper_gemm_pingpong(b_layout, walk, m, n, k, tile, split):
         assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout, walk=walk, backend=base + ",consumers=2"))
 
 
-def test_hopper_gemm_pingpong_config_errors():
+@pytest.mark.parametrize("fields,match", [
+    ("consumers=2,num_warps=8", "consumers=2 must be 1, or 2 with num_warps=4"),
+    ("block_m=64,block_n=128,num_warps=4,stages=9,consumers=2", "bytes of shared memory"),
+    ("block_m=128,num_warps=4,row_wgs=3", "row_wgs=3 must be 1, or 2 or 3 with num_warps=4"),
+    ("block_m=192,block_n=128,num_warps=4,row_wgs=3,split_k=2", "row_wgs=3 must be 1")])
+def test_hopper_gemm_config_errors(fields, match):
     a, b = gemm_inputs(256, 256, 256, torch.bfloat16, "cuda", "nk", seed=1)
-    with pytest.raises(ValueError, match="consumers=2 must be 1, or 2 with num_warps=4"):
-        xkernels.matmul(a, b, b_layout="nk", backend="hopper:consumers=2,num_warps=8")
-    with pytest.raises(ValueError, match="bytes of shared memory"):
-        xkernels.matmul(a, b, b_layout="nk", backend="hopper:block_m=64,block_n=128,num_warps=4,stages=9,consumers=2")
+    with pytest.raises(ValueError, match=match):
+        xkernels.matmul(a, b, b_layout="nk", backend="hopper:" + fields)
 
 
 @pytest.mark.parametrize("m,n,k,rows,tile", [(1536, 1536, 1536, 3, "block_n=128,stages=4"),
@@ -274,14 +277,6 @@ def test_hopper_gemm_row_split(b_layout, walk, m, n, k, rows, tile):
     one = xkernels.matmul(a, b, b_layout=b_layout, walk=walk,
                           backend=f"hopper:block_m=128,{block_n},block_k=64,num_warps=8,stages=4,row_wgs=1")
     assert "-R" not in xkernels.last_backend() and torch.equal(c, one)
-
-
-def test_hopper_gemm_row_split_config_errors():
-    a, b = gemm_inputs(256, 256, 256, torch.bfloat16, "cuda", "nk", seed=1)
-    with pytest.raises(ValueError, match="row_wgs=3 must be 1, or 2 or 3 with num_warps=4"):
-        xkernels.matmul(a, b, b_layout="nk", backend="hopper:block_m=128,num_warps=4,row_wgs=3")
-    with pytest.raises(ValueError, match="row_wgs=3 must be 1"):
-        xkernels.matmul(a, b, b_layout="nk", backend="hopper:block_m=192,block_n=128,num_warps=4,row_wgs=3,split_k=2")
 
 
 @pytest.mark.parametrize("overrides", [dict(stages=2), dict(block_k=32, stages=6), dict(block_k=32, stages=4)])

@@ -213,32 +213,25 @@ def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n,
             (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
                        GROUP_M, SPLIT_K, ROW_WGS)),
         ], [num_warps, num_warps, 1], [ROW_WG_WORKER_REGS, ROW_WG_WORKER_REGS, 24])
-    elif ROW_WGS == 2:
-        gl.static_assert(CONSUMERS == 1, "row-split tiles have one consumer per row warpgroup")
+    elif CONSUMERS * ROW_WGS == 2:  # two partitions: ping-pong consumers, or two row warpgroups of each tile
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 2, num_warps)),
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, CONSUMERS, 0, ROW_WGS,
+                             num_warps)),
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 1, 2, num_warps)),
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, CONSUMERS - 1, CONSUMERS,
+                             ROW_WGS - 1, ROW_WGS, num_warps)),
             (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
                        GROUP_M, SPLIT_K, ROW_WGS)),
         ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
-    elif CONSUMERS == 1:
+    else:
+        gl.static_assert((CONSUMERS == 1) & (ROW_WGS == 1), "1 or 2 consumers, 1 to 3 row warpgroups, not both")
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
                              z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 1, num_warps)),
             (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
                        GROUP_M, SPLIT_K, ROW_WGS)),
         ], [1], [24])
-    else:
-        gl.warp_specialize([
-            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 2, 0, 1, num_warps)),
-            (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 1, 2, 0, 1, num_warps)),
-            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
-                       GROUP_M, SPLIT_K, ROW_WGS)),
-        ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
 
 
 def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: HopperGemmConfig,
