@@ -409,6 +409,10 @@ def test_matmul_vectors_as_torch_matmul(device, a_shape, b_shape, b_layout):
     assert compare_gemm(c.reshape(-1, 1).float(), want.reshape(-1, 1), 40).passed
     out = poisoned_like(c)
     assert xkernels.matmul(a, stored, b_layout=b_layout, out=out) is out and torch.equal(out, c)
+    with pytest.raises(TypeError, match="out: expected a torch.Tensor"):
+        xkernels.matmul(a, stored, b_layout=b_layout, out="c")
+    with pytest.raises(ValueError, match="out: shape"):
+        xkernels.matmul(a, stored, b_layout=b_layout, out=poisoned_like(c, shape=(*c.shape, 2)))
     leaves = [t.clone().requires_grad_() for t in (a, stored)]
     dc = torch.randn(want.shape, generator=g).half().to(device)
     xkernels.matmul(*leaves, b_layout=b_layout).backward(dc)

@@ -326,8 +326,11 @@ def _vector_matmul(a: torch.Tensor, b: torch.Tensor, vector_a: bool, vector_b: b
     if vector_b:
         b, kwargs["b_layout"] = b.unsqueeze(0), "nk"
     out = kwargs.pop("out")
-    if out is not None and isinstance(out, torch.Tensor):
-        view = out.reshape(1, 1) if vector_a and vector_b else out.unsqueeze(-1) if vector_b else out.unsqueeze(-2)
+    if out is not None:  # (not a tensor, or of another shape: `matmul` names it)
+        view = out
+        if isinstance(out, torch.Tensor):
+            view = (out.view(1, 1) if out.dim() == 0 else out) if vector_a and vector_b else \
+                out.unsqueeze(-1) if vector_b else out.unsqueeze(-2)
         matmul(a, b, out=view, **kwargs)
         return out
     c = matmul(a, b, **kwargs)
