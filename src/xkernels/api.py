@@ -328,9 +328,10 @@ def _vector_matmul(a: torch.Tensor, b: torch.Tensor, vector_a: bool, vector_b: b
     out = kwargs.pop("out")
     if out is not None:  # (not a tensor, or of another shape: `matmul` names it)
         view = out
-        if isinstance(out, torch.Tensor):
-            view = (out.view(1, 1) if out.dim() == 0 else out) if vector_a and vector_b else \
-                out.unsqueeze(-1) if vector_b else out.unsqueeze(-2)
+        if isinstance(out, torch.Tensor) and vector_b:
+            view = view.unsqueeze(-1)
+        if isinstance(out, torch.Tensor) and vector_a:
+            view = view.unsqueeze(-2)
         matmul(a, b, out=view, **kwargs)
         return out
     c = matmul(a, b, **kwargs)

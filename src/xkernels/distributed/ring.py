@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from xkernels import ops
-from xkernels.distributed.layout import SEQ_DIM, Block, _check_layout, _world, ring_blocks
+from xkernels.distributed.layout import LAYOUTS, SEQ_DIM, Block, _check_layout, _world, ring_blocks
 from xkernels.portable.lse_merge import merge_into
 from xkernels.select import DEFAULT_BACKEND
 from xkernels.validation import check_precision, check_scale, flag, tensor
@@ -157,7 +157,7 @@ def _agree(q, k, v, group, causal: bool, enable_gqa: bool, layout: str) -> None:
     if world == 1:
         return
     mine = [*q.shape, *k.shape, *v.shape, _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1, int(causal),
-            int(enable_gqa), ("contiguous", "zigzag").index(layout)]
+            int(enable_gqa), LAYOUTS.index(layout)]
     local = torch.tensor(mine, dtype=torch.int64, device=q.device)
     every = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(every, local, group=group)

@@ -26,4 +26,3 @@ def attention_types(io: torch.dtype, v: torch.dtype | None = None) -> dict[str, 
     """Argument types of the attention kernels' shared runtime arguments (`plans.attention_args`)."""
     p = POINTER_TYPE[io]
     return {"Q": p, "K": p, "V": POINTER_TYPE[v or io], "O": p, "LSE": "*fp32", "qk_scale": "fp32", "SINKS": "*fp32"}
-
