@@ -40,6 +40,23 @@ def test_attention_bad_inputs(qkv, device):
             xkernels.attention(args["q"], args["k"], args["v"], **kwargs)
 
 
+def test_attention_takes_sdpa_calls(qkv):
+    """SDPA's signature, positional order included: attn_mask None and dropout_p 0 run unchanged; anything else is
+    refused by name (a mask or dropout never passes silently)."""
+    q, k, v = qkv
+    want = xkernels.attention(q, k, v, is_causal=True, scale=0.3)
+    assert torch.equal(xkernels.attention(q, k, v, None, 0.0, True, 0.3), want)
+    assert torch.equal(xkernels.attention(q, k, v, attn_mask=None, dropout_p=0, is_causal=True, scale=0.3), want)
+    mask = torch.ones(8, 8, dtype=torch.bool, device=q.device)
+    for kwargs, exc, msg in [(dict(attn_mask=mask), ValueError, "attn_mask: only None"),
+                             (dict(dropout_p=0.1), ValueError, "dropout_p: attention dropout"),
+                             (dict(dropout_p=float("nan")), ValueError, "dropout_p"),
+                             (dict(dropout_p="0"), TypeError, "dropout_p: expected a float"),
+                             (dict(dropout_p=False), TypeError, "dropout_p: expected a float")]:
+        with pytest.raises(exc, match=msg):
+            xkernels.attention(q, k, v, **kwargs)
+
+
 def test_attention_gqa_indivisible(device):
     q, k, v = attention_inputs(1, 3, 8, 8, 64, torch.float16, device, hkv=2, seed=0)
     with pytest.raises(ValueError, match="do not divide"):

@@ -14,6 +14,7 @@ from xkernels.validation import (
     check_max_seqlen,
     check_precision,
     check_scale,
+    check_sdpa_mask_dropout,
     check_softcap,
     check_window,
     choice,
@@ -62,13 +63,17 @@ def _attention_arguments(q, k, v, is_causal, scale, enable_gqa, precision, retur
     return check_scale(scale), check_precision(precision), _backend(backend)
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
-              scale: float | None = None, enable_gqa: bool = False, precision: str = "auto",
-              return_lse: bool = False, out: torch.Tensor | None = None,
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None,
+              dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None, *,
+              enable_gqa: bool = False, precision: str = "auto", return_lse: bool = False,
+              out: torch.Tensor | None = None,
               window_size: tuple[int, int] = NO_WINDOW, softcap: float = 0.0, sinks: torch.Tensor | None = None,
               deterministic: bool | None = None,
               backend: str | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Scaled dot-product attention forward, like F.scaled_dot_product_attention without a mask or dropout.
+    """Scaled dot-product attention, F.scaled_dot_product_attention's signature (its positional order too).
+
+    `attn_mask` must be None and `dropout_p` 0 (SDPA's calls that pass them so run unchanged; anything else raises,
+    naming the argument): a causal mask is `is_causal`, a sliding window `window_size`, padding `attention_varlen`.
 
     q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D), D in {64, 128, 256}, fp16 or bf16; any strides (layouts a tensor
     descriptor cannot read are copied, and `last_backend()` says so). `is_causal` is top-left aligned, as in PyTorch:
@@ -105,6 +110,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: b
     `attention_varlen`'s and `matmul`'s inputs, as for torch.matmul), except in calls with `out=` (as torch's out=
     variants) and `attention_with_kvcache` calls (its q, k, v and caches are never cast).
     """
+    if attn_mask is not None or type(dropout_p) is not float or dropout_p != 0.0:
+        check_sdpa_mask_dropout(attn_mask, dropout_p)
     # the common call passes this one test; anything else gets the full checks (and their named errors)
     if not (type(is_causal) is bool and type(enable_gqa) is bool and type(return_lse) is bool
             and (scale is None or (type(scale) is float and -MAX_SCALE <= scale <= MAX_SCALE))

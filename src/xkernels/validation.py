@@ -211,6 +211,19 @@ def check_sinks(sinks: object, heads: int, device: torch.device) -> None:
         raise ValueError(f"sinks: on {sinks.device}, expected q's device {device}")
 
 
+def check_sdpa_mask_dropout(attn_mask: object, dropout_p: object) -> None:
+    """F.scaled_dot_product_attention's `attn_mask` and `dropout_p`, taken so that SDPA's calls run unchanged where
+    they change nothing (no mask, no dropout); anything else is refused by name, with what serves it instead."""
+    if attn_mask is not None:
+        raise ValueError("attn_mask: only None is supported; pass a causal mask as is_causal=True, a sliding window "
+                         "as window_size=(left, right), padded batches packed through attention_varlen, a KV "
+                         "cache's lengths through attention_with_kvcache")
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, float | int):
+        raise TypeError(f"dropout_p: expected a float, got {type(dropout_p).__name__}")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: attention dropout is not supported (got {dropout_p}); pass 0.0")
+
+
 def check_softcap(softcap: object) -> float:
     """flash_attn's `softcap`: a finite float or int >= 0 (0: off), as a float."""
     if isinstance(softcap, bool) or not isinstance(softcap, float | int):
