@@ -57,6 +57,41 @@ def test_attention_takes_sdpa_calls(qkv):
             xkernels.attention(q, k, v, **kwargs)
 
 
+def _forward_ad_calls(device):
+    """(name of the refused input, a call of one public op on a given tensor) for each op."""
+    q, k, v = attention_inputs(1, 2, 8, 8, 64, torch.float16, device, seed=3)
+    a, b = torch.randn(16, 64, device=device).half(), torch.randn(64, 32, device=device).half()
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    packed = q[0].transpose(0, 1).contiguous()
+    cache = torch.zeros(1, 16, 2, 64, dtype=torch.float16, device=device)
+    lens = torch.tensor([8], dtype=torch.int32, device=device)
+    return [
+        ("q", q, lambda t: xkernels.attention(t, k, v, is_causal=True)),
+        ("v", v, lambda t: xkernels.attention(q, k, t, return_lse=True)[0]),
+        ("k", packed, lambda t: xkernels.attention_varlen(packed, t, packed, cu, cu, 8, 8)),
+        ("q", q[:, :, :1].transpose(1, 2),
+         lambda t: xkernels.attention_with_kvcache(t, cache, cache, cache_seqlens=lens)),
+        ("a", a, lambda t: xkernels.matmul(t, b)),
+        ("b", b, lambda t: xkernels.matmul(a, t)),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["forward_ad", "jvp"])
+def test_forward_mode_ad_is_refused(device, mode):
+    """No op has a forward-mode derivative: an input carrying a tangent is refused by name (torch would run the
+    kernel and drop the tangent: a zero derivative), and inside a dual level, inputs without one still run."""
+    fwad = torch.autograd.forward_ad
+    for name, x, call in _forward_ad_calls(device):
+        with pytest.raises(NotImplementedError, match=f"{name}: carries a forward-mode AD tangent"):
+            if mode == "jvp":
+                torch.func.jvp(call, (x,), (torch.ones_like(x),))
+            else:
+                with fwad.dual_level():
+                    call(fwad.make_dual(x, torch.ones_like(x)))
+        with fwad.dual_level():
+            assert torch.equal(call(x), call(x.clone()))
+
+
 def test_attention_gqa_indivisible(device):
     q, k, v = attention_inputs(1, 3, 8, 8, 64, torch.float16, device, hkv=2, seed=0)
     with pytest.raises(ValueError, match="do not divide"):

@@ -19,7 +19,9 @@ from xkernels.validation import (
     check_window,
     choice,
     flag,
+    forward_ad_level,
     no_grad,
+    no_tangent,
     tensor,
 )
 
@@ -122,6 +124,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
                                                          return_lse, backend)
     elif backend is None:
         backend = DEFAULT_BACKEND
+    if forward_ad_level() >= 0:
+        no_tangent({"q": q, "k": k, "v": v, "sinks": sinks}, "attention")
     grad = out is None and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                                         or (isinstance(sinks, torch.Tensor) and sinks.requires_grad))
     extras = _extras(window_size, softcap, is_causal, sinks, deterministic, grad)
@@ -202,6 +206,8 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     check_max_seqlen(max_seqlen_k, "max_seqlen_k")
     flag(is_causal, "is_causal"), flag(return_lse, "return_lse"), flag(sync_checks, "sync_checks")
     scale, precision, backend = check_scale(scale), check_precision(precision), _backend(backend)
+    if forward_ad_level() >= 0:
+        no_tangent({"q": q, "k": k, "v": v, "sinks": sinks}, "attention_varlen")
     # differentiable: the backward needs the LSE, so the op returns it whatever the caller asked
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad
                                         or (isinstance(sinks, torch.Tensor) and sinks.requires_grad))
@@ -259,6 +265,9 @@ def attention_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         raise TypeError(f"sinks: expected a torch.Tensor or None, got {type(sinks).__name__}")
     no_grad({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "sinks": sinks},
             "attention_with_kvcache is an inference op (no backward)")
+    if forward_ad_level() >= 0:
+        no_tangent({"q": q, "k_cache": k_cache, "v_cache": v_cache, "k": k, "v": v, "sinks": sinks},
+                   "attention_with_kvcache")
     args = (q, k_cache, v_cache, cache_seqlens, k, v, block_table, cache_leftpad, is_causal, scale, precision,
             return_lse, num_splits, sync_checks, left, right, backend, softcap, sinks)
     if k is None and v is None:  # nothing appended: the op writes no input, so a plain eager call may skip the
@@ -304,6 +313,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
         if out_dtype is not None and not isinstance(out_dtype, torch.dtype):
             raise TypeError(f"out_dtype: expected a torch.dtype or None, got {type(out_dtype).__name__}")
     backend = _backend(backend)
+    if forward_ad_level() >= 0:
+        no_tangent({"a": a, "b": b}, "matmul")
     for name, t in (("a", a), ("b", b)):
         if t.dim() == 0:
             raise ValueError(f"{name}: expected a vector or a matrix (at least 1 dim), got a 0-d tensor")

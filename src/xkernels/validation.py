@@ -13,6 +13,7 @@ import math
 import numbers
 
 import torch
+from torch.autograd import forward_ad
 
 from xkernels.recipes import AttentionRecipe, resolve_attention_recipe
 
@@ -76,6 +77,22 @@ def no_grad(named: dict[str, torch.Tensor | None], why: str) -> None:
         for name, t in named.items():
             if t is not None and t.requires_grad:
                 raise ValueError(f"{name}: requires grad, but {why}; call under torch.no_grad() or detach it")
+
+
+def forward_ad_level() -> int:
+    """The innermost forward-mode AD level (torch.autograd.forward_ad.dual_level, torch.func.jvp and jacfwd enter
+    one), -1 outside them: a module global read, cheap enough for every call."""
+    return forward_ad._current_level
+
+
+def no_tangent(named: dict[str, torch.Tensor | None], op: str) -> None:
+    """Forward-mode AD has no rule in these ops: torch would run the kernel and drop the input's tangent (a zero
+    derivative, silently), so an input that carries one is refused, as SDPA refuses it."""
+    for name, t in named.items():
+        if isinstance(t, torch.Tensor) and forward_ad.unpack_dual(t).tangent is not None:
+            raise NotImplementedError(f"{name}: carries a forward-mode AD tangent (torch.autograd.forward_ad, "
+                                      f"torch.func.jvp or jacfwd), but {op} has no forward-mode derivative; use "
+                                      "reverse mode (backward, torch.autograd.grad)")
 
 
 # ---- tensor metadata (fake-safe) -----------------------------------------------------------------------------------
