@@ -177,6 +177,9 @@ def test_one_rank_is_plain_attention_and_bad_input_is_named():
             ring_attention(q, k[:, :, :8], v[:, :, :8])
         with pytest.raises(TypeError, match="is_causal"):
             ring_attention(q, k, v, is_causal=1)
+        fwad = torch.autograd.forward_ad
+        with fwad.dual_level(), pytest.raises(NotImplementedError, match="k: carries a forward-mode AD tangent"):
+            ring_attention(q, fwad.make_dual(k, torch.ones_like(k)), v)
         with pytest.raises(ValueError, match="multiple of 2"):
             shard(q[:, :, :9], layout="zigzag")
     finally:

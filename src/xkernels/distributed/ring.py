@@ -25,7 +25,7 @@ from xkernels import ops
 from xkernels.distributed.layout import LAYOUTS, SEQ_DIM, Block, _check_layout, _world, ring_blocks
 from xkernels.portable.lse_merge import merge_into
 from xkernels.select import DEFAULT_BACKEND
-from xkernels.validation import check_precision, check_scale, flag, tensor
+from xkernels.validation import check_precision, check_scale, flag, forward_ad_level, no_tangent, tensor
 
 
 class _Ring:
@@ -132,6 +132,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, group: 
     flag(is_causal, "is_causal"), flag(enable_gqa, "enable_gqa")
     scale, precision = check_scale(scale), check_precision(precision)
     layout = _check_layout(layout)
+    if forward_ad_level() >= 0:
+        no_tangent({"q": q, "k": k, "v": v}, "ring_attention")
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend: expected a str or None, got {type(backend).__name__}")
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
