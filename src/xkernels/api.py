@@ -133,7 +133,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
         q, k, v = _autocast((q, k, v))
     if grad:
         # differentiable: the op that also returns the LSE, which the backward needs (ops.py registers it)
-        o, lse = ops.attention_lse_op(q, k, v, is_causal, scale, enable_gqa, precision, backend, *extras)
+        o, lse = ops.call_with_grad(ops.attention_lse_op, q, k, v, is_causal, scale, enable_gqa, precision, backend,
+                                    *extras)
         return (o, lse) if return_lse else o
     if out is not None:
         no_grad({"q": q, "k": k, "v": v, "sinks": extras[3] if extras else None},
@@ -213,8 +214,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                                         or (isinstance(sinks, torch.Tensor) and sinks.requires_grad))
     extras = _extras(window_size, softcap, is_causal, sinks, deterministic, grad)
     q, k, v = _autocast((q, k, v))
-    o, lse = ops.attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal,
-                                     scale, precision, return_lse or grad, sync_checks, backend, *extras)
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, is_causal, scale, precision,
+            return_lse or grad, sync_checks, backend, *extras)
+    o, lse = ops.call_with_grad(ops.attention_varlen_op, *args) if grad else ops.attention_varlen_op(*args)
     return (o, lse) if return_lse else o
 
 
@@ -327,7 +329,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, b_layout: str = "kn", walk: str 
     if out is None:
         a, b = _autocast((a, b))
         if torch.is_grad_enabled() and (a.requires_grad or b.requires_grad):
-            return ops.matmul_op(a, b, b_layout, walk, out_dtype, backend)
+            return ops.call_with_grad(ops.matmul_op, a, b, b_layout, walk, out_dtype, backend)
         return ops.call_without_grad(ops.matmul_op, a, b, b_layout, walk, out_dtype, backend)
     no_grad({"a": a, "b": b}, "a call with out= is not differentiable (as for torch's out= functions)")
     _out(out)

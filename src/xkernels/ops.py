@@ -35,7 +35,8 @@ LSE; the public `xkernels.attention` therefore calls `attention_lse` whenever an
 is differentiable again). `attention_varlen` saves the same and its backward calls
 `attention_varlen_backward`; it needs the LSE, so it must run with `return_lse` when an input requires grad (the
 public `xkernels.attention_varlen` sees to it). Registered with `torch.library.register_autograd`, so
-`torch.compile` traces the backward too.
+`torch.compile` traces the backward too; under torch.func's transforms the public functions reach the same
+setup_context and backward through `func_transforms` (`call_with_grad`).
 """
 
 from __future__ import annotations
@@ -330,8 +331,7 @@ def _sinks_need_grad(ctx, sinks: list) -> bool:
 
 
 def _saved_sinks(ctx) -> tuple:
-    sinks = ctx.sinks
-    del ctx.sinks
+    sinks, ctx.sinks = ctx.sinks, None  # kept by save_for_backward only (torch.func's vmap ctx has no `del`)
     return () if sinks is None else (sinks,)
 
 
@@ -405,8 +405,12 @@ def _gradient_op(op, *args):
     (a plain eager call, grad mode off: no create_graph, whose double backward must reach the op's refusal), else
     the op."""
     if torch.is_grad_enabled():
-        return op(*args)
+        return call_with_grad(op, *args)
     return call_without_grad(op, *args)
+
+
+def _save_nothing(ctx, inputs, output) -> None:
+    pass
 
 
 def _no_double_backward(ctx, *grads):
@@ -441,28 +445,29 @@ def _backward_matmul(ctx, grad):
     if ctx.needs_input_grad[0]:
         # "kn": B (K, N) read as [N, K] gives dC B^T; "nk": B (N, K) read as [K, N] gives dC B
         wide = None if g.shape[:-2] == a.shape[:-2] else torch.float32
-        da = _reduced_to(matmul_op(g, b, "nk" if b_layout == "kn" else "kn", "auto", wide, backend), a.shape, a.dtype)
+        da = _gradient_op(matmul_op, g, b, "nk" if b_layout == "kn" else "kn", "auto", wide, backend)
+        da = _reduced_to(da, a.shape, a.dtype)
     if ctx.needs_input_grad[1]:
         if b.dim() == 2:  # a weight: one product over every row of every batch
             a2, g2 = a.flatten(0, -2), g.flatten(0, -2)
-            db = matmul_op(a2.mT, g2, "kn", "auto", None, backend) if b_layout == "kn" else \
-                matmul_op(g2.mT, a2, "kn", "auto", None, backend)
+            db = _gradient_op(matmul_op, a2.mT, g2, "kn", "auto", None, backend) if b_layout == "kn" else \
+                _gradient_op(matmul_op, g2.mT, a2, "kn", "auto", None, backend)
         else:
             wide = None if g.shape[:-2] == b.shape[:-2] else torch.float32
-            db = matmul_op(a.mT, g, "kn", "auto", wide, backend) if b_layout == "kn" else \
-                matmul_op(g.mT, a, "kn", "auto", wide, backend)
+            db = _gradient_op(matmul_op, a.mT, g, "kn", "auto", wide, backend) if b_layout == "kn" else \
+                _gradient_op(matmul_op, g.mT, a, "kn", "auto", wide, backend)
             db = _reduced_to(db, b.shape, b.dtype)
     return da, db, None, None, None, None
 
 
-torch.library.register_autograd("xkernels::attention_lse", _backward_lse, setup_context=_save_lse)
-torch.library.register_autograd("xkernels::attention_backward", _no_double_backward,
-                                setup_context=lambda ctx, inputs, output: None)
-torch.library.register_autograd("xkernels::attention", _backward_recompute, setup_context=_save_inputs)
-torch.library.register_autograd("xkernels::attention_varlen", _backward_varlen, setup_context=_save_varlen)
-torch.library.register_autograd("xkernels::matmul", _backward_matmul, setup_context=_save_matmul)
-torch.library.register_autograd("xkernels::attention_varlen_backward", _no_double_backward,
-                                setup_context=lambda ctx, inputs, output: None)
+# each differentiable op's (setup_context, backward): registered with torch.library below, and reused by
+# `func_transforms` for calls under torch.func's transforms
+AUTOGRAD = {"attention_lse": (_save_lse, _backward_lse), "attention": (_save_inputs, _backward_recompute),
+            "attention_varlen": (_save_varlen, _backward_varlen), "matmul": (_save_matmul, _backward_matmul),
+            "attention_backward": (_save_nothing, _no_double_backward),
+            "attention_varlen_backward": (_save_nothing, _no_double_backward)}
+for _name, (_setup, _backward) in AUTOGRAD.items():
+    torch.library.register_autograd(f"xkernels::{_name}", _backward, setup_context=_setup)
 
 _BELOW_AUTOGRAD = getattr(torch._C, "_AutoDispatchBelowAutograd", None)
 
@@ -481,6 +486,17 @@ def _plain_eager(tensors) -> bool:
         if type(t) is not torch.Tensor or t.is_meta or t.is_neg() or t.is_conj():
             return False
     return True
+
+
+def call_with_grad(op, *args):
+    """`op(*args)` for a call an input of which requires grad: the op (its registered autograd), or under torch.func's
+    transforms, which cannot use a torch.library op's autograd, `func_transforms.apply` (torch.compile traces the
+    op)."""
+    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        from xkernels import func_transforms
+
+        return func_transforms.apply(op, *args)
+    return op(*args)
 
 
 def call_without_grad(op, *args):
