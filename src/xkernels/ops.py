@@ -36,7 +36,7 @@ is differentiable again). `attention_varlen` saves the same and its backward cal
 `attention_varlen_backward`; it needs the LSE, so it must run with `return_lse` when an input requires grad (the
 public `xkernels.attention_varlen` sees to it). Registered with `torch.library.register_autograd`, so
 `torch.compile` traces the backward too; under torch.func's transforms the public functions reach the same
-setup_context and backward through `func_transforms` (`call_with_grad`).
+setup_context and backward through `func_transforms` (`call_with_grad`), which also registers the ops' vmap rules.
 """
 
 from __future__ import annotations
@@ -537,3 +537,7 @@ _NO_GRAD_KERNELS = {attention_op: (_attention, _ATTENTION_TENSORS),
                     attention_backward_op: (_attention_backward, tuple(range(7))),
                     attention_varlen_backward_op: (_attention_varlen_backward, tuple(range(9))),
                     attention_with_kvcache_op: (_attention_with_kvcache, (*range(8), 18))}
+
+from xkernels import func_transforms  # noqa: E402  (the ops' vmap rules, registered once the ops exist)
+
+func_transforms.register_batching_rules()
