@@ -19,7 +19,13 @@ def test_attention_bad_inputs(qkv, device):
     cases = [
         (dict(q=q.float()), TypeError, "q: dtype"),
         (dict(k=k.bfloat16()), TypeError, "k: dtype"),
-        (dict(q=q[0]), ValueError, "q: expected 4 dims"),
+        (dict(q=q[0, 0]), ValueError, r"q: expected \(B, H, S, D\) or SDPA's"),
+        (dict(q=q[0]), ValueError, r"k: leading dims \(1,\) do not match q's \(\)"),
+        (dict(q=q[None], k=k[None], v=v[None], out=torch.empty(1, 1, 2, 8, 32, device=device).half()),
+         ValueError, "out: shape"),
+        (dict(q=q.expand(2, 2, 2, 8, 64), k=k.expand(2, 2, 2, 8, 64), v=v.expand(2, 2, 2, 8, 64),
+              out=torch.empty(2, 2, 2, 8, 64, device=device).half().transpose(0, 1)), ValueError,
+         "out: its 2 leading dims cannot be viewed"),
         (dict(v=v[:, :, :4]), ValueError, "v: shape"),
         (dict(k=k[:, :1], v=v[:, :1]), ValueError, "enable_gqa"),
         (dict(q=torch.cat([q, q]), ), ValueError, "batch"),
@@ -55,6 +61,32 @@ def test_attention_takes_sdpa_calls(qkv):
                              (dict(dropout_p=False), TypeError, "dropout_p: expected a float")]:
         with pytest.raises(exc, match=msg):
             xkernels.attention(q, k, v, **kwargs)
+
+
+def test_attention_takes_sdpa_ranks(device):
+    """SDPA's (..., H, S, D): a 3-D call and one with two leading dims give the 4-D call's O, LSE and gradients,
+    with q's leading dims (out= too)."""
+    q, k, v = attention_inputs(6, 4, 9, 11, 64, torch.float16, device, hkv=2, seed=11)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    o, lse = xkernels.attention(*leaves, is_causal=True, enable_gqa=True, return_lse=True)
+    grads = torch.autograd.grad((o.float().square().sum() + lse.sum()), leaves)
+    for lead in ((6,), (2, 3)):
+        shaped = [t.detach().reshape(*lead, *t.shape[1:]).requires_grad_() for t in (q, k, v)]
+        if lead == (6,):  # one batch of 3-D calls: each is (H, S, D)
+            got = [xkernels.attention(*(t[b] for t in shaped), is_causal=True, enable_gqa=True, return_lse=True)
+                   for b in range(6)]
+            o2, lse2 = torch.stack([g[0] for g in got]), torch.stack([g[1] for g in got])
+        else:
+            o2, lse2 = xkernels.attention(*shaped, is_causal=True, enable_gqa=True, return_lse=True)
+        assert o2.shape == (*lead, 4, 9, 64) and lse2.shape == (*lead, 4, 9)
+        assert torch.equal(o2.reshape(o.shape), o) and torch.equal(lse2.reshape(lse.shape), lse)
+        got = torch.autograd.grad((o2.float().square().sum() + lse2.sum()), shaped)
+        for g, want in zip(got, grads, strict=True):
+            assert torch.equal(g.reshape(want.shape), want)
+    out = torch.full((2, 3, 4, 9, 64), float("nan"), dtype=q.dtype, device=device)
+    r = xkernels.attention(*(t.reshape(2, 3, *t.shape[1:]) for t in (q, k, v)), is_causal=True, enable_gqa=True,
+                           out=out)
+    assert r is out and torch.equal(out.reshape(o.shape), o.detach())
 
 
 def _forward_ad_calls(device):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from xkernels import ops
@@ -78,10 +80,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     naming the argument): a causal mask is `is_causal`, a sliding window `window_size`, padding `attention_varlen`.
 
     q (B, Hq, Sq, D), k and v (B, Hkv, Skv, D), D in {64, 128, 256}, fp16 or bf16; any strides (layouts a tensor
-    descriptor cannot read are copied, and `last_backend()` says so). `is_causal` is top-left aligned, as in PyTorch:
-    query i attends keys j <= i also when Sq != Skv. `enable_gqa` allows Hq a multiple of Hkv. `precision` picks a
-    recipe from `xkernels.recipes` ("fp16", "bf16", "bf16io", their fp16-accumulator variants "fp16-acc16" and
-    "bf16io-acc16", or "auto": fp16 -> fp16, bf16 -> bf16).
+    descriptor cannot read are copied, and `last_backend()` says so). SDPA's other ranks work too: (Hq, Sq, D), or
+    more leading dims than B, the same in q, k and v (folded into one batch dim, restored in the outputs).
+    `is_causal` is top-left aligned, as in PyTorch: query i attends keys j <= i also when Sq != Skv. `enable_gqa`
+    allows Hq a multiple of Hkv. `precision` picks a recipe from `xkernels.recipes` ("fp16", "bf16", "bf16io",
+    their fp16-accumulator variants "fp16-acc16" and "bf16io-acc16", or "auto": fp16 -> fp16, bf16 -> bf16).
     Returns O (B, Hq, Sq, D) in the input dtype, or (O, LSE) with the natural-log LSE (B, Hq, Sq) fp32 when
     `return_lse`. Differentiable in q, k and v through O and the LSE (not with `out`): the forward saves O and the
     LSE, and the backward recomputes the attention matrix tile by tile; bf16io's backward is the bf16 recipe's,
@@ -114,6 +117,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     """
     if attn_mask is not None or type(dropout_p) is not float or dropout_p != 0.0:
         check_sdpa_mask_dropout(attn_mask, dropout_p)
+    if isinstance(q, torch.Tensor) and q.dim() != 4:
+        return _attention_other_rank(q, k, v, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                                     precision=precision, return_lse=return_lse, out=out, window_size=window_size,
+                                     softcap=softcap, sinks=sinks, deterministic=deterministic, backend=backend)
     # the common call passes this one test; anything else gets the full checks (and their named errors)
     if not (type(is_causal) is bool and type(enable_gqa) is bool and type(return_lse) is bool
             and (scale is None or (type(scale) is float and -MAX_SCALE <= scale <= MAX_SCALE))
@@ -148,6 +155,33 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
                                      *extras)
     return ops.call_without_grad(ops.attention_op, q, k, v, is_causal, scale, enable_gqa, precision, backend,
                                  *extras)
+
+
+def _attention_other_rank(q: torch.Tensor, k: object, v: object, *, out: object, return_lse: bool, **kwargs):
+    """SDPA's other layouts, (..., H, L, E) with any number of leading dims: a 3-D (H, L, E) call runs as one batch,
+    more leading dims fold into B (k and v with the same leading dims as q: as SDPA's fused kernels, no broadcast);
+    O (and `out`) keep q's leading dims, the LSE too."""
+    named = {"q": q, "k": k, "v": v} | ({} if out is None else {"out": out})
+    for name, t in named.items():
+        tensor(t, name)
+        if t.dim() < 3:
+            raise ValueError(f"{name}: expected (B, H, S, D) or SDPA's (..., H, S, D), got shape {tuple(t.shape)}")
+    lead = q.shape[:-3]
+    for name, t in named.items():
+        if t.shape[:-3] != lead:
+            raise ValueError(f"{name}: leading dims {tuple(t.shape[:-3])} do not match q's {tuple(lead)}")
+    batch, given_out = math.prod(lead), out
+    if out is not None:
+        try:
+            out = out.view(batch, *out.shape[-3:])
+        except RuntimeError as e:
+            raise ValueError(f"out: its {len(lead)} leading dims cannot be viewed as one batch dim (strides "
+                             f"{out.stride()}); pass a contiguous out") from e
+    result = attention(*(t.reshape(batch, *t.shape[-3:]) for t in (q, k, v)), out=out, return_lse=return_lse,
+                       **kwargs)
+    o, lse = result if return_lse else (result, None)
+    o = o.view(*lead, *o.shape[1:]) if given_out is None else given_out
+    return o if lse is None else (o, lse.view(*lead, *lse.shape[1:]))
 
 
 def _extras(window_size: object, softcap: object, is_causal: bool, sinks: object, deterministic: object,
