@@ -54,7 +54,8 @@ def apply(op, *args):
 # torch.vmap over an op runs one call on the whole batch: the vmapped dim is folded into a dim the op already
 # iterates over (the batch of the dense ops, the tokens of the packed ones, the heads where a per-head input, the
 # sinks, is itself vmapped), and unfolded from the outputs. Without a rule, torch runs the op once per sample and
-# warns. The ops that write an input (attention_out, matmul_out, attention_with_kvcache) keep torch's fallback.
+# warns. The ops that write an input (attention_out, matmul_out, attention_with_kvcache) have no rule: torch's
+# fallback refuses them ("doesn't work on out= or view ops").
 
 def _full_args(op, args: tuple, kwargs: dict, in_dims: tuple) -> tuple[list, list]:
     """Every schema argument of a call (defaults filled in) and its vmapped dim (None: not vmapped)."""
