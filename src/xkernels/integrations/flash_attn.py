@@ -1,0 +1,185 @@
+"""flash_attn's functions on xkernels' kernels: code written against FlashAttention 2 switches with one import.
+
+    from xkernels.integrations.flash_attn import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache
+
+The signatures, defaults, layouts and alignment are flash_attn's (2.6+): q (B, Sq, Hq, D), k and v (B, Skv, Hkv, D)
+(batch first, heads third: not SDPA's layout), `causal` and `window_size` aligned **bottom-right** when Sq != Skv
+(query i sees keys j <= i + Skv - Sq), `softmax_scale`, `softcap`, `deterministic`, and flash_attn_with_kvcache's
+`causal=False` default (`xkernels.attention_with_kvcache` defaults to True). Outputs are contiguous in flash_attn's
+layout (`out.view(B, S, -1)` works), the LSE natural-log fp32 as flash_attn's: (B, Hq, Sq) dense, (Hq, total_q)
+packed; `return_attn_probs=True` returns (out, lse, None): the probabilities exist only with dropout.
+
+The dense functions run the packed kernels (`xkernels.attention_varlen`, one sequence per batch row: the same
+memory, no copy; its bottom-right causal and window are flash_attn's), differentiable as flash_attn's. What the
+kernels lack is refused by name (ValueError) rather than ignored: dropout, ALiBi slopes, in-kernel rotary embedding,
+`cache_batch_idx`, a varlen `block_table`. Head dims 64, 128 and 256; fp16 or bf16.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import xkernels
+from xkernels.validation import tensor
+
+__all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache"]
+
+
+def _unsupported(**given: object) -> None:
+    """flash_attn arguments the kernels do not serve, refused by name unless left at their off value."""
+    for name, value in given.items():
+        if name == "dropout_p":
+            if isinstance(value, bool) or not isinstance(value, float | int):
+                raise TypeError(f"dropout_p: expected a float, got {type(value).__name__}")
+            if value != 0.0:
+                raise ValueError(f"dropout_p: attention dropout is not supported (got {value}); pass 0.0")
+        elif value is not None:
+            what = {"alibi_slopes": "ALiBi biases are not supported",
+                    "rotary_cos": "rotary embedding inside the kernel is not supported; rotate q and k first",
+                    "rotary_sin": "rotary embedding inside the kernel is not supported; rotate q and k first",
+                    "cache_batch_idx": "a cache row per sequence is not supported; pass the sequences' caches in "
+                                       "batch order, or a paged cache with block_table",
+                    "block_table": "packed sequences over a paged cache are not supported; use "
+                                   "flash_attn_with_kvcache for paged caches"}[name]
+            raise ValueError(f"{name}: {what} (got a value; pass None)")
+
+
+def _window(window_size: object) -> object:
+    """flash_attn takes a list too; anything else goes to xkernels' check as it is (and its named error)."""
+    return tuple(window_size) if isinstance(window_size, list) else window_size
+
+
+def _packed_call(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap, deterministic,
+                 return_lse: bool, sync_checks: bool):
+    return xkernels.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal, scale=softmax_scale,
+                                     return_lse=return_lse, sync_checks=sync_checks, window_size=_window(window_size),
+                                     softcap=softcap, deterministic=deterministic)
+
+
+def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
+                    softmax_scale: float | None = None, causal: bool = False,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                    return_attn_probs: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, None]:
+    """flash_attn.flash_attn_func: q (B, Sq, Hq, D), k and v (B, Skv, Hkv, D) -> out (B, Sq, Hq, D), or
+    (out, lse (B, Hq, Sq), None) with `return_attn_probs`."""
+    _unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        tensor(t, name)
+        if t.dim() != 4:
+            raise ValueError(f"{name}: expected 4 dims (batch, seqlen, heads, head dim), got shape {tuple(t.shape)}")
+    (b, sq), skv = q.shape[:2], k.shape[1]
+    if k.shape[0] != b or v.shape[0] != b:
+        raise ValueError(f"k: batch {k.shape[0]} (v: {v.shape[0]}) does not match q's batch {b}")
+    if v.shape[1] != skv:
+        raise ValueError(f"v: {v.shape[1]} keys, k has {skv}")
+    rows = torch.arange(b + 1, device=q.device, dtype=torch.int32)
+    # the cu_seqlens are made here, valid by construction: nothing to read back (sync_checks=False)
+    result = _packed_call(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), rows * sq, rows * skv, sq, skv,
+                          softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, False)
+    if not return_attn_probs:
+        return result.unflatten(0, (b, sq))
+    out, lse = result
+    return out.unflatten(0, (b, sq)), lse.unflatten(1, (b, sq)).transpose(0, 1).contiguous(), None
+
+
+def flash_attn_qkvpacked_func(qkv: torch.Tensor, dropout_p: float = 0.0, softmax_scale: float | None = None,
+                              causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                              alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                              return_attn_probs: bool = False):
+    """flash_attn.flash_attn_qkvpacked_func: qkv (B, S, 3, H, D), read in place (no unpacking copy); its gradient
+    is one (B, S, 3, H, D) tensor."""
+    tensor(qkv, "qkv")
+    if qkv.dim() != 5 or qkv.shape[2] != 3:
+        raise ValueError(f"qkv: expected (batch, seqlen, 3, heads, head dim), got shape {tuple(qkv.shape)}")
+    return flash_attn_func(*qkv.unbind(2), dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0,
+                             softmax_scale: float | None = None, causal: bool = False,
+                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                             return_attn_probs: bool = False):
+    """flash_attn.flash_attn_kvpacked_func: q (B, Sq, Hq, D), kv (B, Skv, 2, Hkv, D)."""
+    tensor(kv, "kv")
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv: expected (batch, seqlen, 2, heads, head dim), got shape {tuple(kv.shape)}")
+    return flash_attn_func(q, *kv.unbind(2), dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                           deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: float | None = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           alibi_slopes: torch.Tensor | None = None, deterministic: bool = False,
+                           return_attn_probs: bool = False, block_table: torch.Tensor | None = None):
+    """flash_attn.flash_attn_varlen_func: q (total_q, Hq, D), k and v (total_k, Hkv, D), cu_seqlens int32 -> out
+    (total_q, Hq, D), or (out, lse (Hq, total_q), None). The cu_seqlens are checked as `xkernels.attention_varlen`
+    checks them by default (read to the host: one synchronization; flash_attn checks nothing)."""
+    _unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes, block_table=block_table)
+    result = _packed_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                          window_size, softcap, deterministic, return_attn_probs, True)
+    return (*result, None) if return_attn_probs else result
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
+                                     dropout_p: float = 0.0, softmax_scale: float | None = None,
+                                     causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                                     softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                                     deterministic: bool = False, return_attn_probs: bool = False):
+    """flash_attn.flash_attn_varlen_qkvpacked_func: qkv (total, 3, H, D)."""
+    tensor(qkv, "qkv")
+    if qkv.dim() != 4 or qkv.shape[1] != 3:
+        raise ValueError(f"qkv: expected (total, 3, heads, head dim), got shape {tuple(qkv.shape)}")
+    return flash_attn_varlen_func(*qkv.unbind(1), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                                  softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                                  return_attn_probs)
+
+
+def flash_attn_varlen_kvpacked_func(q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                                    cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                                    dropout_p: float = 0.0, softmax_scale: float | None = None,
+                                    causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                                    softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                                    deterministic: bool = False, return_attn_probs: bool = False):
+    """flash_attn.flash_attn_varlen_kvpacked_func: kv (total_k, 2, Hkv, D)."""
+    tensor(kv, "kv")
+    if kv.dim() != 4 or kv.shape[1] != 2:
+        raise ValueError(f"kv: expected (total, 2, heads, head dim), got shape {tuple(kv.shape)}")
+    return flash_attn_varlen_func(q, *kv.unbind(1), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                                  deterministic, return_attn_probs)
+
+
+def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            k: torch.Tensor | None = None, v: torch.Tensor | None = None,
+                            rotary_cos: torch.Tensor | None = None, rotary_sin: torch.Tensor | None = None,
+                            cache_seqlens: int | torch.Tensor | None = None,
+                            cache_batch_idx: torch.Tensor | None = None, cache_leftpad: torch.Tensor | None = None,
+                            block_table: torch.Tensor | None = None, softmax_scale: float | None = None,
+                            causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                            rotary_interleaved: bool = True, alibi_slopes: torch.Tensor | None = None,
+                            num_splits: int = 0, return_softmax_lse: bool = False):
+    """flash_attn.flash_attn_with_kvcache (`xkernels.attention_with_kvcache`, whose checks it keeps): `k`, `v`
+    are written into the caches in place first; `cache_seqlens` an int (every sequence), a (B,) int32 tensor, or
+    None (the whole cache: S_max rows, or every page of the block table; not with `k`, `v`). Returns out (B, Sq,
+    Hq, D), or (out, lse (B, Hq, Sq)) with `return_softmax_lse`."""
+    _unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
+                 alibi_slopes=alibi_slopes)
+    tensor(q, "q"), tensor(k_cache, "k_cache")
+    if q.dim() != 4:
+        raise ValueError(f"q: expected (batch, seqlen, heads, head dim), got shape {tuple(q.shape)}")
+    if cache_seqlens is None and k is not None:
+        raise ValueError("cache_seqlens: None with new k and v: pass where each sequence's tokens are written")
+    if cache_seqlens is None or (isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool)):
+        length = cache_seqlens
+        if length is None:
+            length = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
+        cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
+    return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v,
+                                           block_table=block_table, cache_leftpad=cache_leftpad, is_causal=causal,
+                                           scale=softmax_scale, return_lse=return_softmax_lse,
+                                           num_splits=num_splits, window_size=_window(window_size), softcap=softcap)
