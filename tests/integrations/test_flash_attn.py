@@ -126,11 +126,32 @@ def test_kvcache_function_keeps_flash_attn_defaults(device):
                                                               is_causal=False))
 
 
+def test_kvcache_cache_batch_idx_reads_and_writes_its_rows(device):
+    """Sequence b attends to (and appends to) cache row cache_batch_idx[b], as flash_attn's; the other rows are not
+    touched."""
+    rows, s_max, hq, hkv, d = 4, 48, 4, 2, 64  # 48: pages of 16
+    k_cache, v_cache = _bshd(rows, s_max, hkv, d, device, 1), _bshd(rows, s_max, hkv, d, device, 2)
+    idx = torch.tensor([2, 0], dtype=torch.int32, device=device)
+    q, k_new, v_new = _bshd(2, 2, hq, d, device, 3), _bshd(2, 2, hkv, d, device, 4), _bshd(2, 2, hkv, d, device, 5)
+    seqlens = torch.tensor([30, 7], dtype=torch.int32, device=device)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    got = fa.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, cache_batch_idx=idx,
+                                     causal=True, return_softmax_lse=True)
+    picked_k, picked_v = k_cache[idx.long()].clone(), v_cache[idx.long()].clone()
+    want = xkernels.attention_with_kvcache(q, picked_k, picked_v, cache_seqlens=seqlens, k=k_new, v=v_new,
+                                           return_lse=True)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert torch.equal(kc[idx.long()], picked_k) and torch.equal(vc[idx.long()], picked_v)
+    untouched = torch.tensor([1, 3], device=device)
+    assert torch.equal(kc[untouched], k_cache[untouched]) and torch.equal(vc[untouched], v_cache[untouched])
+
+
 def test_what_the_kernels_lack_is_refused_by_name(device):
     q = _bshd(1, 8, 2, 64, device, 0)
     cu = _uniform_cu(1, 8, device)
     flat = q.flatten(0, 1)
     slopes = torch.ones(2, device=device)
+    cache16 = _bshd(1, 16, 2, 64, device, 1)
     for call, exc, msg in [
             (lambda: fa.flash_attn_func(q, q, q, dropout_p=0.1), ValueError, "dropout_p: attention dropout"),
             (lambda: fa.flash_attn_func(q, q, q, 0.0, None, False, (-1, -1), 0.0, slopes), ValueError,
@@ -141,7 +162,13 @@ def test_what_the_kernels_lack_is_refused_by_name(device):
             (lambda: fa.flash_attn_varlen_func(flat, flat, flat, cu, cu, 8, 8, block_table=cu[None]), ValueError,
              "block_table: packed sequences over a paged cache"),
             (lambda: fa.flash_attn_with_kvcache(q, q, q, rotary_cos=slopes), ValueError, "rotary_cos: rotary"),
-            (lambda: fa.flash_attn_with_kvcache(q, q, q, cache_batch_idx=cu), ValueError, "cache_batch_idx"),
+            (lambda: fa.flash_attn_with_kvcache(q, q, q, cache_batch_idx=cu.long()), TypeError,
+             "cache_batch_idx: expected a 1-D int32"),
+            (lambda: fa.flash_attn_with_kvcache(q, q[:, :4], q[:, :4], cache_batch_idx=cu[:1]), ValueError,
+             "cache_batch_idx: needs a dense cache"),
+            (lambda: fa.flash_attn_with_kvcache(q, cache16, cache16, cache_batch_idx=cu[1:], cache_seqlens=4),
+             ValueError,
+             "cache_batch_idx: every index must be a row of the cache, 0 to 0"),
             (lambda: fa.flash_attn_with_kvcache(q[:, :1], q, q, q[:, :1], q[:, :1]), ValueError,
              "cache_seqlens: None with new k"),
             (lambda: fa.flash_attn_func(q, q, q, window_size="left"), TypeError, "window_size")]:

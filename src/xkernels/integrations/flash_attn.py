@@ -12,7 +12,8 @@ packed; `return_attn_probs=True` returns (out, lse, None): the probabilities exi
 The dense functions run the packed kernels (`xkernels.attention_varlen`, one sequence per batch row: the same
 memory, no copy; its bottom-right causal and window are flash_attn's), differentiable as flash_attn's. What the
 kernels lack is refused by name (ValueError) rather than ignored: dropout, ALiBi slopes, in-kernel rotary embedding,
-`cache_batch_idx`, a varlen `block_table`. Head dims 64, 128 and 256; fp16 or bf16.
+a varlen `block_table`. `cache_batch_idx` runs on the paged kernel (the dense cache viewed as pages, in place).
+Head dims 64, 128 and 256; fp16 or bf16.
 """
 
 from __future__ import annotations
@@ -38,9 +39,7 @@ def _unsupported(**given: object) -> None:
             what = {"alibi_slopes": "ALiBi biases are not supported",
                     "rotary_cos": "rotary embedding inside the kernel is not supported; rotate q and k first",
                     "rotary_sin": "rotary embedding inside the kernel is not supported; rotate q and k first",
-                    "cache_batch_idx": "a cache row per sequence is not supported; pass the sequences' caches in "
-                                       "batch order, or a paged cache with block_table",
-                    "block_table": "packed sequences over a paged cache are not supported; use "
+                            "block_table": "packed sequences over a paged cache are not supported; use "
                                    "flash_attn_with_kvcache for paged caches"}[name]
             raise ValueError(f"{name}: {what} (got a value; pass None)")
 
@@ -167,9 +166,8 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     are written into the caches in place first; `cache_seqlens` an int (every sequence), a (B,) int32 tensor, or
     None (the whole cache: S_max rows, or every page of the block table; not with `k`, `v`). Returns out (B, Sq,
     Hq, D), or (out, lse (B, Hq, Sq)) with `return_softmax_lse`."""
-    _unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
-                 alibi_slopes=alibi_slopes)
-    tensor(q, "q"), tensor(k_cache, "k_cache")
+    _unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, alibi_slopes=alibi_slopes)
+    tensor(q, "q"), tensor(k_cache, "k_cache"), tensor(v_cache, "v_cache")
     if q.dim() != 4:
         raise ValueError(f"q: expected (batch, seqlen, heads, head dim), got shape {tuple(q.shape)}")
     if cache_seqlens is None and k is not None:
@@ -179,7 +177,47 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         if length is None:
             length = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
         cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
-    return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v,
-                                           block_table=block_table, cache_leftpad=cache_leftpad, is_causal=causal,
-                                           scale=softmax_scale, return_lse=return_softmax_lse,
-                                           num_splits=num_splits, window_size=_window(window_size), softcap=softcap)
+    rows = k_cache.shape[0]
+    if cache_batch_idx is not None:
+        k_cache, v_cache, block_table = _rows_as_pages(k_cache, v_cache, cache_batch_idx, block_table, cache_leftpad)
+    try:
+        return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v,
+                                               block_table=block_table, cache_leftpad=cache_leftpad,
+                                               is_causal=causal, scale=softmax_scale,
+                                               return_lse=return_softmax_lse, num_splits=num_splits,
+                                               window_size=_window(window_size), softcap=softcap)
+    except ValueError as e:
+        if cache_batch_idx is not None and str(e).startswith("block_table"):  # the table made of cache_batch_idx
+            raise ValueError(f"cache_batch_idx: every index must be a row of the cache, 0 to {rows - 1} "
+                             f"({e})") from e
+        raise
+
+
+def _rows_as_pages(k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx: object,
+                   block_table: object, cache_leftpad: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """flash_attn's `cache_batch_idx` (sequence b reads and appends to cache row cache_batch_idx[b]) on the paged
+    kernel: a dense cache (rows, S_max, Hkv, D) is also a paged one, S_max / P pages of P positions a row (the
+    largest power of two from 16 to 256 that divides S_max), viewed in place; sequence b's block table lists its
+    row's pages."""
+    tensor(cache_batch_idx, "cache_batch_idx")
+    if block_table is not None or cache_leftpad is not None:
+        raise ValueError("cache_batch_idx: not supported with a paged cache (block_table) or cache_leftpad")
+    if cache_batch_idx.dtype != torch.int32 or cache_batch_idx.dim() != 1:
+        raise TypeError(f"cache_batch_idx: expected a 1-D int32 tensor, got {cache_batch_idx.dtype} of shape "
+                        f"{tuple(cache_batch_idx.shape)}")
+    s_max = k_cache.shape[1]
+    page = next((p for p in (256, 128, 64, 32, 16) if s_max % p == 0), None)
+    if page is None or k_cache.dim() != 4:
+        raise ValueError(f"cache_batch_idx: needs a dense cache (rows, S_max, Hkv, D) with S_max a multiple of 16, "
+                         f"got k_cache of shape {tuple(k_cache.shape)}")
+    pages = []
+    for name, cache in (("k_cache", k_cache), ("v_cache", v_cache)):
+        try:
+            pages.append(cache.view(-1, page, *cache.shape[2:]))
+        except RuntimeError as e:
+            raise ValueError(f"{name}: with cache_batch_idx, each row's positions must be one run of memory (a "
+                             f"contiguous cache), got strides {cache.stride()}") from e
+    per_row = s_max // page
+    table = cache_batch_idx[:, None] * per_row + torch.arange(per_row, dtype=torch.int32,
+                                                               device=cache_batch_idx.device)
+    return pages[0], pages[1], table
