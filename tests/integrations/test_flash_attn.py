@@ -146,6 +146,44 @@ def test_kvcache_cache_batch_idx_reads_and_writes_its_rows(device):
     assert torch.equal(kc[untouched], k_cache[untouched]) and torch.equal(vc[untouched], v_cache[untouched])
 
 
+def _rope64(x, cos, sin, pos, interleaved):
+    """Rotary embedding in float64 as complex products: pairs (2i, 2i + 1) or (i, i + r / 2) times e^(i theta)."""
+    r = 2 * cos.shape[1]
+    part = x[..., :r].double()
+    pairs = part.unflatten(-1, (-1, 2)) if interleaved else torch.stack(part.chunk(2, -1), -1)
+    z = torch.view_as_complex(pairs.contiguous())
+    rot = torch.view_as_real(z * torch.polar(torch.ones_like(cos.double()[pos]), torch.atan2(
+        sin.double()[pos], cos.double()[pos]))[:, :, None])
+    rot = rot.flatten(-2) if interleaved else torch.cat(rot.unbind(-1), -1)
+    return torch.cat((rot.to(x.dtype), x[..., r:]), -1)
+
+
+@pytest.mark.parametrize(("interleaved", "causal"), [(True, True), (False, True), (False, False)])
+def test_kvcache_rotary_rotates_q_and_new_k(device, interleaved, causal):
+    """k at positions cache_seqlens + i (and so written into the cache), q there too when causal, else all of q at
+    cache_seqlens; the first rotary_dim dims only (32 of 64)."""
+    b, s_max, hq, hkv, d, new = 2, 32, 4, 2, 64, 3
+    k_cache, v_cache = _bshd(b, s_max, hkv, d, device, 1), _bshd(b, s_max, hkv, d, device, 2)
+    q = _bshd(b, new, hq, d, device, 3)
+    k_new, v_new = _bshd(b, new, hkv, d, device, 4), _bshd(b, new, hkv, d, device, 5)
+    theta = torch.arange(s_max, device=device)[:, None] * 0.3 ** torch.arange(16, device=device)[None, :]
+    cos, sin = theta.cos().half(), theta.sin().half()
+    seqlens = torch.tensor([9, 20], dtype=torch.int32, device=device)
+    kc, vc = k_cache.clone(), v_cache.clone()
+    got = fa.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cos, sin, seqlens, causal=causal,
+                                     rotary_interleaved=interleaved)
+    steps = seqlens.long()[:, None] + torch.arange(new, device=device)[None, :]
+    k_rot = _rope64(k_new, cos, sin, steps, interleaved)
+    q_rot = _rope64(q, cos, sin, steps if causal else seqlens.long()[:, None].expand(-1, new), interleaved)
+    for i, n in enumerate(seqlens.tolist()):
+        torch.testing.assert_close(kc[i, n:n + new], k_rot[i], rtol=0, atol=2e-3)
+        assert torch.equal(kc[i, :n], k_cache[i, :n]) and torch.equal(vc[i, n:n + new], v_new[i])
+    assert not torch.equal(k_rot[..., :32], k_new[..., :32]) and torch.equal(kc[0, 9:12, :, 32:], k_new[0, :, :, 32:])
+    want = xkernels.attention_with_kvcache(q_rot, k_cache.clone(), v_cache.clone(), cache_seqlens=seqlens, k=k_rot,
+                                           v=v_new, is_causal=causal)
+    torch.testing.assert_close(got, want, rtol=0, atol=4e-3)
+
+
 def test_what_the_kernels_lack_is_refused_by_name(device):
     q = _bshd(1, 8, 2, 64, device, 0)
     cu = _uniform_cu(1, 8, device)
@@ -161,7 +199,12 @@ def test_what_the_kernels_lack_is_refused_by_name(device):
             (lambda: fa.flash_attn_qkvpacked_func(q), ValueError, "qkv: expected"),
             (lambda: fa.flash_attn_varlen_func(flat, flat, flat, cu, cu, 8, 8, block_table=cu[None]), ValueError,
              "block_table: packed sequences over a paged cache"),
-            (lambda: fa.flash_attn_with_kvcache(q, q, q, rotary_cos=slopes), ValueError, "rotary_cos: rotary"),
+            (lambda: fa.flash_attn_with_kvcache(q, q, q, rotary_cos=slopes, rotary_sin=slopes), ValueError,
+             "rotary_cos: rotary embedding applies to new k"),
+            (lambda: fa.flash_attn_with_kvcache(q, q, q, q, q, slopes[None], slopes, cache_seqlens=0), ValueError,
+             "rotary_sin: rotary_cos and rotary_sin must both be"),
+            (lambda: fa.flash_attn_with_kvcache(q, q, q, q, q, slopes[None], slopes[None], cache_seqlens=0),
+             ValueError, "rotary_cos: 1 positions, fewer than the cache's 8"),
             (lambda: fa.flash_attn_with_kvcache(q, q, q, cache_batch_idx=cu.long()), TypeError,
              "cache_batch_idx: expected a 1-D int32"),
             (lambda: fa.flash_attn_with_kvcache(q, q[:, :4], q[:, :4], cache_batch_idx=cu[:1]), ValueError,

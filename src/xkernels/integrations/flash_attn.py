@@ -11,8 +11,9 @@ packed; `return_attn_probs=True` returns (out, lse, None): the probabilities exi
 
 The dense functions run the packed kernels (`xkernels.attention_varlen`, one sequence per batch row: the same
 memory, no copy; its bottom-right causal and window are flash_attn's), differentiable as flash_attn's. What the
-kernels lack is refused by name (ValueError) rather than ignored: dropout, ALiBi slopes, in-kernel rotary embedding,
-a varlen `block_table`. `cache_batch_idx` runs on the paged kernel (the dense cache viewed as pages, in place).
+kernels lack is refused by name (ValueError) rather than ignored: dropout, ALiBi slopes, a varlen `block_table`.
+`cache_batch_idx` runs on the paged kernel (the dense cache viewed as pages, in place); the KV cache's rotary
+embedding (`rotary_cos`, `rotary_sin`) rotates q and the new k with torch ops before the kernels.
 Head dims 64, 128 and 256; fp16 or bf16.
 """
 
@@ -37,8 +38,6 @@ def _unsupported(**given: object) -> None:
                 raise ValueError(f"dropout_p: attention dropout is not supported (got {value}); pass 0.0")
         elif value is not None:
             what = {"alibi_slopes": "ALiBi biases are not supported",
-                    "rotary_cos": "rotary embedding inside the kernel is not supported; rotate q and k first",
-                    "rotary_sin": "rotary embedding inside the kernel is not supported; rotate q and k first",
                             "block_table": "packed sequences over a paged cache are not supported; use "
                                    "flash_attn_with_kvcache for paged caches"}[name]
             raise ValueError(f"{name}: {what} (got a value; pass None)")
@@ -166,7 +165,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     are written into the caches in place first; `cache_seqlens` an int (every sequence), a (B,) int32 tensor, or
     None (the whole cache: S_max rows, or every page of the block table; not with `k`, `v`). Returns out (B, Sq,
     Hq, D), or (out, lse (B, Hq, Sq)) with `return_softmax_lse`."""
-    _unsupported(rotary_cos=rotary_cos, rotary_sin=rotary_sin, alibi_slopes=alibi_slopes)
+    _unsupported(alibi_slopes=alibi_slopes)
     tensor(q, "q"), tensor(k_cache, "k_cache"), tensor(v_cache, "v_cache")
     if q.dim() != 4:
         raise ValueError(f"q: expected (batch, seqlen, heads, head dim), got shape {tuple(q.shape)}")
@@ -177,6 +176,10 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         if length is None:
             length = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
         cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
+    if rotary_cos is not None or rotary_sin is not None:
+        q, k = _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, cache_leftpad, rotary_interleaved,
+                       local=causal or tuple(window_size) != (-1, -1),
+                       positions=k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1]))
     rows = k_cache.shape[0]
     if cache_batch_idx is not None:
         k_cache, v_cache, block_table = _rows_as_pages(k_cache, v_cache, cache_batch_idx, block_table, cache_leftpad)
@@ -191,6 +194,39 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             raise ValueError(f"cache_batch_idx: every index must be a row of the cache, 0 to {rows - 1} "
                              f"({e})") from e
         raise
+
+
+def _rotary(q: torch.Tensor, k: torch.Tensor | None, cos: object, sin: object, cache_seqlens: torch.Tensor,
+            cache_leftpad: object, interleaved: bool, *, local: bool, positions: int):
+    """flash_attn_with_kvcache's rotary embedding, applied to q and the new k before the kernels (in fp32, rounded to
+    their dtype): k at positions cache_seqlens, cache_seqlens + 1, ...; q at the same positions when causal or
+    windowed, else all of q at position cache_seqlens. The first rotary_dim = 2 * cos.shape[1] dims rotate, as
+    pairs (0, 1), (2, 3), ... (`interleaved`, GPT-J) or (i, i + rotary_dim / 2) (GPT-NeoX)."""
+    tensor(cos, "rotary_cos"), tensor(sin, "rotary_sin")
+    if k is None:
+        raise ValueError("rotary_cos: rotary embedding applies to new k and v; pass them (or rotate q yourself)")
+    if cache_leftpad is not None:
+        raise ValueError("rotary_cos: not supported with cache_leftpad (rotate q and k yourself)")
+    half = cos.shape[-1] if cos.dim() == 2 else -1
+    if cos.shape != sin.shape or half < 1 or 2 * half > q.shape[-1]:
+        raise ValueError(f"rotary_sin: rotary_cos and rotary_sin must both be (seqlen_ro, rotary_dim / 2) with "
+                         f"rotary_dim <= head dim {q.shape[-1]}, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.shape[0] < positions:
+        raise ValueError(f"rotary_cos: {cos.shape[0]} positions, fewer than the cache's {positions}")
+    start = cache_seqlens.long()[:, None]  # out-of-range lengths: clamped here, refused (or NaN) by the kernels
+    steps = torch.arange(max(q.shape[1], k.shape[1]), device=q.device)[None, :]
+
+    def rotate(x, pos):
+        pos = pos.clamp(0, cos.shape[0] - 1)
+        c, s = cos.float()[pos][:, :, None], sin.float()[pos][:, :, None]  # (B, S, 1, rotary_dim / 2)
+        part = x[..., :2 * half].float()
+        a, b = (part[..., 0::2], part[..., 1::2]) if interleaved else (part[..., :half], part[..., half:])
+        ra, rb = a * c - b * s, a * s + b * c
+        rotated = torch.stack((ra, rb), -1).flatten(-2) if interleaved else torch.cat((ra, rb), -1)
+        return torch.cat((rotated.to(x.dtype), x[..., 2 * half:]), -1)
+
+    q_pos = (start + steps[:, :q.shape[1]]) if local else start.expand(-1, q.shape[1])
+    return rotate(q, q_pos), rotate(k, start + steps[:, :k.shape[1]])
 
 
 def _rows_as_pages(k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx: object,
