@@ -169,14 +169,29 @@ def test_vmap_attention_varlen(device, case):
     _assert_same(_vmap(fn, *args, in_dims=dims), _per_sample(fn, *args, in_dims=dims, size=3), device)
 
 
-def test_vmap_attention_varlen_bad_cu_seqlens(device):
-    """A sample whose cu_seqlens ends short of the packed tokens is refused (the op checks the folded sequence's
-    end only)."""
-    cu_q = torch.tensor([[0, 4, 9], [0, 4, 8]], dtype=torch.int32, device=device)
+@pytest.mark.parametrize("bad", ["end", "start"])
+def test_vmap_attention_varlen_bad_cu_seqlens(device, bad):
+    """A sample whose cu_seqlens does not start at 0 or ends short of the packed tokens is refused, as that sample's
+    own call would be (the folded cu_seqlens would be valid: a sequence would reach into the next sample); without
+    sync_checks every output is NaN, as for a bad call of one sample."""
+    cu_q = torch.tensor([[0, 4, 9], [0, 4, 8] if bad == "end" else [1, 4, 9]], dtype=torch.int32, device=device)
     cu_k = torch.tensor([0, 11, 17], dtype=torch.int32, device=device)
     q, k, v = (torch.randn(2, n, 2, 64, device=device).half() for n in (9, 17, 17))
-    with pytest.raises(ValueError, match=r"cu_seqlens_q: .*every vmapped sample.*\[9, 8\]"):
+    with pytest.raises(ValueError, match=r"cu_seqlens_q: must start at 0 and end at .* every vmapped sample"):
         torch.vmap(lambda q, cq: xkernels.attention_varlen(q, k[0], v[0], cq, cu_k, 9, 11))(q, cu_q)
+    out = torch.vmap(lambda q, cq: xkernels.attention_varlen(q, k[0], v[0], cq, cu_k, 9, 11, sync_checks=False))(
+        q, cu_q)
+    assert out.isnan().all()
+
+
+def test_vmap_over_no_samples(device):
+    """A vmapped dim of size 0 gives empty outputs of the per-sample shapes (no fold, no kernel)."""
+    q, k, v = (t[:0] for t in attention_inputs(2, 2, 8, 8, 64, torch.float16, device, seed=12))
+    o, lse = torch.vmap(lambda q, k, v: xkernels.attention(q[None], k[None], v[None], return_lse=True))(q, k, v)
+    assert o.shape == (0, 1, 2, 8, 64) and lse.shape == (0, 1, 2, 8)
+    cu = torch.tensor([0, 8], dtype=torch.int32, device=device)
+    packed = torch.empty(0, 8, 2, 64, device=device).half()
+    assert torch.vmap(lambda t: xkernels.attention_varlen(t, t, t, cu, cu, 8, 8))(packed).shape == (0, 8, 2, 64)
 
 
 @pytest.mark.parametrize("case", ["a", "b", "both", "batched-a-b-2d", "nk"])

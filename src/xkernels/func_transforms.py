@@ -121,9 +121,10 @@ def _dense_rule(op, n_out: int):
 
 
 def _packed_offsets(values: list, dims: list, names: list, size: int) -> None:
-    """The packed ops' samples laid end to end: sample s's sequences start s * total tokens later (each sample's
-    cu_seqlens must end at its total: with `sync_checks`, checked here for every sample; the backward's come from a
-    checked forward)."""
+    """The packed ops' samples laid end to end: sample s's sequences start s * total tokens later. Each sample's
+    cu_seqlens must start at 0 and end at its total (what the op checks of one sample's): with `sync_checks` they
+    are read and checked here; without (and under an outer vmap) a bad sample makes the folded cu_seqlens end at -1,
+    which the op refuses, or answers with NaN everywhere, as it would the sample's own."""
     q = values[names.index("q")]
     sync_checks = ("sync_checks" in names and values[names.index("sync_checks")]
                    and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
@@ -131,12 +132,17 @@ def _packed_offsets(values: list, dims: list, names: list, size: int) -> None:
         i = names.index(cu_name)
         cu = values[i]
         cu = cu.expand(size, *cu.shape) if dims[i] is None else cu.movedim(dims[i], 0)
+        if cu.dim() != 2 or cu.shape[1] == 0:
+            values[i] = cu.flatten()  # the op names what is wrong with it
+            continue
         total = values[names.index(t_name)].shape[0] // size
-        if sync_checks and cu.shape[-1] and not bool((cu[:, -1] == total).all()):
-            raise ValueError(f"{cu_name}: must end at the packed tensor's {total} tokens in every vmapped sample, "
-                             f"got ends {cu[:, -1].tolist()}")
+        bad = ((cu[:, 0] != 0) | (cu[:, -1] != total)).any()
+        if sync_checks and not torch._C._functorch.is_batchedtensor(bad) and bool(bad):
+            raise ValueError(f"{cu_name}: must start at 0 and end at the packed tensor's {total} tokens in every "
+                             f"vmapped sample, got starts {cu[:, 0].tolist()} and ends {cu[:, -1].tolist()}")
         starts = torch.arange(size, device=cu.device, dtype=cu.dtype)[:, None] * total
-        values[i] = torch.cat([(cu[:, :-1] + starts).flatten(), cu.new_full((1,), size * total)])
+        end = torch.where(bad, -1, size * total).to(cu.dtype).reshape(1)
+        values[i] = torch.cat([(cu[:, :-1] + starts).flatten(), end])
 
 
 def _packed_rule(op, out_axes: tuple[int, ...]):
@@ -181,11 +187,39 @@ def _matmul_rule(info, in_dims, a, b, *rest, **kwargs):
     return ops.matmul_op(leading(a, da, ranks[0]), leading(b, db, ranks[1]), *rest, **kwargs), 0
 
 
+def _empty_batch(op, in_dims, args, kwargs):
+    """A vmapped dim of size 0: the outputs' shapes from the op's fake kernel on one sample's meta tensors (no data
+    read), with no samples."""
+    values, dims = _full_args(op, args, kwargs, in_dims)
+    device = next(v.device for v in values if isinstance(v, torch.Tensor))
+
+    def one_sample(v, d):
+        if not isinstance(v, torch.Tensor):
+            return v
+        shape = [n for i, n in enumerate(v.shape) if i != d]
+        return torch.empty(shape, dtype=v.dtype, device="meta")
+
+    out = op(*(one_sample(v, d) for v, d in zip(values, dims, strict=True)))
+    outs = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+    empty = tuple(torch.empty((0, *o.shape), dtype=o.dtype, device=device) for o in outs)
+    return (empty[0], 0) if isinstance(out, torch.Tensor) else (empty, (0,) * len(empty))
+
+
+def _sized(op, rule):
+    """`rule`, but for a vmapped dim of size 0 (nothing to fold, and nothing to unfold by)."""
+    def sized_rule(info, in_dims, *args, **kwargs):
+        if info.batch_size == 0:
+            return _empty_batch(op, in_dims, args, kwargs)
+        return rule(info, in_dims, *args, **kwargs)
+
+    return sized_rule
+
+
 def register_batching_rules() -> None:
-    torch.library.register_vmap(ops.attention_op, _dense_rule(ops.attention_op, 1))
-    torch.library.register_vmap(ops.attention_lse_op, _dense_rule(ops.attention_lse_op, 2))
-    torch.library.register_vmap(ops.attention_backward_op, _dense_rule(ops.attention_backward_op, 3))
-    torch.library.register_vmap(ops.attention_varlen_op, _packed_rule(ops.attention_varlen_op, (0, 1)))
-    torch.library.register_vmap(ops.attention_varlen_backward_op,
-                                _packed_rule(ops.attention_varlen_backward_op, (0, 0, 0)))
-    torch.library.register_vmap(ops.matmul_op, _matmul_rule)
+    for op, rule in ((ops.attention_op, _dense_rule(ops.attention_op, 1)),
+                     (ops.attention_lse_op, _dense_rule(ops.attention_lse_op, 2)),
+                     (ops.attention_backward_op, _dense_rule(ops.attention_backward_op, 3)),
+                     (ops.attention_varlen_op, _packed_rule(ops.attention_varlen_op, (0, 1))),
+                     (ops.attention_varlen_backward_op, _packed_rule(ops.attention_varlen_backward_op, (0, 0, 0))),
+                     (ops.matmul_op, _matmul_rule)):
+        torch.library.register_vmap(op, _sized(op, rule))
