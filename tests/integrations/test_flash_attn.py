@@ -72,6 +72,14 @@ def test_flash_attn_func_gradients_match_float64(device, dtype):
         assert c.passed, f"d{name}: {c.reason}"
 
 
+def test_causal_window_right_side_is_zero_as_in_flash_attn(device):
+    """flash_attn sets a causal call's right window side to 0 (transformers passes (w - 1, w - 1) with causal)."""
+    q, k = _bshd(1, 12, 2, 64, device, 1), _bshd(1, 20, 2, 64, device, 2)
+    want = fa.flash_attn_func(q, k, k, causal=True, window_size=(3, 0))
+    assert torch.equal(fa.flash_attn_func(q, k, k, causal=True, window_size=(3, 3)), want)
+    assert not torch.equal(fa.flash_attn_func(q, k, k, causal=True, window_size=(4, 0)), want)
+
+
 def test_packed_functions_equal_unpacked_calls(device):
     """qkv (B, S, 3, H, D) and kv (B, S, 2, H, D) read in place; the packed gradient is the unpacked ones stacked."""
     b, s, h, d = 2, 9, 2, 64
@@ -120,6 +128,8 @@ def test_kvcache_function_keeps_flash_attn_defaults(device):
     causal = xkernels.attention_with_kvcache(q, k_cache.clone(), v_cache.clone(), cache_seqlens=seqlens, k=k_new,
                                              v=k_new)
     assert not torch.equal(got[0], causal), "the default is flash_attn's causal=False"
+    rows = torch.cat([kc, k_cache]), torch.cat([vc, v_cache])  # more cache rows than sequences: rows 0 .. B - 1
+    assert torch.equal(fa.flash_attn_with_kvcache(q, *rows, cache_seqlens=23), got[0])
     whole = fa.flash_attn_with_kvcache(q, k_cache, v_cache)
     full = torch.full((b,), s_max, dtype=torch.int32, device=device)
     assert torch.equal(whole, xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=full,
@@ -207,6 +217,8 @@ def test_what_the_kernels_lack_is_refused_by_name(device):
              ValueError, "rotary_cos: 1 positions, fewer than the cache's 8"),
             (lambda: fa.flash_attn_with_kvcache(q, q, q, cache_batch_idx=cu.long()), TypeError,
              "cache_batch_idx: expected a 1-D int32"),
+            (lambda: fa.flash_attn_with_kvcache(q, cache16, cache16, cache_batch_idx=cu), ValueError,
+             "cache_batch_idx: 2 indices for a batch of 1"),
             (lambda: fa.flash_attn_with_kvcache(q, q[:, :4], q[:, :4], cache_batch_idx=cu[:1]), ValueError,
              "cache_batch_idx: needs a dense cache"),
             (lambda: fa.flash_attn_with_kvcache(q, cache16, cache16, cache_batch_idx=cu[1:], cache_seqlens=4),

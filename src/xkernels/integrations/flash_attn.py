@@ -5,9 +5,12 @@
 The signatures, defaults, layouts and alignment are flash_attn's (2.6+): q (B, Sq, Hq, D), k and v (B, Skv, Hkv, D)
 (batch first, heads third: not SDPA's layout), `causal` and `window_size` aligned **bottom-right** when Sq != Skv
 (query i sees keys j <= i + Skv - Sq), `softmax_scale`, `softcap`, `deterministic`, and flash_attn_with_kvcache's
-`causal=False` default (`xkernels.attention_with_kvcache` defaults to True). Outputs are contiguous in flash_attn's
-layout (`out.view(B, S, -1)` works), the LSE natural-log fp32 as flash_attn's: (B, Hq, Sq) dense, (Hq, total_q)
-packed; `return_attn_probs=True` returns (out, lse, None): the probabilities exist only with dropout.
+`causal=False` default (`xkernels.attention_with_kvcache` defaults to True); with `causal`, a window's right side
+is 0 whatever is passed, and a dense cache may have more rows than the batch (rows 0 .. B - 1 are used), as in
+flash_attn. Outputs are contiguous in flash_attn's layout (`out.view(B, S, -1)` works), the LSE natural-log fp32 in
+flash_attn's shapes, (B, Hq, Sq) dense and (Hq, total_q) packed; two differences: a row that sees no key has LSE
+-inf here (log 0; flash_attn writes +inf), and `return_attn_probs=True` returns (out, lse, None) (flash_attn an
+empty tensor for the probabilities, which it has only with dropout).
 
 The dense functions run the packed kernels (`xkernels.attention_varlen`, one sequence per batch row: the same
 memory, no copy; its bottom-right causal and window are flash_attn's), differentiable as flash_attn's. What the
@@ -43,16 +46,23 @@ def _unsupported(**given: object) -> None:
             raise ValueError(f"{name}: {what} (got a value; pass None)")
 
 
-def _window(window_size: object) -> object:
-    """flash_attn takes a list too; anything else goes to xkernels' check as it is (and its named error)."""
-    return tuple(window_size) if isinstance(window_size, list) else window_size
+def _window(window_size: object, causal: object) -> object:
+    """flash_attn's window_size: a list too, and with `causal` a right side above 0 is 0 (flash_attn sets it so);
+    anything else goes to xkernels' check as it is (and its named error)."""
+    if isinstance(window_size, list):
+        window_size = tuple(window_size)
+    if causal is True and isinstance(window_size, tuple) and len(window_size) == 2 and type(window_size[1]) is int \
+            and window_size[1] > 0:
+        window_size = (window_size[0], 0)
+    return window_size
 
 
 def _packed_call(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap, deterministic,
                  return_lse: bool, sync_checks: bool):
     return xkernels.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal, scale=softmax_scale,
-                                     return_lse=return_lse, sync_checks=sync_checks, window_size=_window(window_size),
-                                     softcap=softcap, deterministic=deterministic)
+                                     return_lse=return_lse, sync_checks=sync_checks,
+                                     window_size=_window(window_size, causal), softcap=softcap,
+                                     deterministic=deterministic)
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -181,14 +191,17 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                        local=causal or tuple(window_size) != (-1, -1),
                        positions=k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1]))
     rows = k_cache.shape[0]
+    if cache_batch_idx is None and block_table is None and rows > q.shape[0]:
+        k_cache, v_cache = k_cache[:q.shape[0]], v_cache[:q.shape[0]]  # flash_attn reads rows 0 .. B - 1
     if cache_batch_idx is not None:
-        k_cache, v_cache, block_table = _rows_as_pages(k_cache, v_cache, cache_batch_idx, block_table, cache_leftpad)
+        k_cache, v_cache, block_table = _rows_as_pages(k_cache, v_cache, cache_batch_idx, block_table, cache_leftpad,
+                                                       q.shape[0])
     try:
         return xkernels.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=cache_seqlens, k=k, v=v,
                                                block_table=block_table, cache_leftpad=cache_leftpad,
                                                is_causal=causal, scale=softmax_scale,
                                                return_lse=return_softmax_lse, num_splits=num_splits,
-                                               window_size=_window(window_size), softcap=softcap)
+                                               window_size=_window(window_size, causal), softcap=softcap)
     except ValueError as e:
         if cache_batch_idx is not None and str(e).startswith("block_table"):  # the table made of cache_batch_idx
             raise ValueError(f"cache_batch_idx: every index must be a row of the cache, 0 to {rows - 1} "
@@ -230,7 +243,8 @@ def _rotary(q: torch.Tensor, k: torch.Tensor | None, cos: object, sin: object, c
 
 
 def _rows_as_pages(k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx: object,
-                   block_table: object, cache_leftpad: object) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   block_table: object, cache_leftpad: object,
+                   batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """flash_attn's `cache_batch_idx` (sequence b reads and appends to cache row cache_batch_idx[b]) on the paged
     kernel: a dense cache (rows, S_max, Hkv, D) is also a paged one, S_max / P pages of P positions a row (the
     largest power of two from 16 to 256 that divides S_max), viewed in place; sequence b's block table lists its
@@ -241,6 +255,8 @@ def _rows_as_pages(k_cache: torch.Tensor, v_cache: torch.Tensor, cache_batch_idx
     if cache_batch_idx.dtype != torch.int32 or cache_batch_idx.dim() != 1:
         raise TypeError(f"cache_batch_idx: expected a 1-D int32 tensor, got {cache_batch_idx.dtype} of shape "
                         f"{tuple(cache_batch_idx.shape)}")
+    if cache_batch_idx.shape[0] != batch:
+        raise ValueError(f"cache_batch_idx: {cache_batch_idx.shape[0]} indices for a batch of {batch}")
     s_max = k_cache.shape[1]
     page = next((p for p in (256, 128, 64, 32, 16) if s_max % p == 0), None)
     if page is None or k_cache.dim() != 4:
