@@ -177,8 +177,13 @@ def _attention_other_rank(q: torch.Tensor, k: object, v: object, *, out: object,
         except RuntimeError as e:
             raise ValueError(f"out: its {len(lead)} leading dims cannot be viewed as one batch dim (strides "
                              f"{out.stride()}); pass a contiguous out") from e
-    result = attention(*(t.reshape(batch, *t.shape[-3:]) for t in (q, k, v)), out=out, return_lse=return_lse,
-                       **kwargs)
+    try:
+        result = attention(*(t.reshape(batch, *t.shape[-3:]) for t in (q, k, v)), out=out, return_lse=return_lse,
+                           **kwargs)
+    except (TypeError, ValueError) as e:  # its shapes are the folded ones: say so, with the caller's
+        shapes = ", ".join(f"{name} {tuple(t.shape)}" for name, t in named.items())
+        how = f"the {len(lead)} leading dims folded into one" if lead else "a batch dim of 1 added"
+        raise type(e)(f"{e} (shapes with {how}; as passed: {shapes})") from e
     o, lse = result if return_lse else (result, None)
     o = o.view(*lead, *o.shape[1:]) if given_out is None else given_out
     return o if lse is None else (o, lse.view(*lead, *lse.shape[1:]))
