@@ -175,7 +175,7 @@ def test_persistent_descriptor_views():
 
 
 @pytest.mark.parametrize("m,n,k,tile,split", [
-    (512, 512, 512, "tiny", 1), (1024, 1024, 1024, "small", 1), (1536, 1536, 1536, "small", 1),
+    (512, 512, 512, "tiny", 1), (1024, 1024, 1024, "small", 1), (1536, 1536, 1536, "rows3", 1),
     (256, 4096, 4096, "small", 1), (128, 6144, 4096, "small", 1), (128, 4096, 4096, "tiny", 1),
     (128, 4096, 14336, "small", 2), (100, 4096, 14336, "small", 2),
     (64, 4096, 14336, "narrow", 1), (64, 4096, 4096, "narrow", 1),  # one row block, 128 tiles of 64 x 32
@@ -183,8 +183,9 @@ def test_persistent_descriptor_views():
     (48, 4096, 4096, "tiny", 1),  # a partial row block: 64 x 64
     (1, 4096, 8192, "small", 2),  # forced onto the Hopper kernel: 32 tiles
     (1024, 6144, 4096, "mid", 1),  # 1.45 waves of 128 x 256 tiles, 2.9 of 128 x 128
-    (1024, 4608, 4096, "small", 1), (2304, 2048, 4096, "small", 1),  # 64 x 128 tiles fill their waves best
-    (3000, 3000, 3000, "mid", 1), (3072, 3072, 3072, "mid", 1),  # 64 x 128 fills better, but at its lower rate
+    (2304, 2048, 4096, "small", 1),  # 64 x 128 tiles fill their waves best
+    (1024, 4608, 4096, "small", 1),  # 192 x 128 would fill 2 waves, over 1152 rows of 1024: 11 % wasted
+    (3000, 3000, 3000, "rows3", 1), (3072, 3072, 3072, "rows3", 1),  # 3 whole waves of 192 x 128
     (2560, 2560, 2560, "big", 1),
     (2048, 2048, 2048, "big", 1), (1024, 4096, 4096, "big", 1), (128, 28672, 4096, "big", 1),
     (8192, 8192, 8192, "big", 1),
@@ -199,7 +200,8 @@ def test_gemm_tile_follows_the_wave(m, n, k, tile, split):
     from xkernels.hopper import configs
 
     want = dict(big=configs.GEMM_CONFIG, mid=configs.MID_GEMM_CONFIG, small=configs.SMALL_GEMM_CONFIG,
-                tiny=configs.TINY_GEMM_CONFIG, narrow=configs.NARROW_GEMM_CONFIG)[tile]
+                tiny=configs.TINY_GEMM_CONFIG, narrow=configs.NARROW_GEMM_CONFIG,
+                rows3=configs.ROWS3_GEMM_CONFIG)[tile]
     assert configs.gemm_config(m, n, k, 132) == dataclasses.replace(want, split_k=split)
     assert configs.gemm_config(m, n, k, 10_000).block_m == 64  # more SMs: every one of these is small
     assert configs.wave_fill(132, 132) == configs.wave_fill(264, 132) == 1.0 and configs.wave_fill(192, 132) < 0.73

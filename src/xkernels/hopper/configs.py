@@ -362,12 +362,12 @@ NARROW_GEMM_CONFIG = HopperGemmConfig(block_m=64, block_n=32, block_k=128, stage
 # 4096 x 4096; it reads twice the operand bytes per product, and its rate falls with size: 2560^3 and 3072^3, where
 # it filled the waves best, ran 0.76x torch against 0.88-0.89 for 128 x 256 or 128 x 128, run 25 of 2026-12-06;
 # the H200's 0.92 in run 10 was timed config after config)
-TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (SMALL_GEMM_CONFIG, 0.82))
-# 192 x 128 over three row warpgroups (`row_wgs`): one wave of 96 tiles at 1536^3 and 3 of 384 at 3072^3, where the
-# ranked tiles need 2-3 and 5 waves of less work; compiled spill-free, an override only (`hopper:block_m=192,
-# block_n=128,stages=4,num_warps=4,row_wgs=3`) until a device run (`scripts/gemm_tiles.py --configs rows`) gives
-# its rate for TILE_RATES
+# 192 x 128 over three row warpgroups (`row_wgs`, a 64-row slice each, sharing B's tile): one wave of 96 tiles at
+# 1536^3 and 3 of 384 at 3072^3, where the other tiles need 2-3 and 5 waves of less work; 0.96 (H100, run 28 of
+# 2026-12-07, `scripts/gemm_tiles.py --configs rows`: 0.96x torch at 3072^3, 0.92 at 1536^3 where the ranked tiles
+# gave 0.88 and 0.87; 0.84 at 4096^3, 6 waves of 704 tiles, against 128 x 256's 0.97-1.00 at 4)
 ROWS3_GEMM_CONFIG = HopperGemmConfig(block_m=192, block_n=128, stages=4, num_warps=4, row_wgs=3)
+TILE_RATES = ((GEMM_CONFIG, 1.0), (MID_GEMM_CONFIG, 0.98), (ROWS3_GEMM_CONFIG, 0.96), (SMALL_GEMM_CONFIG, 0.82))
 FULL_WAVE = 0.8  # outputs of at least this share of a wave of 128 x 128 tiles take the best-filling big tile
 MAX_SPLIT_K = 2  # 4 splits never beat 2 where measured
 MIN_SPLIT_STEPS = 64  # k-steps per split at least: shorter splits lose more to the partials' traffic than they gain
@@ -380,11 +380,12 @@ def wave_fill(units: int, sms: int) -> float:
 
 def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
     """The Hopper GEMM config for an M x N x K problem on `sms` SMs:
-      - outputs of about a wave of 128 x 128 tiles or more: of 128 x 256, 128 x 128 and 64 x 128, the tile with the
-        best wave fill times its whole-wave rate (`TILE_RATES`; ties to the larger tile): 1024 x 6144 x 4096 fills
-        1.45 waves of 128 x 256 tiles, 0.79x torch.matmul, and 2.9 of 128 x 128, 0.99x; 1536^3 takes 64 x 128
-        (0.88x, against 0.74-0.76 for the larger tiles), 2560^3 128 x 256 (0.89; 64 x 128 0.76), 3072^3 128 x 128
-        (0.88; 64 x 128 0.73);
+      - outputs of about a wave of 128 x 128 tiles or more: of 128 x 256, 128 x 128, 192 x 128 and 64 x 128, the
+        tile with the best wave fill times its whole-wave rate (`TILE_RATES`) times the share of its products inside
+        the output (a 192-row tile over 1024 rows computes 1152; ties to the larger tile): 1024 x 6144 x 4096 fills
+        1.45 waves of 128 x 256 tiles, 0.79x torch.matmul, and 2.9 of 128 x 128, 0.99x; 1536^3 and 3072^3 take
+        192 x 128 (0.92-0.93x and 0.96x on the H100, where 64 x 128 gave 0.87 and 128 x 128 0.88), 2560^3
+        128 x 256 (0.89; 64 x 128 0.76);
       - one full row block (M = 64) whose 64 x 32 tiles fit one wave: NARROW_GEMM_CONFIG (0.84-1.07x torch.matmul
         on five such shapes, where 64 x 64 gave 0.72-0.91x and split-K 64 x 128 0.98x at K = 14336); at 40-48 rows
         64 x 64 is ahead (0.82-0.89x against 0.70-0.81x: both lose time to the partial row block, 64 x 32 more);
@@ -394,12 +395,15 @@ def gemm_config(m: int, n: int, k: int, sms: int) -> HopperGemmConfig:
         against 4096 x 4096: 0.77-1.21x where 64 x 128 tiles gave 0.58-1.02x), else SMALL_GEMM_CONFIG.
     Measured on the H200: benchmarks/results/h200/2026-12-01/09-l2chunk-gemm-tiles-bwd and 10-*/gemm_tiles.md, and
     (the 64 x 32 tiles) 2026-12-03/68-*/gemm_narrow.md and 69-*/gemm_narrow_rule.md; the 64 x 128 rate on the H100:
-    benchmarks/results/h100/2026-12-06/25-gemm-tiles-bwd-even-keys."""
+    benchmarks/results/h100/2026-12-06/25-gemm-tiles-bwd-even-keys, the 192 x 128 one: h100/2026-12-07/28-*."""
     def tiles(cfg: HopperGemmConfig) -> int:
         return -(-m // cfg.block_m) * -(-n // cfg.block_n)
 
+    def useful(cfg: HopperGemmConfig) -> float:  # the share of the tiles' products inside the output
+        return m * n / (tiles(cfg) * cfg.block_m * cfg.block_n)
+
     if tiles(MID_GEMM_CONFIG) >= FULL_WAVE * sms:
-        return max(TILE_RATES, key=lambda c: wave_fill(tiles(c[0]), sms) * c[1])[0]
+        return max(TILE_RATES, key=lambda c: wave_fill(tiles(c[0]), sms) * c[1] * useful(c[0]))[0]
     if m == NARROW_GEMM_CONFIG.block_m and tiles(NARROW_GEMM_CONFIG) <= sms:
         return NARROW_GEMM_CONFIG
     split = min(sms // tiles(SMALL_GEMM_CONFIG), MAX_SPLIT_K, -(-k // SMALL_GEMM_CONFIG.block_k) // MIN_SPLIT_STEPS)
