@@ -125,6 +125,30 @@ def test_xkernels_layer_is_the_default_backend(device):
     assert run.returncode != 0 and "XKERNELS_LAYER: backend: 'gpu' is not" in run.stderr
 
 
+@pytest.mark.parametrize("sq", [40, 3])  # the forward kernels, and the split-KV kernel of few query rows
+def test_output_takes_q_layout(device, sq):
+    """q, k, v as (B, S, H, D) tensors viewed as (B, H, S, D), as projections make them: O comes back in that
+    layout (its transpose contiguous, as SDPA's) with the contiguous call's values, written in place (no copy);
+    the fake kernel (meta tensors, torch.compile) gives the same strides; opcheck holds; dQ takes q's layout too."""
+    q, k, v = attention_inputs(2, 4, sq, 40, 64, torch.float16, device, hkv=2, seed=9)
+    views = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)]
+    want = xkernels.attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert want.is_contiguous()
+    o = xkernels.attention(*views, is_causal=True, enable_gqa=True)
+    assert o.transpose(1, 2).is_contiguous() and torch.equal(o, want)
+    assert "copied" not in xkernels.last_backend(), xkernels.last_backend()
+    meta = xkernels.attention(*(t.to("meta") for t in views), is_causal=True, enable_gqa=True)
+    assert meta.stride() == o.stride()
+    compiled = torch.compile(lambda *t: xkernels.attention(*t, is_causal=True, enable_gqa=True),
+                             backend=COMPILE_BACKEND, fullgraph=True)
+    got = compiled(*views)
+    assert got.stride() == o.stride() and torch.equal(got, o)
+    torch.library.opcheck(ops.attention_lse_op, (*views, True, None, True, "auto", "auto"))
+    leaf = views[0].detach().requires_grad_()
+    xkernels.attention(leaf, *views[1:], is_causal=True, enable_gqa=True).float().sum().backward()
+    assert leaf.grad.stride() == leaf.stride()
+
+
 def test_fake_and_meta_tensors_give_shapes_without_data(device):
     with FakeTensorMode():
         q = torch.empty(2, 8, 100, 128, dtype=torch.bfloat16, device=device)

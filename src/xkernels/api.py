@@ -86,9 +86,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torc
     allows Hq a multiple of Hkv. `precision` picks a recipe from `xkernels.recipes` ("fp16", "bf16", "bf16io",
     their fp16-accumulator variants "fp16-acc16" and "bf16io-acc16", or "auto": fp16 -> fp16, bf16 -> bf16).
     Returns O (B, Hq, Sq, D) in the input dtype, or (O, LSE) with the natural-log LSE (B, Hq, Sq) fp32 when
-    `return_lse`. Differentiable in q, k and v through O and the LSE (not with `out`): the forward saves O and the
-    LSE, and the backward recomputes the attention matrix tile by tile; bf16io's backward is the bf16 recipe's,
-    an -acc16 variant's that of its base.
+    `return_lse`. O is contiguous, or has q's layout where q is a (B, Sq, Hq, D) tensor viewed as (B, Hq, Sq, D)
+    (what projections make): `o.transpose(1, 2)` is then contiguous, as SDPA's O, and the kernels write it in place.
+    Differentiable in q, k and v through O and the LSE (not with `out`): the forward saves O and the LSE, and the
+    backward recomputes the attention matrix tile by tile; bf16io's backward is the bf16 recipe's, an -acc16
+    variant's that of its base.
     `window_size` (left, right) is FlashAttention's sliding window, aligned as `is_causal` (top-left): query i
     attends keys i - left <= j <= i + right, -1 for an unbounded side; with is_causal, right must be -1 or 0. Rows
     that see no key (a window past the last key, or Skv = 0) return 0 and LSE -inf. A window visits only the key

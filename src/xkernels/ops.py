@@ -224,14 +224,14 @@ def _fake_lse(q):
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
       sinks=None, deterministic=True):
     _resolve_fake(q, k, v, None, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
-    return q.new_empty(q.shape)
+    return plans.output_like(q)
 
 
 @torch.library.register_fake("xkernels::attention_lse")
 def _(q, k, v, is_causal, scale, enable_gqa, precision, backend, window_left=-1, window_right=-1, softcap=0.0,
       sinks=None, deterministic=True):
     _resolve_fake(q, k, v, None, is_causal, enable_gqa, precision, backend, window_left, window_right, softcap, sinks)
-    return q.new_empty(q.shape), _fake_lse(q)
+    return plans.output_like(q), _fake_lse(q)
 
 
 @torch.library.register_fake("xkernels::attention_out")

@@ -81,6 +81,27 @@ def attention_args(q, k, v, out, lse, hq: int, group: int, sq: int, skv: int, qk
             hq, group, sq, skv, qk_scale)
 
 
+def output_strides(shape, stride) -> tuple:
+    """O's strides for a q of this shape and stride: q's heads-inner layout where q is a (B, S, H, D) tensor viewed as
+    (B, H, S, D) (what projections make and transformers passes; O then transposes back to (B, S, H, D) without a
+    copy, as SDPA's O does, and the kernels write it in place), else contiguous. The fake kernels use the same rule,
+    so traced strides match eager ones."""
+    b, h, s, d = shape
+    if stride[1] < stride[2]:
+        return (s * h * d, d, h * d, 1)
+    return (h * s * d, s * d, d, 1)
+
+
+def new_output(shape, strides, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialized O (tests fill it with NaN to catch rows a kernel leaves unwritten)."""
+    return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
+
+def output_like(q: torch.Tensor) -> torch.Tensor:
+    """An uninitialized O for `q` (`output_strides`)."""
+    return new_output(q.shape, output_strides(q.shape, q.stride()), q.dtype, q.device)
+
+
 class DecodeAttentionPlan:
     """A dense call with few query rows, run by the split-KV kernel (K/V read as a one-page-per-sequence cache). The
     layouts the kernel sees (inputs with a non-unit last stride copied, an output allocated) follow from this plan's
@@ -94,6 +115,7 @@ class DecodeAttentionPlan:
         self.recipe, self.cfg, self.is_causal, self.window = recipe, choice.config, is_causal, window
         self.softcap, self.sinks = softcap, sinks
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
+        self.out_strides = output_strides(q.shape, q.stride())
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.empty = q.numel() == 0
         self.grows = grows
@@ -105,7 +127,7 @@ class DecodeAttentionPlan:
     def run(self, q, k, v, out, scale: float | None, sinks=None):
         given = out
         if out is None or out.stride(-1) != 1:
-            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+            out = new_output(self.out_shape, self.out_strides, self.dtype, self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
         if self.empty:
             _record("empty")
@@ -142,6 +164,7 @@ class AttentionPlan:
         self.recipe = recipe
         b, hq, sq, d = q.shape
         self.out_shape, self.dtype, self.device = (b, hq, sq, d), q.dtype, q.device
+        self.out_strides = output_strides(q.shape, q.stride())
         self.lse_shape = (b, hq, sq) if return_lse else None
         self.default_scale = 1.0 / math.sqrt(d)
         self.empty = q.numel() == 0
@@ -172,7 +195,7 @@ class AttentionPlan:
         self.direct = launch.direct_launch_available(q.device) and all(strides_ready(t) for t in tensors)
         self.kernel: launch.Kernel | None = None
         if self.direct:
-            o_strides = out.stride()[:3] if out is not None else (hq * sq * d, sq * d, d)
+            o_strides = out.stride()[:3] if out is not None else self.out_strides[:3]
             self.ints = (*q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o_strides, hq, self.group, sq, self.skv)
         self.persistent = None
         if (self.direct and choice.layer == "hopper" and not self.empty and choice.config.persistent is not None
@@ -185,7 +208,7 @@ class AttentionPlan:
         """(O, LSE or None): LSE is allocated only when the plan writes it. `sinks`: the sink logits (Hq,),
         contiguous (either kernel converts them to fp32), for a plan made with them."""
         if out is None:
-            out = torch.empty(self.out_shape, dtype=self.dtype, device=self.device)
+            out = new_output(self.out_shape, self.out_strides, self.dtype, self.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=self.device) if self.lse_shape else None
         if self.empty:
             _record("empty")
@@ -245,7 +268,7 @@ class PersistentAttention:
 
         b, hq, sq, d = q.shape
         o_view = hp.descriptor_view(out if out is not None else torch.empty_strided(
-            q.shape, (hq * sq * d, sq * d, d, 1), dtype=q.dtype, device="meta"))
+            q.shape, output_strides(q.shape, q.stride()), dtype=q.dtype, device="meta"))
         if o_view is None or not hp.eligible(q, k, v, cfg, recipe, causal=is_causal):
             return None
         return cls(q, k, v, o_view, recipe, cfg, hp, is_causal=is_causal, return_lse=return_lse,
@@ -290,7 +313,7 @@ def _no_keys(q, k, v, out, *, enable_gqa: bool, precision: str, return_lse: bool
     tensor)."""
     select.resolve_attention(q, k, v, out, enable_gqa=enable_gqa, precision=precision, backend=backend,
                              is_causal=is_causal, window=window, softcap=softcap, sinks=sinks)
-    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device) if out is None else out.zero_()
+    out = (output_like(q) if out is None else out).zero_()
     lse = None
     if return_lse:
         b, hq, sq = q.shape[:3]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import xkernels
-from xkernels import varlen
+from xkernels import plans, varlen
 from xkernels.integrations import flash_attn as fa
 from xkernels.recipes import ATTENTION_RECIPES
 from xkernels.testing import compare_attention, compare_grad, compare_lse, reference_attention_varlen
@@ -20,6 +20,8 @@ from xkernels.testing.reference import reference_attention_varlen_grads
 def poisoned_output(monkeypatch):
     real = varlen.output_like
     monkeypatch.setattr(varlen, "output_like", lambda q: real(q).fill_(float("nan")))
+    dense = plans.new_output
+    monkeypatch.setattr(plans, "new_output", lambda *args: dense(*args).fill_(float("nan")))
 
 
 def _bshd(b, s, h, d, device, seed, dtype=torch.float16):
@@ -30,16 +32,19 @@ def _uniform_cu(b, s, device):
     return torch.arange(b + 1, dtype=torch.int32, device=device) * s
 
 
-@pytest.mark.parametrize(("sq", "skv", "causal", "window", "softcap"),
-                         [(13, 29, True, (-1, -1), 0.0), (29, 13, True, (-1, -1), 0.0),
-                          (21, 21, False, (-1, -1), 0.0), (17, 40, True, (5, 0), 0.0),
-                          (24, 24, False, (3, 2), 20.0)])
-def test_flash_attn_func_matches_float64(device, sq, skv, causal, window, softcap):
-    """Bottom-right causal and window (flash_attn's): with Sq > Skv the first rows see no key and are 0."""
+@pytest.mark.parametrize(("sq", "skv", "causal", "window", "softcap", "kernel"),
+                         [(13, 29, True, (-1, -1), 0.0, "varlen"), (29, 13, True, (-1, -1), 0.0, "varlen"),
+                          (21, 21, False, (-1, -1), 0.0, "attention["), (17, 40, True, (5, 0), 0.0, "varlen"),
+                          (24, 24, False, (3, 2), 20.0, "attention["), (19, 30, False, (-1, -1), 0.0, "attention["),
+                          (24, 24, True, (-1, -1), 0.0, "attention[")])
+def test_flash_attn_func_matches_float64(device, sq, skv, causal, window, softcap, kernel):
+    """Bottom-right causal and window (flash_attn's): with Sq > Skv the first rows see no key and are 0. Where the
+    alignment cannot matter the dense kernels serve the call (on views of the same memory), else the packed ones."""
     b, hq, hkv, d = 2, 4, 2, 64
     q, k, v = _bshd(b, sq, hq, d, device, 1), _bshd(b, skv, hkv, d, device, 2), _bshd(b, skv, hkv, d, device, 3)
     out, lse, probs = fa.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
                                          softmax_scale=0.2, return_attn_probs=True)
+    assert kernel in xkernels.last_backend() and "copied" not in xkernels.last_backend(), xkernels.last_backend()
     assert probs is None and out.shape == q.shape and out.is_contiguous() and lse.shape == (b, hq, sq)
     assert out.view(b, sq, -1).shape == (b, sq, hq * d)
     ref_o, ref_lse = reference_attention_varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1),
@@ -95,9 +100,9 @@ def test_packed_functions_equal_unpacked_calls(device):
     assert torch.equal(fa.flash_attn_kvpacked_func(q, kv, causal=True), want)
     cu = _uniform_cu(b, s, device)
     flat = qkv.detach().flatten(0, 1)
-    assert torch.equal(fa.flash_attn_varlen_qkvpacked_func(flat, cu, s, causal=True), want.flatten(0, 1))
-    assert torch.equal(fa.flash_attn_varlen_kvpacked_func(flat[:, 0], flat[:, 1:], cu, cu, s, s, causal=True),
-                       want.flatten(0, 1))
+    want = fa.flash_attn_varlen_func(*flat.unbind(1), cu, cu, s, s, causal=True)
+    assert torch.equal(fa.flash_attn_varlen_qkvpacked_func(flat, cu, s, causal=True), want)
+    assert torch.equal(fa.flash_attn_varlen_kvpacked_func(flat[:, 0], flat[:, 1:], cu, cu, s, s, causal=True), want)
 
 
 def test_varlen_function_is_attention_varlen(device):

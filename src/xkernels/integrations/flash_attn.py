@@ -12,8 +12,10 @@ flash_attn's shapes, (B, Hq, Sq) dense and (Hq, total_q) packed; two differences
 -inf here (log 0; flash_attn writes +inf), and `return_attn_probs=True` returns (out, lse, None) (flash_attn an
 empty tensor for the probabilities, which it has only with dropout).
 
-The dense functions run the packed kernels (`xkernels.attention_varlen`, one sequence per batch row: the same
-memory, no copy; its bottom-right causal and window are flash_attn's), differentiable as flash_attn's. What the
+The dense functions run the dense kernels on (B, H, S, D) views of the same memory where the alignment cannot matter
+(Sq = Skv, or neither causal nor windowed; O comes back in q's layout, so it is (B, S, H, D) contiguous with no
+copy), else the packed kernels (`xkernels.attention_varlen`, one sequence per batch row, also in place; their
+bottom-right causal and window are flash_attn's); differentiable as flash_attn's. What the
 kernels lack is refused by name (ValueError) rather than ignored: dropout, ALiBi slopes, a varlen `block_table`.
 `cache_batch_idx` runs on the paged kernel (the dense cache viewed as pages, in place); the KV cache's rotary
 embedding (`rotary_cos`, `rotary_sin`) rotates q and the new k with torch ops before the kernels.
@@ -82,6 +84,14 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
         raise ValueError(f"k: batch {k.shape[0]} (v: {v.shape[0]}) does not match q's batch {b}")
     if v.shape[1] != skv:
         raise ValueError(f"v: {v.shape[1]} keys, k has {skv}")
+    window = _window(window_size, causal)
+    if sq == skv or not (causal or window != (-1, -1)):  # alignment cannot matter: the dense kernels, in place
+        result = xkernels.attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                                    scale=softmax_scale, enable_gqa=q.shape[2] != k.shape[2], window_size=window,
+                                    softcap=softcap, deterministic=deterministic, return_lse=return_attn_probs)
+        if not return_attn_probs:
+            return result.transpose(1, 2)
+        return result[0].transpose(1, 2), result[1], None
     rows = torch.arange(b + 1, device=q.device, dtype=torch.int32)
     # the cu_seqlens are made here, valid by construction: nothing to read back (sync_checks=False)
     result = _packed_call(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), rows * sq, rows * skv, sq, skv,
