@@ -1,0 +1,43 @@
+"""A tiny Llama's attention-weight gradients from a left-padded training step under bf16 autocast: xkernels and
+sdpa, each against the fp32 eager model without autocast (the exact-ish reference), per weight (rel-RMS), to tell
+a kernel error from bf16 noise.
+
+    python scripts/autocast_grad_probe.py [--length 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+import xkernels.integrations.transformers  # noqa: F401  (registers "xkernels")
+from tests.integrations.test_transformers import tiny_llama
+
+
+def rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--length", type=int, default=20)
+    args = ap.parse_args()
+    models = {impl: tiny_llama(impl, "cuda").float().train() for impl in ("xkernels", "sdpa", "eager")}
+    ids = torch.randint(0, 256, (2, args.length), generator=torch.Generator().manual_seed(4)).cuda()
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    labels = ids.masked_fill(mask == 0, -100)
+    grads = {}
+    for impl, model in models.items():
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=impl != "eager"):
+            model(ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[impl] = {n: p.grad for n, p in model.named_parameters() if "self_attn" in n}
+    for name in grads["eager"]:
+        print(f"{name}: xkernels vs fp32 {rel(grads['xkernels'][name], grads['eager'][name]):.3f}, sdpa vs fp32 "
+              f"{rel(grads['sdpa'][name], grads['eager'][name]):.3f}, xkernels vs sdpa "
+              f"{rel(grads['xkernels'][name], grads['sdpa'][name]):.3f}")
+
+
+if __name__ == "__main__":
+    main()
