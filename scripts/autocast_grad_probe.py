@@ -22,15 +22,20 @@ def rel(a, b):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--length", type=int, default=20)
+    ap.add_argument("--no-pad", action="store_true", help="no padded row (the dense kernels)")
+    ap.add_argument("--bf16-model", action="store_true", help="bf16 weights, no autocast (the reference stays fp32)")
     args = ap.parse_args()
     models = {impl: tiny_llama(impl, "cuda").float().train() for impl in ("xkernels", "sdpa", "eager")}
+    if args.bf16_model:
+        models["xkernels"], models["sdpa"] = models["xkernels"].bfloat16(), models["sdpa"].bfloat16()
     ids = torch.randint(0, 256, (2, args.length), generator=torch.Generator().manual_seed(4)).cuda()
     mask = torch.ones_like(ids)
-    mask[0, :3] = 0
+    if not args.no_pad:
+        mask[0, :3] = 0
     labels = ids.masked_fill(mask == 0, -100)
     grads = {}
     for impl, model in models.items():
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=impl != "eager"):
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=impl != "eager" and not args.bf16_model):
             model(ids, attention_mask=mask, labels=labels).loss.backward()
         grads[impl] = {n: p.grad for n, p in model.named_parameters() if "self_attn" in n}
     for name in grads["eager"]:
