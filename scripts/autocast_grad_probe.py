@@ -24,8 +24,11 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=20)
     ap.add_argument("--no-pad", action="store_true", help="no padded row (the dense kernels)")
     ap.add_argument("--bf16-model", action="store_true", help="bf16 weights, no autocast (the reference stays fp32)")
+    ap.add_argument("--eval", action="store_true", help="the models in eval mode (gradients still taken)")
     args = ap.parse_args()
-    models = {impl: tiny_llama(impl, "cuda").float().train() for impl in ("xkernels", "sdpa", "eager")}
+    models = {impl: tiny_llama(impl, "cuda").float() for impl in ("xkernels", "sdpa", "eager")}
+    for model in models.values():
+        model.train(not args.eval)
     if args.bf16_model:
         models["xkernels"], models["sdpa"] = models["xkernels"].bfloat16(), models["sdpa"].bfloat16()
     ids = torch.randint(0, 256, (2, args.length), generator=torch.Generator().manual_seed(4)).cuda()
