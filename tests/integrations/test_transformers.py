@@ -116,6 +116,10 @@ def test_left_padded_batch_of_an_fp32_model_under_autocast(device, length):
             logits, ref = ours(ids, attention_mask=mask).logits, sdpa(ids, attention_mask=mask).logits
         assert torch.isfinite(logits).all() and _rel(logits[keep], ref[keep]) < 2e-2, _rel(logits[keep], ref[keep])
         labels = ids.masked_fill(mask == 0, -100)
+        # the first real token is predicted from the last padded row, which sees no key: 0 here (as SDPA's math and
+        # flash kernels give it), attention over every key in transformers' eager and CUDA sdpa paths (15-23 % apart
+        # in the weights' gradients on an H100): the loss leaves that prediction out, as a padded one
+        labels[0, 3] = -100
         grads = []
         for model in (ours.train(), sdpa.train()):
             model(ids, attention_mask=mask, labels=labels).loss.backward()

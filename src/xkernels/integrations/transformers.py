@@ -9,7 +9,10 @@ one token against the cache (full attention over it), GQA without repeated K/V, 
 the left (what `generate()` makes of prompts of different lengths): each row's mask must be "keys from its first
 valid position to the end, causal or not", which is checked on the device (a few reads to the host); prefill packs
 the valid rows and keys through `xkernels.attention_varlen`, decoding reads the cache in place as a left-padded
-cache (`attention_with_kvcache(cache_leftpad=...)`); rows that see no key return 0, as SDPA.
+cache (`attention_with_kvcache(cache_leftpad=...)`); rows that see no key (a left-padded row's pad positions)
+return 0, as SDPA's math and flash kernels do; transformers' "eager" and CUDA "sdpa" paths give such a row attention
+over every key instead. Only a loss on a token predicted from a pad position (the first real token of a
+left-padded row, in a causal LM's shifted loss) sees the difference.
 Sliding-window layers (Mistral, Gemma, ...; the `sliding_window` argument, its mask) pass the window to the same
 kernels (`window_size`): unpadded prefill and training through `attention`, padded or chunked prefill through
 `attention_varlen`, decoding steps through the KV-cache kernel. Another mask (right padding with causal attention,
