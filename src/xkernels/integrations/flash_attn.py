@@ -27,23 +27,21 @@ from __future__ import annotations
 import torch
 
 import xkernels
-from xkernels.validation import tensor
+from xkernels.validation import check_sdpa_mask_dropout, tensor
 
 __all__ = ["flash_attn_func", "flash_attn_kvpacked_func", "flash_attn_qkvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_kvpacked_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_with_kvcache"]
 
 
 def _unsupported(**given: object) -> None:
-    """flash_attn arguments the kernels do not serve, refused by name unless left at their off value."""
+    """flash_attn arguments the kernels do not serve, refused by name unless left at their off value (dropout_p as
+    `attention` checks SDPA's)."""
     for name, value in given.items():
         if name == "dropout_p":
-            if isinstance(value, bool) or not isinstance(value, float | int):
-                raise TypeError(f"dropout_p: expected a float, got {type(value).__name__}")
-            if value != 0.0:
-                raise ValueError(f"dropout_p: attention dropout is not supported (got {value}); pass 0.0")
+            check_sdpa_mask_dropout(None, value)
         elif value is not None:
             what = {"alibi_slopes": "ALiBi biases are not supported",
-                            "block_table": "packed sequences over a paged cache are not supported; use "
+                    "block_table": "packed sequences over a paged cache are not supported; use "
                                    "flash_attn_with_kvcache for paged caches"}[name]
             raise ValueError(f"{name}: {what} (got a value; pass None)")
 
@@ -59,12 +57,12 @@ def _window(window_size: object, causal: object) -> object:
     return window_size
 
 
-def _packed_call(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window_size, softcap, deterministic,
+def _packed_call(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale, causal, window, softcap, deterministic,
                  return_lse: bool, sync_checks: bool):
+    """`xkernels.attention_varlen` with flash_attn's argument names; `window` as `_window` gives it."""
     return xkernels.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=causal, scale=softmax_scale,
-                                     return_lse=return_lse, sync_checks=sync_checks,
-                                     window_size=_window(window_size, causal), softcap=softcap,
-                                     deterministic=deterministic)
+                                     return_lse=return_lse, sync_checks=sync_checks, window_size=window,
+                                     softcap=softcap, deterministic=deterministic)
 
 
 def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
@@ -95,7 +93,7 @@ def flash_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p
     rows = torch.arange(b + 1, device=q.device, dtype=torch.int32)
     # the cu_seqlens are made here, valid by construction: nothing to read back (sync_checks=False)
     result = _packed_call(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), rows * sq, rows * skv, sq, skv,
-                          softmax_scale, causal, window_size, softcap, deterministic, return_attn_probs, False)
+                          softmax_scale, causal, window, softcap, deterministic, return_attn_probs, False)
     if not return_attn_probs:
         return result.unflatten(0, (b, sq))
     out, lse = result
@@ -139,7 +137,7 @@ def flash_attn_varlen_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
     checks them by default (read to the host: one synchronization; flash_attn checks nothing)."""
     _unsupported(dropout_p=dropout_p, alibi_slopes=alibi_slopes, block_table=block_table)
     result = _packed_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
-                          window_size, softcap, deterministic, return_attn_probs, True)
+                          _window(window_size, causal), softcap, deterministic, return_attn_probs, True)
     return (*result, None) if return_attn_probs else result
 
 
@@ -191,15 +189,14 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         raise ValueError(f"q: expected (batch, seqlen, heads, head dim), got shape {tuple(q.shape)}")
     if cache_seqlens is None and k is not None:
         raise ValueError("cache_seqlens: None with new k and v: pass where each sequence's tokens are written")
+    capacity = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])  # positions a sequence has
+    window = _window(window_size, causal)
     if cache_seqlens is None or (isinstance(cache_seqlens, int) and not isinstance(cache_seqlens, bool)):
-        length = cache_seqlens
-        if length is None:
-            length = k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1])
+        length = capacity if cache_seqlens is None else cache_seqlens
         cache_seqlens = torch.full((q.shape[0],), length, dtype=torch.int32, device=q.device)
     if rotary_cos is not None or rotary_sin is not None:
         q, k = _rotary(q, k, rotary_cos, rotary_sin, cache_seqlens, cache_leftpad, rotary_interleaved,
-                       local=causal or tuple(window_size) != (-1, -1),
-                       positions=k_cache.shape[1] * (1 if block_table is None else block_table.shape[-1]))
+                       local=causal or window != (-1, -1), positions=capacity)
     rows = k_cache.shape[0]
     if cache_batch_idx is None and block_table is None and rows > q.shape[0]:
         k_cache, v_cache = k_cache[:q.shape[0]], v_cache[:q.shape[0]]  # flash_attn reads rows 0 .. B - 1
@@ -211,7 +208,7 @@ def flash_attn_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                                                block_table=block_table, cache_leftpad=cache_leftpad,
                                                is_causal=causal, scale=softmax_scale,
                                                return_lse=return_softmax_lse, num_splits=num_splits,
-                                               window_size=_window(window_size, causal), softcap=softcap)
+                                               window_size=window, softcap=softcap)
     except ValueError as e:
         if cache_batch_idx is not None and str(e).startswith("block_table"):  # the table made of cache_batch_idx
             raise ValueError(f"cache_batch_idx: every index must be a row of the cache, 0 to {rows - 1} "
