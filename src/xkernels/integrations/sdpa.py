@@ -76,7 +76,7 @@ class use_xkernels(TorchFunctionMode):  # noqa: N801  (used as a context manager
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is not F.scaled_dot_product_attention:
+        if func is not F.scaled_dot_product_attention:  # every other torch call in the block: straight through
             return func(*args, **kwargs)
         bound = dict(zip(_SDPA_ARGS, args, strict=False)) | kwargs
         q, k, v = bound.get("query"), bound.get("key"), bound.get("value")
