@@ -16,7 +16,7 @@ unchanged, and is counted in `fallbacks` with its reason; `strict=True` raises i
 xkernels cannot serve). Gradients flow through the served calls (xkernels' backward); `torch.compile` traces the
 block (a TorchFunctionMode; the counts are then those of the traced calls). The block is the only scope: nothing
 changes outside it or in other threads, and nothing is global. Two costs of a mode: every torch call in the block
-passes through one Python check (~1.5 us of host time per call on a 2-core CI host; none once compiled), and an SDPA
+passes through one Python check (host time on every eager call; none once compiled), and an SDPA
 call that a torch function makes inside itself (nn.MultiheadAttention's, through F.multi_head_attention_forward) is
 not seen: a mode is off while it handles a call.
 """
