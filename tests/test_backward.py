@@ -381,3 +381,39 @@ def test_a_dynamic_sequence_length_compiles_with_the_default_deterministic(devic
         f(*leaves).float().sum().backward()
     assert all(type(n) is int for a in asked for n in a[2:]), asked
     assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+def test_hopper_operands_are_read_in_place_or_copied_into_one_geometry():
+    """`backward._readable` (what the Hopper kernels get for Q and dO, or K and V, each pair read through one set of
+    coordinates): both as they are where they share a tight view geometry ((B, S, H, D) views, as transformers and
+    flash_attn callers hold them; slices of a fused QKV projection; contiguous tensors); a contiguous dO beside a
+    sequence-outer q copied into q's layout (q untouched); a slice of a longer buffer (not tight) or a misaligned
+    base copied contiguous. Values are kept in every case. The layouts only: runs without a GPU."""
+    b_, s, h, d = 2, 40, 4, 64
+
+    def bshd():
+        return torch.randn(b_, s, h, d, dtype=torch.bfloat16).transpose(1, 2)
+
+    def check(a, b, expect_a, expect_b, geometry, a_kept: bool, b_kept: bool):
+        out_a, out_b, g = backward._readable(a, b)
+        assert g == geometry
+        assert (out_a is a) is a_kept and (out_b is b) is b_kept
+        assert torch.equal(out_a, expect_a) and torch.equal(out_b, expect_b)
+        return out_a, out_b
+
+    q, do = bshd(), bshd()
+    check(q, do, q, do, (s, 0, d), True, True)
+    _, copied = check(q, do.contiguous(), q, do, (s, 0, d), True, False)
+    assert copied.stride() == q.stride()  # into q's layout
+    qkv = torch.randn(b_, s, 3 * h, d, dtype=torch.bfloat16)
+    q3 = qkv[:, :, :h].transpose(1, 2)
+    check(q3, do, q3, do, (s, 0, d), True, True)
+    flat = torch.randn(b_, h, s, d, dtype=torch.bfloat16)
+    check(flat, flat.clone(), flat, flat, (h * s, s, 0), True, True)
+    cache = torch.randn(b_, 2 * s, h, d, dtype=torch.bfloat16).transpose(1, 2)[:, :, :s]
+    a, b = check(cache, do, cache, do, (h * s, s, 0), False, False)
+    assert a.is_contiguous() and b.is_contiguous()
+    storage = torch.empty(flat.numel() + 1, dtype=torch.bfloat16)
+    misaligned = storage[1:].view(flat.shape).copy_(flat)
+    assert misaligned.data_ptr() % 16
+    check(misaligned, flat, flat, flat, (h * s, s, 0), False, True)

@@ -14,6 +14,7 @@ import triton
 from xkernels import plans, select
 from xkernels.common.runtime import side_stream, unit_last_stride
 from xkernels.common.seqlen import Band
+from xkernels.hopper.views import descriptor_view, tight
 from xkernels.portable import attention_bwd as portable_bwd
 from xkernels.portable.cu_seqlens import checked_on_device
 from xkernels.portable.softmax import softcap_name
@@ -53,11 +54,12 @@ class BackwardPlan:
     (`launch.Prepared`), so a repeated call costs its allocations (dQ, dK, dV, delta; the fused-dQ variant's fp32
     dQ buffer) and three direct launches (preprocess, dK/dV, then dQ or, fused, the scaling of the dQ buffer).
 
-    The direct path serves the Hopper kernels with the Gluon dQ kernel, or with dQ fused into dK/dV, on inputs laid
-    out as their flat descriptors
-    read them (q, k, v, dO contiguous; O with a unit last stride; LSE and dLSE contiguous) at 16-byte aligned
-    addresses (checked per call). Anything else takes `_general`, which copies what the kernels cannot read as it
-    is and launches through `launch.run`. A plan holds numbers and compiled kernels, never a tensor."""
+    The direct path serves the Hopper kernels with the Gluon dQ kernel, or with dQ fused into dK/dV, on inputs their
+    descriptors read in place (q and dO, k and v in pairs of one 2-D view geometry, `_shared_geometry`: heads-outer
+    or sequence-outer, as transformers and flash_attn callers hold them; O with a unit last stride; LSE and dLSE
+    contiguous) at 16-byte aligned addresses (checked per call). Anything else takes `_general`, which copies what
+    the kernels cannot read as it is (`_readable`) and launches through `launch.run`. A plan holds numbers and
+    compiled kernels, never a tensor."""
 
     def __init__(self, grad_out, q, k, v, out, lse, grad_lse, *, is_causal: bool, enable_gqa: bool, precision: str,
                  backend: str, window: tuple[int, int] = NO_WINDOW, softcap: float = 0.0,
@@ -75,9 +77,10 @@ class BackwardPlan:
         from xkernels.common import launch
 
         self.fused = self.choice.layer == "hopper" and bool(cfg.dkdv.fused_dq)
+        self.geometry = _shared_geometry(q, grad_out), _shared_geometry(k, v)
         self.direct = (self.choice.layer == "hopper" and not self.empty
                        and (cfg.dq is not None or self.fused) and launch.direct_launch_available(q.device)
-                       and all(t.is_contiguous() for t in (q, k, v, grad_out, lse))
+                       and None not in self.geometry and lse.is_contiguous()
                        and out.stride(-1) == 1 and (grad_lse is None or grad_lse.is_contiguous()))
         self.name = f"{self.choice.layer}.attention_backward[{cfg}{self.band}{softcap_name(softcap)}]"
         self.launches: tuple | None = None
@@ -102,7 +105,6 @@ class BackwardPlan:
         """The three launches (`launch.Prepared`) and their integer arguments, from the first direct call's tensors
         (the key fixes every layout, so the next call's are alike)."""
         from xkernels.common import launch
-        from xkernels.common.dtypes import smem_layout
         from xkernels.hopper import attention_bwd as hopper_bwd
         from xkernels.hopper import attention_dq as hopper_dq
 
@@ -110,9 +112,8 @@ class BackwardPlan:
         hkv, skv = k.shape[1], k.shape[2]
         cfg = self.choice.config
         pre_cfg, kv_cfg, dq_cfg = cfg.portable, cfg.dkdv, cfg.dq
-
-        def flat(t, rows: int) -> tuple:  # a (B * H * S, D) descriptor of [rows, D] boxes over a contiguous tensor
-            return [t.numel() // d, d], [d, 1], [rows, d], smem_layout((rows, d), t.dtype)
+        view = hopper_bwd.view_geometry  # [rows, D] boxes over a 2-D view of the tensor
+        geometry = (*self.geometry[0], *self.geometry[1])  # the views' row and column steps, for the kernels
 
         fused = bool(kv_cfg.fused_dq)
         row_blocks = triton.cdiv(sq, pre_cfg.q_m) * b * hq
@@ -122,23 +123,23 @@ class BackwardPlan:
                               dict(num_warps=pre_cfg.num_warps))
         pre_ints = (*out.stride()[:3], *grad_out.stride()[:3], 0, hq, sq)
         # argument 4: the fp32 dQ buffer where fused, else a stand-in (Q's descriptor)
-        accum = hopper_bwd.dq_accum_geometry(b * hq * sq, d, kv_cfg) if fused else flat(q, kv_cfg.block_m)
+        accum = hopper_bwd.dq_accum_geometry(b * hq * sq, d, kv_cfg) if fused else view(q, kv_cfg.block_m)
         dkdv = launch.Prepared(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, kv_cfg),
                                kv_cfg.constexprs(d, causal=self.is_causal, band=self.band,
                                                  whole_key_blocks=skv % kv_cfg.block_n == 0), {},
-                               {0: flat(q, kv_cfg.block_m), 1: flat(k, kv_cfg.block_n), 2: flat(v, kv_cfg.block_n),
-                                3: flat(grad_out, kv_cfg.block_m), 4: accum})
+                               {0: view(q, kv_cfg.block_m), 1: view(k, kv_cfg.block_n), 2: view(v, kv_cfg.block_n),
+                                3: view(grad_out, kv_cfg.block_m), 4: accum})
         # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
-        dkdv_ints = (*dk.stride()[:3], *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv)
+        dkdv_ints = (*dk.stride()[:3], *dv.stride()[:3], 0, *geometry, hq, hkv, hq // hkv, sq, skv)
         if fused:  # dq = scale * buffer, in dq's dtype
             finish = launch.Prepared(portable_bwd.dq_finish_kernel, row_blocks,
                                      dict(HEAD_DIM=d, BLOCK_M=pre_cfg.q_m), dict(num_warps=pre_cfg.num_warps))
             return pre, pre_ints, dkdv, dkdv_ints, finish, (*dq.stride()[:3], hq, sq), False
         dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq),
                               dq_cfg.constexprs(d, causal=self.is_causal, band=self.band), {},
-                              {0: flat(q, 64), 1: flat(k, dq_cfg.block_n), 2: flat(v, dq_cfg.block_n),
-                               3: flat(grad_out, 64)})
-        dq_ints = (*dq.stride()[:3], 0, hq, hq // hkv, sq, skv)
+                              {0: view(q, 64), 1: view(k, dq_cfg.block_n), 2: view(v, dq_cfg.block_n),
+                               3: view(grad_out, 64)})
+        dq_ints = (*dq.stride()[:3], 0, *geometry, hq, hq // hkv, sq, skv)
         concurrent = cfg.concurrent_dq
         return pre, pre_ints, dkdv, dkdv_ints, dqk, dq_ints, concurrent
 
@@ -292,13 +293,13 @@ class VarlenBackwardPlan:
                                {0: packed(q, kv_cfg.block_m), 1: packed(k, kv_cfg.block_n),
                                 2: packed(v, kv_cfg.block_n), 3: packed(grad_out, kv_cfg.block_m),
                                 4: packed(q, kv_cfg.block_m)})
-        dkdv_ints = (0, dk.stride(1), dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, hq // hkv, max_q,
-                     max_k)
+        dkdv_ints = (0, dk.stride(1), dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, *_packed_geometry(d), hq,
+                     hkv, hq // hkv, max_q, max_k)
         dqk = launch.Prepared(hopper_dq.attention_dq_kernel, hopper_dq.grid(batch, hq, max_q),
                               dq_cfg.constexprs(d, causal=self.band.causal, varlen=True, band=self.band), {},
                               {0: packed(q, 64), 1: packed(k, dq_cfg.block_n), 2: packed(v, dq_cfg.block_n),
                                3: packed(grad_out, 64)})
-        dq_ints = (0, dq.stride(1), dq.stride(0), total_q, hq, hq // hkv, max_q, max_k)
+        dq_ints = (0, dq.stride(1), dq.stride(0), total_q, *_packed_geometry(d), hq, hq // hkv, max_q, max_k)
         return check, check_ints, pre, pre_ints, dkdv, dkdv_ints, dqk, dq_ints
 
     def _direct(self, grad_out, q, k, v, out, lse, grad_lse, cu_q, cu_k, dq, dk, dv, scale: float) -> None:
@@ -367,7 +368,7 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
 
     def dkdv() -> None:
         args = (*descs, descs[0], lse, delta, dk, dv, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dk.stride(1),
-                dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, hq, hkv, *ints[1:])
+                dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, *_packed_geometry(d), hq, hkv, *ints[1:])
         launch.run(hopper_bwd.attention_dkdv_kernel,
                    hopper_bwd.grid(packed.batch, hkv, packed.max_seqlen_k, cfg.dkdv), args,
                    cfg.dkdv.constexprs(d, causal=is_causal, varlen=True, band=band), {})
@@ -376,7 +377,7 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
         dq_descs = [hopper_bwd.packed_descriptor(t, rows) for t, rows in ((qp, 64), (kp, cfg.dq.block_n),
                                                                           (vp, cfg.dq.block_n), (dop, 64))]
         args = (*dq_descs, lse, delta, dq, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dq.stride(1), dq.stride(0),
-                total_q, *ints)
+                total_q, *_packed_geometry(d), *ints)
         launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(packed.batch, hq, packed.max_seqlen_q),
                    args, cfg.dq.constexprs(d, causal=is_causal, varlen=True, band=band), {})
 
@@ -403,9 +404,40 @@ def _dkdv_then_dq(device: torch.device, dkdv, dq, *, concurrent: bool) -> None:
     current.wait_stream(side)  # the join: dq is written before anything later on this stream
 
 
-def _flat(t: torch.Tensor) -> torch.Tensor:
-    """Contiguous with a 16-byte aligned base: what a flat (B * H * S, D) TMA descriptor reads."""
-    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+def _packed_geometry(d: int) -> tuple[int, ...]:
+    """The kernels' view steps (rows_b, rows_h, cols_h of Q/dO, then of K/V) on packed (total, H * D) views: rows
+    from the sequence's first (cu_seqlens), head h at column h * D."""
+    return 0, 0, d, 0, 0, d
+
+
+def _shared_geometry(a: torch.Tensor, b: torch.Tensor) -> tuple[int, int, int] | None:
+    """The 2-D view geometry (`views.descriptor_view`) that a and b (Q and dO, or K and V: the kernels address each
+    pair with one set of coordinates) share, or None: both have views, alike, and tight (`views.tight`: a tile past
+    a head's sequence end reads the tensor's own rows, as on contiguous tensors, never memory outside it)."""
+    va, vb = descriptor_view(a), descriptor_view(b)
+    if va is None or vb is None or va[2] != vb[2] or not tight(a, va[2]):
+        return None
+    return va[2]
+
+
+def _readable(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, tuple[int, int, int]]:
+    """(a, b, their shared geometry) as the Hopper kernels read them: as they are where they can
+    (`_shared_geometry`, 16-byte aligned bases); else b copied into a sequence-outer layout where a has one (a
+    transformers or flash_attn caller's q, whose dO can arrive contiguous); else both contiguous."""
+    geometry = _shared_geometry(a, b)
+    aligned = a.data_ptr() % 16 == 0
+    if geometry is not None and aligned and b.data_ptr() % 16 == 0:
+        return a, b, geometry
+    view = descriptor_view(a)
+    if aligned and view is not None and view[2][2]:  # a's heads side by side within a row
+        batch, heads, seq, d = b.shape
+        b = torch.empty((batch, seq, heads, d), dtype=b.dtype, device=b.device).transpose(1, 2).copy_(b)
+        geometry = _shared_geometry(a, b)
+        if geometry is not None:
+            return a, b, geometry
+    a, b = (t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+            for t in (a, b))
+    return a, b, descriptor_view(a)[2]
 
 
 def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,
@@ -425,10 +457,12 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
         raise ValueError("the fused-dQ Hopper backward has no sliding window")
     delta = portable_bwd.preprocess(out, grad_out, grad_lse, block_m=portable_cfg.q_m,
                                     num_warps=portable_cfg.num_warps, dq_accum=dq_accum)
-    qf, kf, vf, dof = _flat(q), _flat(k), _flat(v), _flat(grad_out)
+    qf, dof, q_geometry = _readable(q, grad_out)
+    kf, vf, kv_geometry = _readable(k, v)
+    geometry = (*q_geometry, *kv_geometry)
     # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
     args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg, dq_accum), lse, delta, dk, dv, lse, lse, *dk.stride()[:3],
-            *dv.stride()[:3], 0, hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
+            *dv.stride()[:3], 0, *geometry, hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
 
     def dkdv() -> None:
         launch.run(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,
@@ -436,8 +470,8 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
                                   whole_key_blocks=skv % cfg.block_n == 0), {})
 
     if dq_cfg is not None and dq_accum is None:
-        _dkdv_then_dq(q.device, dkdv, lambda: _gluon_dq(qf, kf, vf, dof, lse, delta, dq, is_causal=is_causal,
-                                                        scale=scale, dq_cfg=dq_cfg, band=band),
+        _dkdv_then_dq(q.device, dkdv, lambda: _gluon_dq(qf, kf, vf, dof, lse, delta, dq, geometry,
+                                                        is_causal=is_causal, scale=scale, dq_cfg=dq_cfg, band=band),
                       concurrent=concurrent_dq and q.is_cuda)
         return
     dkdv()
@@ -448,15 +482,16 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
                            band=band)
 
 
-def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, *, is_causal: bool, scale: float, dq_cfg,
+def _gluon_dq(qf, kf, vf, dof, lse, delta, dq, geometry: tuple[int, ...], *, is_causal: bool, scale: float, dq_cfg,
               band: Band | None = None) -> None:
-    """The Gluon dQ kernel (`hopper/attention_dq.py`) on the current stream."""
+    """The Gluon dQ kernel (`hopper/attention_dq.py`) on the current stream; `geometry`: the views' row and column
+    steps (Q and dO's, then K and V's)."""
     from xkernels.common import launch
     from xkernels.hopper import attention_dq as hopper_dq
 
     b, hq, sq, d = qf.shape
     hkv, skv = kf.shape[1], kf.shape[2]
-    args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, lse, lse, *dq.stride()[:3], 0, hq,
-            hq // hkv, sq, skv, scale * math.log2(math.e), scale)
+    args = (*hopper_dq.descriptors(qf, kf, vf, dof, dq_cfg), lse, delta, dq, lse, lse, *dq.stride()[:3], 0,
+            *geometry, hq, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
     launch.run(hopper_dq.attention_dq_kernel, hopper_dq.grid(b, hq, sq), args,
                dq_cfg.constexprs(d, causal=is_causal, band=band), {})

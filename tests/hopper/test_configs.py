@@ -1,6 +1,6 @@
 """HopperAttentionConfig.check: the configs the Gluon kernel cannot run fail with a ValueError naming the field (these
-would otherwise be compile errors, spills or silently ignored switches); the persistent kernel's 2-D descriptor views
-and the shapes it serves. Runs without a GPU."""
+would otherwise be compile errors, spills or silently ignored switches); the shapes the persistent kernel serves.
+Runs without a GPU."""
 
 import dataclasses
 
@@ -99,27 +99,10 @@ def test_a_v_pass_plan_keeps_v_strides_or_leaves_the_conversion_to_the_producer(
     assert select.HopperForward(CONFIGS[64]).with_v_pass(0, 64, ATTENTION_RECIPES["bf16io"]).persistent is None
 
 
-def test_persistent_descriptor_views():
-    """The persistent kernel's 2-D views: element (b, h, s, d) at row b*rows_b + h*rows_h + s, column h*cols_h + d."""
+def test_persistent_kernel_eligibility():
+    """The shapes and configs the persistent kernel serves (its views: `tests/hopper/test_views.py`)."""
     from xkernels.hopper import attention_persistent as hp
 
-    def storage_offset(t, b, h, s, d, view):
-        (_, _), (row_stride, _), (rb, rh, ch) = view
-        return (b * rb + h * rh + s) * row_stride + h * ch + d
-
-    bhsd = torch.empty(2, 3, 256, 64, device="meta")
-    bshd = torch.empty(2, 256, 3, 64, device="meta").transpose(1, 2)
-    for t in (bhsd, bshd):
-        view = hp.descriptor_view(t)
-        assert view is not None
-        for idx in ((0, 0, 0, 0), (1, 2, 255, 63), (1, 1, 7, 5)):
-            assert storage_offset(t, *idx, view) == sum(i * st for i, st in zip(idx, t.stride(), strict=True))
-        (rows, cols), _, _ = view
-        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
-        assert (rows - 1) * view[1][0] + cols - 1 == last  # the view ends at the tensor's last element
-    assert hp.descriptor_view(torch.empty(2, 3, 64, 256, device="meta").transpose(2, 3)) is None  # D not unit-stride
-    unaligned = torch.empty(2, 3, 256, 68, device="meta", dtype=torch.bfloat16)[..., :60]
-    assert hp.descriptor_view(unaligned) is None  # rows not 16-byte multiples
     cfg = PERSISTENT_ATTENTION_CONFIGS[128]
     assert cfg.persistent
     rec = ATTENTION_RECIPES["bf16"]

@@ -30,9 +30,12 @@ warpgroup 1 dP^T; dP^T goes to warpgroup 0 (fp32, so dS^T = P^T (dP^T - delta) u
 come back through a 2-slot shared-memory `ScoreExchange` as both warpgroups' A operands. SPLIT_D = 1 (an ablation):
 each warpgroup computes the whole S^T and dP^T itself, 1.5x the tensor work with no exchange (0.80-0.87x cuDNN
 where SPLIT_D = 2 measured 0.90-1.08x).
-Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S, D) tensors: tiles past a head's
-last row read the next head's rows (or zeros at the end), which the masks (LSE = +inf for queries past SQ, keys past
-SKV) turn into exact zeros of P^T and dS^T. Causal is top-left aligned, as in the forward. Barriers: `barriers.py`.
+Q, dO, K and V are read through 2-D descriptors over their tensors as they are laid out (`views.descriptor_view`:
+heads-outer (B, H, S, D), or sequence-outer (B, S, H, D) views as transformers and flash_attn callers hold them; Q and
+dO share one geometry, K and V another, passed as each view's row and column steps): tiles past a head's last row
+read the next head's or batch entry's rows (or zeros at the end; the host keeps views tight, `views.tight`), which
+the masks (LSE = +inf for queries past SQ, keys past SKV) turn into exact zeros of P^T and dS^T. Causal is top-left
+aligned, as in the forward. Barriers: `barriers.py`.
 VARLEN (packed batches, `attention_varlen`'s layout): programs over (sequence, kv head, key block) of the longest
 sequence; Q, dO, K and V through (total, H * D) descriptors (`packed_descriptor`: head h at column h * D), rows from
 the sequence's first, so a tile past its end holds the next sequence's rows, masked as above against the sequence's
@@ -69,6 +72,7 @@ from xkernels.hopper.barriers import attention_bwd_barriers, attention_dq_ring, 
 from xkernels.hopper.configs import HopperAttentionBwdConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.pipeline import partition_barrier
+from xkernels.hopper.views import descriptor_view
 
 WG_KEYS = gl.constexpr(64)  # keys per consumer warpgroup (a wgmma's M)
 LOG2E = gl.constexpr(1.4426950408889634)
@@ -97,15 +101,11 @@ def _rotated(step, lo, rot, span, ROTATE: gl.constexpr):
 
 @gluon.jit
 def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b, hk,
-              bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM: gl.constexpr,
+              start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh, HQ, GROUP, SQ,
               BLOCK_M: gl.constexpr, VARLEN: gl.constexpr, ROTATE: gl.constexpr):
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
-    if VARLEN:  # packed (total, H * D) views: the sequence's rows, the kv head's columns
-        kv_at = [(k0 + start_n).to(gl.int32), (hk * HEAD_DIM).to(gl.int32)]
-    else:  # flat (B * H * S, D)
-        kv_at = [(bhk * SKV + start_n).to(gl.int32), 0]
-    tma.async_load(k_desc, kv_at, kv_ready, k_buf)
-    tma.async_load(v_desc, kv_at, kv_ready, v_buf)
+    tma.async_load(k_desc, [kv_row, kv_col], kv_ready, k_buf)
+    tma.async_load(v_desc, [kv_row, kv_col], kv_ready, v_buf)
     rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     offs = gl.arange(0, BLOCK_M, rows_layout)
     rot, span = _rotation(lo, q_end, start_n, BLOCK_M, k_desc.block_type.shape[0])
@@ -114,12 +114,10 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
         h = hk * GROUP + g
         if VARLEN:
             stats_row0 = h * lse_sh + q0  # (Hq, total_q)
-            q_row0 = q0
-            q_col = (h * HEAD_DIM).to(gl.int32)
         else:
-            stats_row0 = (b * HQ + h) * SQ  # (B, Hq, Sq), and Q's and dO's flat rows
-            q_row0 = stats_row0
-            q_col = 0
+            stats_row0 = (b * HQ + h) * SQ  # (B, Hq, Sq)
+        q_row0 = q_row_g + g * q_rh  # query head h's first row and its columns in Q's and dO's views
+        q_col = (q_col_g + g * q_ch).to(gl.int32)
         for step in range(lo, q_end, BLOCK_M):
             start_m = _rotated(step, lo, rot, span, ROTATE)
             s = qdo.acquire(it)
@@ -429,7 +427,8 @@ def _write_halves(dq_desc, at, dq0, dq1, it, HALF: gl.constexpr):
 
 @gluon.jit
 def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, CU_Q, CU_K, dk_sb, dk_sh,
-                          dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, HQ, HKV, GROUP, SQ, SKV, qk_scale, scale,
+                          dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, HQ, HKV,
+                          GROUP, SQ, SKV, qk_scale, scale,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
                           KV_REGS: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr,
@@ -464,6 +463,12 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
         k0_rows = k0.to(gl.int32)  # (a packed batch has fewer than 2^31 rows) one register through the consumers' loop
     else:
         k0_rows = 0
+    # the views' rows and columns (`views.descriptor_view`; packed: from the sequence's first row, head h at column
+    # h * D): the program's K/V tile, and the first query head of its group in Q and dO
+    kv_row = (k0 + b * kv_rb + hk * kv_rh + start_n).to(gl.int32)
+    kv_col = (hk * kv_ch).to(gl.int32)
+    q_row_g = q0 + b * q_rb + hk * GROUP * q_rh
+    q_col_g = hk * GROUP * q_ch
     k_buf = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_buf = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -502,8 +507,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                          qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
                          UNMASKED, ROTATE)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
-                         b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
-                         VARLEN, ROTATE)),
+                         b, hk, start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh,
+                         HQ, GROUP, SQ, BLOCK_M, VARLEN, ROTATE)),
             (_dq_writer, (dq_desc, dq0, dq1, b, hk, start_n, lo, q_end, HQ, GROUP, SQ, HEAD_DIM, BLOCK_M, FUSED_DQ,
                           ROTATE)),
         ], [4, 1, 1], [240, PRODUCER_REGS, PRODUCER_REGS])
@@ -518,28 +523,34 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
                          qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
                          UNMASKED, ROTATE)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
-                         b, hk, bhk, start_n, lo, q_end, q0, k0, sq, lse_sh, HQ, GROUP, SQ, SKV, HEAD_DIM, BLOCK_M,
-                         VARLEN, ROTATE)),
+                         b, hk, start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh,
+                         HQ, GROUP, SQ, BLOCK_M, VARLEN, ROTATE)),
         ], [4, 1], [240, PRODUCER_REGS])
 
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                 cfg: HopperAttentionBwdConfig, dq_accum: torch.Tensor | None = None) -> list:
-    """Host TMA descriptors of Q, K, V and dO viewed as flat (B * H * S, D) matrices (the tensors are contiguous),
-    and of the fp32 dQ buffer (same rows; [BLOCK_M, D / 2] boxes) for FUSED_DQ, else a stand-in (Q's again)."""
+    """Host TMA descriptors of Q, K, V and dO over their 2-D views (`view_geometry`), and of the fp32 dQ buffer
+    (flat (B * H * S, D) rows; [BLOCK_M, D / 2] boxes) for FUSED_DQ, else a stand-in (Q's again)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     d = q.shape[-1]
-    out = []
-    for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m)):
-        layout = smem_layout((rows, d), t.dtype)
-        out.append(TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], layout))
+    out = [TensorDescriptor(t, *view_geometry(t, rows))
+           for t, rows in ((q, cfg.block_m), (k, cfg.block_n), (v, cfg.block_n), (do, cfg.block_m))]
     if dq_accum is None:
         out.append(out[0])
     else:
         shape, strides, box, layout = dq_accum_geometry(dq_accum.numel() // d, d, cfg)
         out.append(TensorDescriptor(dq_accum.view(-1, d), shape, strides, box, layout))
     return out
+
+
+def view_geometry(t: torch.Tensor, rows: int) -> tuple:
+    """(shape, strides, box, layout) of a dense (B, H, S, D) tensor's 2-D view (`views.descriptor_view`, which the
+    caller checked) in [rows, D] boxes: what `descriptors` encodes and a plan's prepared launch takes."""
+    (n_rows, cols), strides, _ = descriptor_view(t)
+    d = t.shape[-1]
+    return [n_rows, cols], list(strides), [rows, d], smem_layout((rows, d), t.dtype)
 
 
 def dq_accum_geometry(rows: int, d: int, cfg: HopperAttentionBwdConfig) -> tuple:

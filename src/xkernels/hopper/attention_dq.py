@@ -11,8 +11,8 @@ and delta = rowsum(dO * O) - dLSE of the program's rows are read once. Partition
       -> wait S -> P = exp2(S c - lse), masked                 <- window: dP runs on the tensor cores
       -> wait dP -> release V(j) -> dS = P (dP - delta)
       -> issue dQ += dS K -> wait -> release K(j).
-Q, dO, K and V are read through flat 2-D descriptors over contiguous (B * H * S, D) tensors, as in the dK/dV kernel:
-rows past a head's sequence read the next head's rows (or zeros at the end); keys there are masked out of P (so of
+Q, dO, K and V are read through 2-D descriptors over their layouts' views, as in the dK/dV kernel: rows past a head's
+sequence read the next head's or batch entry's rows (or zeros at the end); keys there are masked out of P (so of
 dS), and queries there get LSE = +inf (P = 0) and are never stored. Causal is top-left aligned, row blocks longest
 first. Barriers: `barriers.attention_barriers` (the forward's set), listed in `barriers.py`.
 VARLEN: as in the dK/dV kernel (packed descriptors, the sequence's rows and lengths, bottom-right causal); a program
@@ -30,7 +30,6 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, warpgroup_mma, warpgroup_mma_wait
 
-from xkernels.common.dtypes import smem_layout
 from xkernels.common.seqlen import kv_band_start, kv_bounds, kv_bounds_shifted, sequence
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_barriers
@@ -110,10 +109,10 @@ def _consumer(W: gl.constexpr, q_bufs, do_bufs, q_ready, k, v, LSE, DELTA, DQ, d
 
 
 @gluon.jit
-def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, CU_K, dq_sb, dq_sh, dq_ss, lse_sh, HQ,
-                        GROUP, SQ, SKV, qk_scale, scale, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr,
-                        STAGES: gl.constexpr, CAUSAL: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr,
-                        BAND: gl.constexpr):
+def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, CU_K, dq_sb, dq_sh, dq_ss, lse_sh,
+                        q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, HQ, GROUP, SQ, SKV, qk_scale, scale,
+                        HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+                        VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr):
     BLOCK_M: gl.constexpr = 2 * WG_ROWS
     m_blocks = gl.cdiv(SQ, BLOCK_M)
     m_block = gl.program_id(0) % m_blocks
@@ -126,21 +125,19 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, C
     hk = h // GROUP
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     offset = offset + SHIFT  # a window's upper side past the alignment's diagonal (`common.seqlen.Band`)
-    if VARLEN:  # packed (total, H * D) views: the sequence's rows, the head's columns; LSE and delta (Hq, total_q)
-        q_row0 = q0
-        q_col = (h * HEAD_DIM).to(gl.int32)
-        kv_row0 = k0
-        kv_col = (hk * HEAD_DIM).to(gl.int32)
+    # the views' rows and columns (`views.descriptor_view`; packed: from the sequence's first row, head h at column
+    # h * D): this head's first row in Q and dO, and its kv head's in K and V
+    q_row0 = q0 + b * q_rb + h * q_rh
+    q_col = (h * q_ch).to(gl.int32)
+    kv_row0 = k0 + b * kv_rb + hk * kv_rh
+    kv_col = (hk * kv_ch).to(gl.int32)
+    if VARLEN:  # LSE and delta (Hq, total_q)
         stats_row0 = h * lse_sh + q0
         # a program past its sequence's rows loads no key and stores nothing
         full_hi, hi = kv_bounds_shifted(start_m, offset, skv, BLOCK_M, BLOCK_N, CAUSAL)
         hi = gl.where(start_m < sq, hi, 0)
-    else:
-        q_row0 = bh * SQ  # this head's first row in the flat (B * HQ * SQ, D) Q and dO, and in the LSE and delta
-        q_col = 0
-        kv_row0 = (b * (HQ // GROUP) + hk) * SKV
-        kv_col = 0
-        stats_row0 = q_row0
+    else:  # LSE and delta (B, Hq, Sq)
+        stats_row0 = bh * SQ
         if SHIFT > 0:
             full_hi, hi = kv_bounds_shifted(start_m, offset, SKV, BLOCK_M, BLOCK_N, CAUSAL)
         else:
@@ -167,16 +164,14 @@ def attention_dq_kernel(q_desc, k_desc, v_desc, do_desc, LSE, DELTA, DQ, CU_Q, C
 
 def descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor,
                 cfg: HopperAttentionDqConfig) -> list:
-    """Host TMA descriptors of Q, K, V and dO viewed as flat (B * H * S, D) matrices (the tensors are contiguous):
-    64-row boxes for Q and dO, `cfg.block_n`-row boxes for K and V."""
+    """Host TMA descriptors of Q, K, V and dO over their 2-D views (`attention_bwd.view_geometry`): 64-row boxes
+    for Q and dO, `cfg.block_n`-row boxes for K and V."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    d = q.shape[-1]
-    out = []
-    for t, rows in ((q, 64), (k, cfg.block_n), (v, cfg.block_n), (do, 64)):
-        layout = smem_layout((rows, d), t.dtype)
-        out.append(TensorDescriptor.from_tensor(t.view(-1, d), [rows, d], layout))
-    return out
+    from xkernels.hopper.attention_bwd import view_geometry
+
+    return [TensorDescriptor(t, *view_geometry(t, rows))
+            for t, rows in ((q, 64), (k, cfg.block_n), (v, cfg.block_n), (do, 64))]
 
 
 def grid(batch: int, heads: int, sq: int) -> int:

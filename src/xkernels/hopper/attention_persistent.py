@@ -73,6 +73,7 @@ from xkernels.hopper.epilogue import store_tile
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.named_barrier import pass_turn, wait_turn
 from xkernels.hopper.softmax import softmax_step
+from xkernels.hopper.views import descriptor_view
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = gl.constexpr(configs.WG_ROWS)
@@ -338,29 +339,6 @@ def attention_persistent_kernel(q_desc, k_desc, v_desc, o_desc, LSE, O, q_rb, q_
             (_producer, (q_desc, k_desc, v_desc, q_bufs, q_ready, q_free, o_left, k, v, v_landed, at, walk, HQ,
                          GROUP, SKV, BLOCK_N, CAUSAL, CONVERT_V, NUM_WG, CONVERT_STEPS, O_STORE, WALK))],
             [4, 4, producer_warps], [regs, regs, producer_regs])
-
-
-def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int]] | None:
-    """A 2-D view of a (B, H, S, D) tensor that TMA can tile, or None: ((rows, cols), (row stride, 1), (rows_b,
-    rows_h, cols_h)) such that element (b, h, s, d) is at row b * rows_b + h * rows_h + s, column h * cols_h + d.
-    Covers heads-outer layouts ((B, H, S, D) contiguous and its views) and sequence-outer ones ((B, S, H, D)
-    transposed, as projections produce them)."""
-    b, h, s, d = t.shape
-    sb, sh = (st if n > 1 else 0 for st, n in zip(t.stride()[:2], t.shape[:2], strict=True))  # any for size 1
-    ss = t.stride(2)
-    if t.stride(3) != 1 or ss <= 0 or (ss * t.element_size()) % 16 or sb % ss:
-        return None
-    if sh % ss == 0:  # heads outer: whole rows per head
-        rows_b, rows_h, cols_h = sb // ss, sh // ss, 0
-        rows, cols = (b - 1) * rows_b + (h - 1) * rows_h + s, d
-    elif (h - 1) * sh + d <= ss and (sh * t.element_size()) % 16 == 0:  # heads side by side within a row
-        rows_b, rows_h, cols_h = sb // ss, 0, sh
-        rows, cols = (b - 1) * rows_b + s, (h - 1) * sh + d
-    else:
-        return None
-    if rows >= 2**31:  # TMA coordinates are int32 (an overlapping view can get here; the dense kernel serves it)
-        return None
-    return (rows, cols), (ss, 1), (rows_b, rows_h, cols_h)
 
 
 def heads_per_chunk(skv: int, head_dim: int, group: int, elem: int, budget: int) -> int:

@@ -13,7 +13,7 @@ every partition alike (each reads cu_seqlens); a tile whose rows see no key (Sk 
 nothing: its consumers store O = 0 and LSE = -inf directly. The walk is a plain `for` over the list in every
 partition; the consumers chain tiles from the next tile's side (`_consumer`), so none scans ahead.
 
-Descriptors are made once on the host over 2-D views of the packed Q, K, V (`attention_persistent.descriptor_view`
+Descriptors are made once on the host over 2-D views of the packed Q, K, V (`views.descriptor_view`
 of (1, H, total, D)), so a tile does not stop at its sequence's end:
   * Q rows past the end are another sequence's (or TMA's zero fill): computed row-wise, never stored;
   * K rows past the end get a -inf score (`mask_scores` against the sequence's own Sk);
@@ -48,11 +48,11 @@ from xkernels.hopper.attention_fwd import (
     consumer_registers,
     producer_registers,
 )
-from xkernels.hopper.attention_persistent import descriptor_view
 from xkernels.hopper.barriers import kv_rings, q_slot_barriers, tail_zeroed_barriers
 from xkernels.hopper.configs import HopperAttentionConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.softmax import softmax_step
+from xkernels.hopper.views import descriptor_view
 from xkernels.recipes import AttentionRecipe
 
 WG_ROWS = gl.constexpr(configs.WG_ROWS)

@@ -1,0 +1,55 @@
+"""The 2-D views the Hopper kernels' descriptors tile (`hopper/views.py`): element (b, h, s, d) at row
+b * rows_b + h * rows_h + s, column h * cols_h + d, for heads-outer and sequence-outer layouts; which views are tight
+(a tile past a head's end reads the tensor's own rows). Runs without a GPU."""
+
+import pytest
+import torch
+
+from xkernels.hopper.views import descriptor_view, tight
+
+BF16 = torch.bfloat16
+
+
+def _storage_offset(b, h, s, d, view):
+    (_, _), (row_stride, _), (rb, rh, ch) = view
+    return (b * rb + h * rh + s) * row_stride + h * ch + d
+
+
+def _layouts():
+    """(name, tensor, geometry, tight): contiguous, (B, S, H, D) transposed, sliced from a fused QKV projection, and
+    sliced along S from a longer buffer (a cache: not tight), on the meta device."""
+    bhsd = torch.empty(2, 3, 256, 64, device="meta", dtype=BF16)
+    bshd = torch.empty(2, 256, 3, 64, device="meta", dtype=BF16).transpose(1, 2)
+    qkv = torch.empty(2, 256, 3 + 2 * 1, 64, device="meta", dtype=BF16)[:, :, :3].transpose(1, 2)
+    cache_bhsd = torch.empty(2, 3, 512, 64, device="meta", dtype=BF16)[:, :, :256]
+    cache_bshd = torch.empty(2, 512, 3, 64, device="meta", dtype=BF16).transpose(1, 2)[:, :, :256]
+    return [("bhsd", bhsd, (3 * 256, 256, 0), True), ("bshd", bshd, (256, 0, 64), True),
+            ("qkv", qkv, (256, 0, 64), True), ("cache_bhsd", cache_bhsd, (3 * 512, 512, 0), False),
+            ("cache_bshd", cache_bshd, (512, 0, 64), False)]
+
+
+@pytest.mark.parametrize("name,t,geometry,is_tight", _layouts(), ids=[c[0] for c in _layouts()])
+def test_views_address_every_element_and_end_at_the_last(name, t, geometry, is_tight):
+    view = descriptor_view(t)
+    assert view is not None and view[2] == geometry
+    for idx in ((0, 0, 0, 0), (1, 2, 255, 63), (1, 1, 7, 5), (0, 2, 100, 1)):
+        assert _storage_offset(*idx, view) == sum(i * st for i, st in zip(idx, t.stride(), strict=True))
+    (rows, cols), _, _ = view
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    assert (rows - 1) * view[1][0] + cols - 1 == last  # the view ends at the tensor's last element
+    assert tight(t, view[2]) is is_tight
+
+
+def test_views_that_tma_cannot_tile():
+    assert descriptor_view(torch.empty(2, 3, 64, 256, device="meta").transpose(2, 3)) is None  # D not unit-stride
+    unaligned = torch.empty(2, 3, 256, 68, device="meta", dtype=BF16)[..., :60]
+    assert descriptor_view(unaligned) is None  # rows not 16-byte multiples
+
+
+def test_size_one_dims_and_single_heads_are_tight():
+    for shape in ((1, 1, 8, 64), (2, 1, 8, 64), (1, 4, 8, 64)):
+        t = torch.empty(*shape, device="meta", dtype=BF16)
+        view = descriptor_view(t)
+        assert view is not None and tight(t, view[2])
+    one_head_bshd = torch.empty(2, 8, 1, 64, device="meta", dtype=BF16).transpose(1, 2)
+    assert tight(one_head_bshd, descriptor_view(one_head_bshd)[2])
