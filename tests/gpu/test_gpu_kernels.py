@@ -196,7 +196,9 @@ def test_hopper_gemm_split_tail(b_layout, m, n, k, tile, split):
     tiles = -(-m // 128) * -(-n // tile)
     assert split_tail_start(tiles, sm_count(0)) < tiles  # some tiles split
     a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
-    backend = f"hopper:block_m=128,block_n={tile},split_k={split},split_tail=1"
+    stages = 3 if tile == 256 else 6  # every field named: nothing inherited from the shape's default pick
+    backend = (f"hopper:block_m=128,block_n={tile},block_k=64,stages={stages},num_warps=8,consumers=1,row_wgs=1,"
+               f"split_k={split},split_tail=1")
     c = xkernels.matmul(a, b, b_layout=b_layout, out=poisoned_like(a, shape=(m, n)), backend=backend)
     assert f"SK{split}t]" in xkernels.last_backend(), xkernels.last_backend()
     r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
