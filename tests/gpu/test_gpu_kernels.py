@@ -256,7 +256,8 @@ def test_hopper_gemm_pingpong(b_layout, walk, m, n, k, tile, split):
     walk with tiles outside the grid; split-K whose last arriver is either partition): each output tile's wgmmas are
     the one-consumer kernel's, so the result is bitwise equal to it, and right."""
     a, b = gemm_inputs(m, n, k, torch.bfloat16, "cuda", b_layout, seed=m + n + k)
-    base = f"hopper:block_m=64,{tile},block_k=64,num_warps=4,stages=8,split_k={split}"  # every field named
+    # every field named: nothing inherited from the shape's default pick (192-row tiles at 1536^3)
+    base = f"hopper:block_m=64,{tile},block_k=64,num_warps=4,stages=8,split_k={split},row_wgs=1,split_tail=0"
     c = xkernels.matmul(a, b, b_layout=b_layout, walk=walk, out=poisoned_like(a, shape=(m, n)),
                         backend=base + ",consumers=2")
     assert "-PP]" in xkernels.last_backend(), xkernels.last_backend()
