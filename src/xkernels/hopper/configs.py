@@ -298,7 +298,10 @@ class HopperGemmConfig:
     split_k: int = 1  # work units per output tile over consecutive K ranges (`hopper/gemm.py`)
     consumers: int = 1  # 2: two consumer partitions of num_warps warps take the work units in turn (ping-pong)
     row_wgs: int = 1  # 2 or 3: one-warpgroup partitions splitting each tile's rows, 64 each (3: 192-row tiles)
-    split_tail: int = 0  # 1: split_k applies only to the tiles past the walk's last whole wave (`hopper/gemm.py`)
+    # 1: split_k applies only to the tiles past the walk's last whole wave (`hopper/gemm.py`). Opt-in: slower than
+    # the unsplit tile on every shape measured (H100, benchmarks/results/h100/2026-12-07/34-*: 2560^3 0.43x torch
+    # against 0.89 unsplit), as split-K over many tiles is; its fix-up is profiled in 35-ncu-split-tail
+    split_tail: int = 0
 
     def check(self, dtype: torch.dtype) -> None:
         if self.acc_fp16 and dtype != torch.float16:
