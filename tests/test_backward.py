@@ -389,6 +389,8 @@ def test_hopper_operands_are_read_in_place_or_copied_into_one_geometry():
     flash_attn callers hold them; slices of a fused QKV projection; contiguous tensors); a contiguous dO beside a
     sequence-outer q copied into q's layout (q untouched); a slice of a longer buffer (not tight) or a misaligned
     base copied contiguous. Values are kept in every case. The layouts only: runs without a GPU."""
+    from xkernels.hopper.views import descriptor_view, tight
+
     b_, s, h, d = 2, 40, 4, 64
 
     def bshd():
@@ -397,6 +399,10 @@ def test_hopper_operands_are_read_in_place_or_copied_into_one_geometry():
     def check(a, b, expect_a, expect_b, geometry, a_kept: bool, b_kept: bool):
         out_a, out_b, g = backward._readable(a, b)
         assert g == geometry
+        # what the kernels rely on: both views have that geometry, tight, at 16-byte aligned bases
+        for t in (out_a, out_b):
+            view = descriptor_view(t)
+            assert view is not None and view[2] == g and tight(t, g) and t.data_ptr() % 16 == 0
         assert (out_a is a) is a_kept and (out_b is b) is b_kept
         assert torch.equal(out_a, expect_a) and torch.equal(out_b, expect_b)
         return out_a, out_b
@@ -417,3 +423,10 @@ def test_hopper_operands_are_read_in_place_or_copied_into_one_geometry():
     misaligned = storage[1:].view(flat.shape).copy_(flat)
     assert misaligned.data_ptr() % 16
     check(misaligned, flat, flat, flat, (h * s, s, 0), False, True)
+    # one query row: (B, H, 1, D) contiguous and (B, 1, H, D) transposed are one layout in memory, whatever stride
+    # torch gives the size-1 dim; a stride TMA cannot take there is not read
+    q1 = torch.randn(b_, h, 1, d, dtype=torch.bfloat16)
+    do1 = torch.randn(b_, 1, h, d, dtype=torch.bfloat16).transpose(1, 2)
+    check(q1, do1, q1, do1, (1, 0, d), True, True)
+    odd = torch.empty_strided(q1.shape, (h * d, d, 7, 1), dtype=torch.bfloat16).copy_(q1)
+    check(odd, do1, q1, do1, (1, 0, d), True, True)

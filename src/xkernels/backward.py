@@ -437,7 +437,14 @@ def _readable(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
             return a, b, geometry
     a, b = (t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
             for t in (a, b))
-    return a, b, descriptor_view(a)[2]
+    geometry = _shared_geometry(a, b)
+    if geometry is None:  # contiguous alike, yet views apart (a stride torch ignores): fresh copies agree
+        a, b = (t.clone(memory_format=torch.contiguous_format) for t in (a, b))
+        geometry = _shared_geometry(a, b)
+    if geometry is None:
+        raise ValueError(f"a {tuple(a.shape)} tensor has 2^31 rows or more: beyond the Hopper backward's TMA "
+                         f"coordinates")
+    return a, b, geometry
 
 
 def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: bool, scale: float,

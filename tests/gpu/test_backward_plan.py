@@ -146,36 +146,42 @@ def test_captured_backward_replays_the_direct_path():
     assert all(torch.equal(a, b) for a, b in zip(eager, captured, strict=True))
 
 
-def _sequence_outer_inputs(d, causal, sq, skv, dtype, seed, packed_qkv: bool):
-    """q, k, v as (B, S, H, D) storage seen as (B, H, S, D) (or sliced from one (B, S, Hq + 2 Hkv, D) projection,
-    where sq == skv), their forward, and a dO of the same layout."""
+def _sequence_outer_inputs(d, causal, sq, skv, dtype, seed, layout: str):
+    """q, k, v as (B, S, H, D) storage seen as (B, H, S, D) ("bshd"), sliced from one (B, S, Hq + 2 Hkv, D) projection
+    ("qkv", sq == skv), or q contiguous beside (B, S, H, D) k and v ("mixed": the two pairs' geometries differ);
+    their forward, and a dO in q's layout."""
     b, hq, hkv = 2, 8, 2
     q, k, v = attention_inputs(b, hq, sq, skv, d, dtype, "cuda", hkv=hkv, seed=seed)
-    if packed_qkv:
+    if layout == "qkv":
         assert sq == skv
         proj = torch.cat([t.transpose(1, 2) for t in (q, k, v)], dim=2)  # (B, S, Hq + 2 Hkv, D)
         q, k, v = (proj[:, :, lo:hi].transpose(1, 2) for lo, hi in ((0, hq), (hq, hq + hkv), (hq + hkv, hq + 2 * hkv)))
     else:
-        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+        if layout == "bshd":
+            q = q.transpose(1, 2).contiguous().transpose(1, 2)
     o, lse = _forward(q, k, v, causal)
     g = torch.Generator(device="cuda").manual_seed(seed + 1)
     do = (torch.rand((b, sq, hq, d), generator=g, device="cuda") - 0.5).to(dtype).transpose(1, 2)
+    if layout == "mixed":
+        do = do.contiguous()
     return q, k, v, o, lse, do
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
-@pytest.mark.parametrize("causal,sq,skv,packed_qkv", [(True, 300, 300, False), (False, 1000, 777, False),
-                                                      (True, 130, 65, False), (True, 384, 384, True),
-                                                      (False, 200, 200, True)])
+@pytest.mark.parametrize("causal,sq,skv,layout", [(True, 300, 300, "bshd"), (False, 1000, 777, "bshd"),
+                                                  (True, 130, 65, "bshd"), (True, 384, 384, "qkv"),
+                                                  (False, 200, 200, "qkv"), (True, 300, 777, "mixed"),
+                                                  (False, 1, 200, "mixed"), (True, 1, 1, "bshd")])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_sequence_outer_layouts_are_read_in_place(d, causal, sq, skv, packed_qkv, dtype):
-    """(B, S, H, D) views of q, k, v and dO, as transformers and flash_attn callers hold them, or slices of a fused
-    QKV projection: the plan's direct path reads them in place (the fixture refuses the general path), its
-    gradients bitwise equal to the general path's on contiguous copies (masked rows past a sequence's end meet
-    other rows than on the contiguous layout: exact zeros either way) and within the recipe's bounds against
-    float64."""
-    q, k, v, o, lse, do = _sequence_outer_inputs(d, causal, sq, skv, dtype, seed=sq + d, packed_qkv=packed_qkv)
-    assert not q.is_contiguous() and not do.is_contiguous()
+def test_sequence_outer_layouts_are_read_in_place(d, causal, sq, skv, layout, dtype):
+    """(B, S, H, D) views of q, k, v and dO, as transformers and flash_attn callers hold them, slices of a fused QKV
+    projection, or contiguous q and dO beside (B, S, H, D) k and v (each pair its own geometry), one query row
+    included: the plan's direct path reads them in place (the fixture refuses the general path), its gradients
+    bitwise equal to the general path's on contiguous copies (masked rows past a sequence's end meet other rows
+    than on the contiguous layout: exact zeros either way) and within the recipe's bounds against float64."""
+    q, k, v, o, lse, do = _sequence_outer_inputs(d, causal, sq, skv, dtype, seed=sq + d, layout=layout)
+    assert not k.is_contiguous() or skv == 1
     direct, name = _plan_grads(q, k, v, o, lse, do, None, causal)
     assert name.startswith("hopper.attention_backward"), name
     for g, t in zip(direct, (q, k, v), strict=True):
@@ -195,7 +201,7 @@ def test_a_contiguous_grad_out_beside_sequence_outer_inputs(monkeypatch):
     """dO contiguous beside (B, S, H, D) views of q, k, v (the plan's pairs differ in layout): the general path
     serves it, copying dO into q's layout, with the direct path's gradients; the fused variant alike against
     float64."""
-    q, k, v, o, lse, do = _sequence_outer_inputs(128, True, 512, 512, torch.bfloat16, seed=5, packed_qkv=False)
+    q, k, v, o, lse, do = _sequence_outer_inputs(128, True, 512, 512, torch.bfloat16, seed=5, layout="bshd")
     in_place, _ = _plan_grads(q, k, v, o, lse, do, None, True)
     fallbacks = []
     monkeypatch.setattr(backward, "_general", lambda *a, **kw: fallbacks.append(1) or GENERAL(*a, **kw))

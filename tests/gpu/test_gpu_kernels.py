@@ -203,8 +203,9 @@ def test_hopper_gemm_split_tail(b_layout, m, n, k, tile, split):
     assert f"SK{split}t]" in xkernels.last_backend(), xkernels.last_backend()
     r = compare_gemm(c, reference_matmul(a, b, b_layout), k)
     assert r.passed, r
-    for _ in range(2):
-        assert torch.equal(c, xkernels.matmul(a, b, b_layout=b_layout, backend=backend))
+    for _ in range(2):  # into poisoned outputs: a counter left unreset would leave its tile unwritten
+        again = xkernels.matmul(a, b, b_layout=b_layout, out=poisoned_like(a, shape=(m, n)), backend=backend)
+        assert torch.equal(c, again)
 
 
 def test_hopper_gemm_split_k_picked_and_captured():

@@ -53,3 +53,15 @@ def test_size_one_dims_and_single_heads_are_tight():
         assert view is not None and tight(t, view[2])
     one_head_bshd = torch.empty(2, 8, 1, 64, device="meta", dtype=BF16).transpose(1, 2)
     assert tight(one_head_bshd, descriptor_view(one_head_bshd)[2])
+
+
+def test_one_row_views_agree_whatever_the_size_one_stride():
+    """S = 1: the sequence stride is meaningless (torch's `is_contiguous` ignores it), so (B, H, 1, D) contiguous,
+    (B, 1, H, D) transposed and any stride of that dim give one view: a row per batch entry, heads side by side."""
+    q = torch.empty(2, 4, 1, 64, device="meta", dtype=BF16)
+    for t in (q, torch.empty(2, 1, 4, 64, device="meta", dtype=BF16).transpose(1, 2),
+              torch.empty_strided((2, 4, 1, 64), (256, 64, 7, 1), device="meta", dtype=BF16)):
+        view = descriptor_view(t)
+        assert view == (((2, 256), (256, 1), (1, 0, 64))) and tight(t, view[2])
+    one = torch.empty(1, 1, 1, 64, device="meta", dtype=BF16)
+    assert descriptor_view(torch.empty_strided(one.shape, (64, 64, 3, 1), device="meta", dtype=BF16))[1] == (64, 1)

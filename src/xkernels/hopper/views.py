@@ -21,6 +21,8 @@ def descriptor_view(t: torch.Tensor) -> tuple[tuple[int, int], tuple[int, int], 
     b, h, s, d = t.shape
     sb, sh = (st if n > 1 else 0 for st, n in zip(t.stride()[:2], t.shape[:2], strict=True))  # any for size 1
     ss = t.stride(2)
+    if s == 1:  # a stride of nothing: take the next dim out's, so layouts one in memory get one view ((B, 1, H, D)
+        ss = sb or sh or d  # transposed and (B, H, 1, D) contiguous: a row per batch entry, heads side by side)
     if t.stride(3) != 1 or ss <= 0 or (ss * t.element_size()) % 16 or sb % ss:
         return None
     if sh % ss == 0:  # heads outer: whole rows per head
