@@ -38,7 +38,7 @@ def patch(variant: str) -> None:
         return
 
     @gluon.jit
-    def no_reload(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
+    def store_partial(acc, WS, tile_id, split, SPLIT_K: gl.constexpr):
         BLOCK_M: gl.constexpr = acc.shape[0]
         BLOCK_N: gl.constexpr = acc.shape[1]
         rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
@@ -46,6 +46,10 @@ def patch(variant: str) -> None:
         at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
         tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
         gl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + at, acc)
+
+    @gluon.jit
+    def no_reload(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
+        store_partial(acc, WS, tile_id, split, SPLIT_K)
         partition_barrier()
         arrived = gl.atomic_add(CNT + tile_id, 1, sem="acq_rel", scope="gpu")
         last = arrived == SPLIT_K - 1
@@ -55,13 +59,7 @@ def patch(variant: str) -> None:
 
     @gluon.jit
     def store_only(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
-        BLOCK_M: gl.constexpr = acc.shape[0]
-        BLOCK_N: gl.constexpr = acc.shape[1]
-        rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
-        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
-        at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-        tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-        gl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + at, acc)
+        store_partial(acc, WS, tile_id, split, SPLIT_K)
         return split == SPLIT_K - 1, acc
 
     @gluon.jit
