@@ -185,8 +185,12 @@ def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles
                 write = True
                 if SPLIT_K > 1:
                     write = tile < dp_tiles  # a whole tile writes C itself
-                    if tile >= dp_tiles:  # a split's partial: the last arriver writes C (workspace slot per tile)
-                        write, acc = _reduce_splits(acc, WS, CNT, tile - dp_tiles, split, SPLIT_K)
+                    if tile >= dp_tiles:  # a split's partial: the last arriver writes C
+                        # a workspace slot per output tile, or with a split tail per tile past the whole waves
+                        slot = tile_m * tiles_n + tile_n
+                        if dp_tiles > 0:
+                            slot = tile - dp_tiles
+                        write, acc = _reduce_splits(acc, WS, CNT, slot, split, SPLIT_K)
                 if write:
                     # this consumer's previous TMA store overlapped the main loops since; wait for it only now
                     # that its buffer is about to be overwritten
