@@ -1,7 +1,7 @@
 """Hardware counters for the Hopper GEMM's small shapes (one consumer, ping-pong, split-K) and torch.matmul (cuBLAS)
 on the same inputs; run under ncu with `--profile-from-start off`:
 
-    ncu --profile-from-start off --set full -o gemm python3 scripts/gemm_profile.py [--rows small|tail]
+    ncu --profile-from-start off --set full -o gemm python3 scripts/gemm_profile.py
 
 Each config is compiled and warmed outside the profiled range; inside it every row launches once per config, so ncu
 sees exactly those launches (the split-K workspace's counters are put back to zero by the kernel itself, so a
@@ -24,21 +24,11 @@ ROWS = {
     (1536, 1536, 1536): ["block_m=64,block_n=128,num_warps=4,stages=8,split_k=1",
                          "block_m=64,block_n=128,num_warps=4,stages=8,split_k=1,consumers=2"],
 }
-# `--rows tail`: the split tail (whole tiles, then the last partial wave's tiles in thirds) against the same tile
-# unsplit, where it measured 0.43 against 0.89x torch (benchmarks/results/h100/2026-12-07/34-*)
-TAIL = "block_m=128,block_n=256,block_k=64,stages=3,num_warps=8,consumers=1,row_wgs=1"
-ROW_SETS = {"small": ROWS, "tail": {(2560, 2560, 2560): [TAIL + ",split_k=1,split_tail=0",
-                                                         TAIL + ",split_k=3,split_tail=1"]}}
 
 
 def main() -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", choices=sorted(ROW_SETS), default="small")
-    rows = ROW_SETS[ap.parse_args().rows]
     calls = []
-    for (m, n, k), configs in rows.items():
+    for (m, n, k), configs in ROWS.items():
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         calls.append((f"torch {m}x{n}x{k}", lambda a=a, b=b: a @ b.T))

@@ -50,11 +50,6 @@ CONFIG_SETS = {
     "rows": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (64, 128, 64, 8, 4, 1, 1),
              (128, 128, 64, 6, 4, 1, 1, 2), (192, 128, 64, 4, 4, 1, 1, 3), (192, 128, 64, 3, 4, 1, 1, 3),
              (192, 64, 64, 6, 4, 1, 1, 3)],
-    # the split tail (ninth field, `split_tail`: whole tiles up to the last whole wave, then the last partial
-    # wave's tiles split 2 or 3 ways) against the ranked tiles
-    "tail": [(128, 256, 64, 3, 8, 1, 1), (128, 128, 64, 6, 8, 1, 1), (192, 128, 64, 4, 4, 1, 1, 3),
-             (128, 256, 64, 3, 8, 2, 1, 1, 1), (128, 256, 64, 3, 8, 3, 1, 1, 1), (128, 128, 64, 6, 8, 2, 1, 1, 1),
-             (128, 128, 64, 6, 8, 3, 1, 1, 1)],
 }
 CONFIGS = CONFIG_SETS["tiles"]
 SHAPE_SETS = {"default": SHAPES,
@@ -65,22 +60,10 @@ SHAPE_SETS = {"default": SHAPES,
                                                                    (4096, 14336))]}
 
 
-def fields(cfg: tuple[int, ...]) -> tuple[int, ...]:
-    """The nine fields of a config tuple, the optional row_wgs (1) and split_tail (0) filled in."""
-    return (*cfg, *(1, 0)[len(cfg) - 7:])
-
-
 def backend(cfg: tuple[int, ...]) -> str:
-    bm, bn, bk, st, w, split, consumers, row_wgs, tail = fields(cfg)
+    bm, bn, bk, st, w, split, consumers, row_wgs = (*cfg, 1)[:8]
     return (f"hopper:block_m={bm},block_n={bn},block_k={bk},stages={st},num_warps={w},split_k={split},"
-            f"consumers={consumers},row_wgs={row_wgs},split_tail={tail}")
-
-
-def units(m: int, n: int, cfg: tuple[int, ...], sms: int) -> int:
-    """Work units a config launches on an m x n output: its tiles, those split counted per split."""
-    tiles = -(-m // cfg[0]) * -(-n // cfg[1])
-    whole = tiles // sms * sms if fields(cfg)[8] else 0
-    return whole + (tiles - whole) * cfg[5]
+            f"consumers={consumers},row_wgs={row_wgs}")
 
 
 def row(m: int, n: int, k: int) -> dict:
@@ -100,7 +83,7 @@ def row(m: int, n: int, k: int) -> dict:
             r = {"kernel": xkernels.last_backend(), "rel_err": err}
             if err < 1e-2:
                 fns[name] = lambda name=name: xkernels.matmul(a, b, b_layout="nk", backend=name)
-                r["tiles"] = units(m, n, cfg, torch.cuda.get_device_properties(0).multi_processor_count)
+                r["tiles"] = -(-m // cfg[0]) * -(-n // cfg[1]) * cfg[5]  # work units
         except Exception as e:  # a config that cannot run this shape is recorded, not fatal
             r = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
         out["configs"][name] = r
@@ -120,8 +103,8 @@ def row(m: int, n: int, k: int) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    names = [f"{bm}x{bn}x{bk} S{st} W{w}" + (f" SK{sk}" + "t" * t if sk > 1 else "") + (" PP" if c == 2 else "")
-             + (f" R{r}" if r > 1 else "") for bm, bn, bk, st, w, sk, c, r, t in map(fields, CONFIGS)]
+    names = [f"{bm}x{bn}x{bk} S{st} W{w}" + (f" SK{sk}" if sk > 1 else "") + (" PP" if c == 2 else "")
+             + (f" R{r}" if r > 1 else "") for bm, bn, bk, st, w, sk, c, r in ((*cfg, 1)[:8] for cfg in CONFIGS)]
     lines = ["| shape | torch us | auto (x torch) | " + " | ".join(names) + " |",
              "|---" * (3 + len(names)) + "|"]
     for r in rows:

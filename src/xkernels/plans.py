@@ -434,11 +434,10 @@ class MatmulPlan:
             self.grid, self.ints, self.constexprs, self.options = hopper_gemm.launch_spec(
                 self.rows, n, k, b_layout=b_layout, walk=self.walk, cfg=self.cfg, device_index=a.device.index)
             self.fn, self.descriptors = hopper_gemm.persistent_gemm_kernel, hopper_gemm.descriptors
-            # split-K workspace (`_workspace`): a counter per output tile (with a split tail, per walk index from
-            # its first split tile on), (split, tile rows, tile cols) fp32 partials per tile
+            # split-K workspace (`_workspace`): a counter per output tile, (split, tile rows, tile cols) fp32
+            # partials per tile
             self.slices = self.cfg.split_k
-            _, tiles_m, tiles_n, walk_len, dp_tiles, _, _ = self.ints
-            self.counters = walk_len - dp_tiles if self.cfg.split_tail else tiles_m * tiles_n
+            self.counters = triton.cdiv(self.rows, self.cfg.block_m) * triton.cdiv(n, self.cfg.block_n)
             self.partial_words = self.slices * self.counters * self.cfg.block_m * self.cfg.block_n
             b_shape = (n, k) if b_layout == "nk" else (k, n)
             self.geometry = (((self.rows, k), a3.stride()[1:]), (b_shape, b3.stride()[1:]), ((self.rows, n),

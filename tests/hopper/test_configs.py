@@ -200,13 +200,6 @@ def test_gemm_split_k_checks():
         with pytest.raises(ValueError, match=match):
             dataclasses.replace(SMALL_GEMM_CONFIG, **bad).check(torch.float16)
     assert str(dataclasses.replace(SMALL_GEMM_CONFIG, split_k=2)) == "BM64-BN128-BK64-S8-W4-SK2"
-    assert str(dataclasses.replace(SMALL_GEMM_CONFIG, split_k=3, split_tail=1)) == "BM64-BN128-BK64-S8-W4-SK3t"
-    for bad in (dict(split_tail=1), dict(split_k=2, split_tail=2)):  # a tail needs splits; the field is 0 or 1
-        with pytest.raises(ValueError, match="split_tail="):
-            dataclasses.replace(SMALL_GEMM_CONFIG, **bad).check(torch.float16)
-    # the split tail's whole tiles: every tile before the walk's last partial wave (none under a wave, all on whole
-    # waves)
-    assert [gemm.split_tail_start(t, 132) for t in (100, 132, 200, 264, 300)] == [0, 132, 132, 264, 264]
     with pytest.raises(ValueError, match="split_k=4 leaves a split of K=192 empty"):  # 3 k-steps over 4 splits
         gemm.launch_spec(64, 128, 192, b_layout="nk", walk="grouped", cfg=dataclasses.replace(SMALL_GEMM_CONFIG,
                                                                                                   split_k=4),

@@ -298,19 +298,12 @@ class HopperGemmConfig:
     split_k: int = 1  # work units per output tile over consecutive K ranges (`hopper/gemm.py`)
     consumers: int = 1  # 2: two consumer partitions of num_warps warps take the work units in turn (ping-pong)
     row_wgs: int = 1  # 2 or 3: one-warpgroup partitions splitting each tile's rows, 64 each (3: 192-row tiles)
-    # 1: split_k applies only to the tiles past the walk's last whole wave (`hopper/gemm.py`). Opt-in: slower than
-    # the unsplit tile on every shape measured (H100, benchmarks/results/h100/2026-12-07/34-*: 2560^3 0.43x torch
-    # against 0.89 unsplit), as split-K over many tiles is; its fix-up is profiled in 35-ncu-split-tail
-    split_tail: int = 0
 
     def check(self, dtype: torch.dtype) -> None:
         if self.acc_fp16 and dtype != torch.float16:
             raise ValueError("config: acc_fp16 needs fp16 inputs (wgmma accumulates bf16 products in fp32 only)")
         if not 1 <= self.split_k <= 8:
             raise ValueError(f"config: split_k={self.split_k} must be 1 to 8")
-        if self.split_tail not in (0, 1) or (self.split_tail and self.split_k == 1):
-            raise ValueError(f"config: split_tail={self.split_tail} must be 0, or 1 with split_k > 1 (the tail's "
-                             f"splits)")
         if self.split_k > 1 and self.acc_fp16:
             raise ValueError("config: split_k > 1 sums fp32 partials; acc_fp16 has none")
         if self.stages < 2:
@@ -346,7 +339,7 @@ class HopperGemmConfig:
 
     def __str__(self) -> str:
         acc = "-acc16" if self.acc_fp16 else ""
-        split = f"-SK{self.split_k}{'t' * self.split_tail}" if self.split_k > 1 else ""
+        split = f"-SK{self.split_k}" if self.split_k > 1 else ""
         pingpong = "-PP" if self.consumers == 2 else ""
         rows = f"-R{self.row_wgs}" if self.row_wgs > 1 else ""
         return (f"BM{self.block_m}-BN{self.block_n}-BK{self.block_k}-S{self.stages}-W{self.num_warps}{acc}{split}"

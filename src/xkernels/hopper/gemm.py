@@ -18,14 +18,11 @@ B is read as [K, N] or, for the "nk" layout, as [N, K] tiles viewed transposed i
 barriers are listed in `hopper/barriers.py`.
 
 Split-K (SPLIT_K > 1, for outputs of too few tiles to fill the SMs, e.g. a few hundred rows against a Llama weight):
-each output tile is SPLIT_K work units over consecutive K ranges; with config split_tail, only the tiles of the
-walk's last partial wave are (the first dp_tiles units are whole tiles: stream-K's data-parallel + split hybrid, so
-a tail of, say, 68 tiles on 132 SMs becomes 204 thirds rather than a half-empty wave). A unit stores its fp32
-partial in the workspace and counts itself in the tile's arrival counter; the last arriver sums the SPLIT_K partials
-in split order (bitwise repeatable whatever the arrival order), writes C and puts the counter back to zero (the
-workspace is reused: `common/scratch.py`). Memory order as in `portable/gemm_skinny.py`: every thread's partial
-stores, a barrier of the partition's warps, one acq_rel atomic at GPU scope; the last arriver's acquire, then a
-barrier, before its reads.
+each output tile is SPLIT_K work units over consecutive K ranges. A unit stores its fp32 partial in the workspace
+and counts itself in the tile's arrival counter; the last arriver sums the SPLIT_K partials in split order (bitwise
+repeatable whatever the arrival order), writes C and puts the counter back to zero (the workspace is reused:
+`common/scratch.py`). Memory order as in `portable/gemm_skinny.py`: every thread's partial stores, a barrier of the
+partition's warps, one acq_rel atomic at GPU scope; the last arriver's acquire, then a barrier, before its reads.
 """
 
 from __future__ import annotations
@@ -74,34 +71,26 @@ def _load_stage(a_desc, b_desc, a_bufs, ring, s, off_m, off_n, k, B_NK: gl.const
 
 
 @gluon.jit
-def _k_range(unit, K, dp_tiles, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
-    """(output tile's walk index, split, first K, end K) of a work unit: the first dp_tiles units are whole tiles
-    (walk indices 0 .. dp_tiles - 1); then each later tile is SPLIT_K units, split j covering k-steps
+def _k_range(unit, K, BLOCK_K: gl.constexpr, SPLIT_K: gl.constexpr):
+    """(output tile's walk index, split, first K, end K) of a work unit: split j of a tile covers k-steps
     [j * per, (j + 1) * per) with per = ceil(k-steps / SPLIT_K) (`launch_spec` keeps every split non-empty)."""
     if SPLIT_K == 1:
         return unit, 0, 0, K
-    tile = unit
-    split = 0
-    k_lo = 0
-    k_hi = K
-    if unit >= dp_tiles:
-        per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
-        split = (unit - dp_tiles) % SPLIT_K
-        tile = dp_tiles + (unit - dp_tiles) // SPLIT_K
-        k_lo = split * per
-        k_hi = gl.minimum(K, k_lo + per)
-    return tile, split, k_lo, k_hi
+    per = gl.cdiv(gl.cdiv(K, BLOCK_K), SPLIT_K) * BLOCK_K
+    split = unit % SPLIT_K
+    k_lo = split * per
+    return unit // SPLIT_K, split, k_lo, gl.minimum(K, k_lo + per)
 
 
 @gluon.jit
-def _loader(a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, dp_tiles, z_bits, z_tall, B_NK: gl.constexpr,
+def _loader(a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK: gl.constexpr,
             WALK: gl.constexpr, GROUP_M: gl.constexpr, SPLIT_K: gl.constexpr, ROW_WGS: gl.constexpr):
     BLOCK_M: gl.constexpr = ROW_WGS * a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0] if B_NK else b_desc.block_type.shape[1]
     it = 0
-    for unit in range(gl.program_id(0), dp_tiles + (walk_len - dp_tiles) * SPLIT_K, gl.num_programs(0)):
-        tile, _, k_lo, k_hi = _k_range(unit, K, dp_tiles, BLOCK_K, SPLIT_K)
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, _, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):  # Z-order walks a power-of-two grid
             for k in range(k_lo, k_hi, BLOCK_K):
@@ -135,7 +124,7 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
 
 
 @gluon.jit
-def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, dp_tiles, z_bits,
+def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
                   z_tall, B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
                   SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, ROW_WG: gl.constexpr,
                   ROW_WGS: gl.constexpr, WARPS: gl.constexpr):
@@ -155,8 +144,8 @@ def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles
     out = c_smem.index(CONSUMER * ROW_WGS + ROW_WG)
     it = 0  # ring position of the next unit's first k-step (the loader's count)
     n = 0  # this CTA's units so far
-    for unit in range(gl.program_id(0), dp_tiles + (walk_len - dp_tiles) * SPLIT_K, gl.num_programs(0)):
-        tile, split, k_lo, k_hi = _k_range(unit, K, dp_tiles, BLOCK_K, SPLIT_K)
+    for unit in range(gl.program_id(0), walk_len * SPLIT_K, gl.num_programs(0)):
+        tile, split, k_lo, k_hi = _k_range(unit, K, BLOCK_K, SPLIT_K)
         tile_m, tile_n = tile_coords(tile, tiles_m, tiles_n, z_bits, z_tall, WALK, GROUP_M)
         if (tile_m < tiles_m) & (tile_n < tiles_n):
             steps = gl.cdiv(k_hi - k_lo, BLOCK_K)
@@ -184,13 +173,7 @@ def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles
                 ring.release(it + steps + STAGES - 1)
                 write = True
                 if SPLIT_K > 1:
-                    write = tile < dp_tiles  # a whole tile writes C itself
-                    if tile >= dp_tiles:  # a split's partial: the last arriver writes C
-                        # a workspace slot per output tile, or with a split tail per tile past the whole waves
-                        slot = tile_m * tiles_n + tile_n
-                        if dp_tiles > 0:
-                            slot = tile - dp_tiles
-                        write, acc = _reduce_splits(acc, WS, CNT, slot, split, SPLIT_K)
+                    write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
                 if write:
                     # this consumer's previous TMA store overlapped the main loops since; wait for it only now
                     # that its buffer is about to be overwritten
@@ -204,7 +187,7 @@ def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles
 
 
 @gluon.jit
-def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, dp_tiles, z_bits, z_tall,
+def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits, z_tall,
                            B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, STAGES: gl.constexpr,
                            ACC_FP16: gl.constexpr, SPLIT_K: gl.constexpr, CONSUMERS: gl.constexpr,
                            ROW_WGS: gl.constexpr, num_warps: gl.constexpr):
@@ -222,32 +205,32 @@ def persistent_gemm_kernel(a_desc, b_desc, c_desc, WS, CNT, K, tiles_m, tiles_n,
         gl.static_assert(CONSUMERS == 1, "row-split tiles have one consumer per row warpgroup")
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             dp_tiles, z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 3, num_warps)),
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 3, num_warps)),
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             dp_tiles, z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 1, 3, num_warps)),
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 1, 3, num_warps)),
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             dp_tiles, z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 2, 3, num_warps)),
-            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, dp_tiles, z_bits, z_tall, B_NK,
-                       WALK, GROUP_M, SPLIT_K, ROW_WGS)),
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 2, 3, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
+                       GROUP_M, SPLIT_K, ROW_WGS)),
         ], [num_warps, num_warps, 1], [ROW_WG_WORKER_REGS, ROW_WG_WORKER_REGS, 24])
     elif CONSUMERS * ROW_WGS == 2:  # two partitions: ping-pong consumers, or two row warpgroups of each tile
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             dp_tiles, z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, CONSUMERS, 0, ROW_WGS,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, CONSUMERS, 0, ROW_WGS,
                              num_warps)),
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             dp_tiles, z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, CONSUMERS - 1, CONSUMERS,
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, CONSUMERS - 1, CONSUMERS,
                              ROW_WGS - 1, ROW_WGS, num_warps)),
-            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, dp_tiles, z_bits, z_tall, B_NK,
-                       WALK, GROUP_M, SPLIT_K, ROW_WGS)),
+            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
+                       GROUP_M, SPLIT_K, ROW_WGS)),
         ], [num_warps, 1], [PINGPONG_WORKER_REGS, 24])
     else:
         gl.static_assert((CONSUMERS == 1) & (ROW_WGS == 1), "1 or 2 consumers, 1 to 3 row warpgroups, not both")
         gl.warp_specialize([
             (_mma_epilogue, (a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len,
-                             dp_tiles, z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 1, num_warps)),
-            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, dp_tiles, z_bits, z_tall, B_NK,
-                       WALK, GROUP_M, SPLIT_K, ROW_WGS)),
+                             z_bits, z_tall, B_NK, WALK, GROUP_M, ACC_FP16, SPLIT_K, 0, 1, 0, 1, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits, z_tall, B_NK, WALK,
+                       GROUP_M, SPLIT_K, ROW_WGS)),
         ], [1], [24])
 
 
@@ -261,17 +244,9 @@ def launch_spec(m: int, n: int, k: int, *, b_layout: str, walk: str, cfg: Hopper
     if cfg.split_k > 1 and (triton.cdiv(k_steps, cfg.split_k) * (cfg.split_k - 1) >= k_steps):
         raise ValueError(f"config: split_k={cfg.split_k} leaves a split of K={k} empty "
                          f"({k_steps} steps of {cfg.block_k})")
-    sms = sm_count(device_index)
-    dp_tiles = split_tail_start(walk_len, sms) if cfg.split_tail else 0
-    grid = min(sms, dp_tiles + (walk_len - dp_tiles) * cfg.split_k)
+    grid = min(sm_count(device_index), tiles_m * tiles_n * cfg.split_k)
     constexprs = cfg.constexprs(b_layout, walk)
-    return grid, (k, tiles_m, tiles_n, walk_len, dp_tiles, z_bits, z_tall), constexprs, {}
-
-
-def split_tail_start(walk_len: int, sms: int) -> int:
-    """Config split_tail: the walk's tiles before its last partial wave, computed whole (the rest split: the tail's
-    units then spread over every SM); all of them where the tiles fill whole waves, none under one wave."""
-    return walk_len // sms * sms
+    return grid, (k, tiles_m, tiles_n, walk_len, z_bits, z_tall), constexprs, {}
 
 
 def descriptors(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, b_layout: str, cfg: HopperGemmConfig) -> list:

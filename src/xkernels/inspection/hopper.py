@@ -297,10 +297,7 @@ def hopper_configs() -> Iterator[KernelConfig]:
     for c, walks in ((GEMM_CONFIG, every_walk), (MID_GEMM_CONFIG, every_walk), (SMALL_GEMM_CONFIG, every_walk),
                      (TINY_GEMM_CONFIG, every_walk), (NARROW_GEMM_CONFIG, every_walk), (split, ("grouped",)),
                      (pingpong, ("grouped",)), (dataclasses.replace(split, consumers=2), ("grouped",)),
-                     (ROWS3_GEMM_CONFIG, every_walk),
-                     # the split tail (`split_tail`: whole tiles, then the last partial wave's in thirds)
-                     *((dataclasses.replace(c, split_k=3, split_tail=1), ("grouped",))
-                       for c in (GEMM_CONFIG, MID_GEMM_CONFIG))):
+                     (ROWS3_GEMM_CONFIG, every_walk)):
         for (dt, gdt), lay, walk in product((("fp16", gl.float16), ("bf16", gl.bfloat16)), ("kn", "nk"), walks):
             descs = {name: f"tensordesc<{dt}[{shape[0]}, {shape[1]}],"
                            f"{gl.NVMMASharedLayout.get_default_for(shape, gdt)}>"
