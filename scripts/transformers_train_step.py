@@ -4,7 +4,8 @@ heads of D64) or a D128 variant (16 layers, hidden 2048, 16 / 4 heads of D128), 
 causal without padding. Both models start from the same weights; the step's loss and a few gradients are compared
 before any timing, then the caller-seen time of a step (the whole model, host included, back-to-back steps,
 median of rounds that alternate the two) and the share of it that attention is (the same step with attention
-replaced by an identity of the same shapes, so the rest of the model is timed alone).
+replaced by an identity of the same shapes with zero gradients for k and v, so the rest of the model, forward and
+backward, is timed alone). The three models are built once per shape and reused for its rows.
 
     python scripts/transformers_train_step.py --json train_step.json [--md train_step.md] [--rows 1x4096 4x2048]
 """
@@ -26,9 +27,27 @@ SHAPES = {"d64": dict(num_hidden_layers=22, num_attention_heads=32, num_key_valu
           "d128": dict(num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=4, head_dim=128)}
 
 
+class _IdentityKV(torch.autograd.Function):
+    """O = q, with zero gradients of their shapes for k and v: the projections and rotary embedding behind all
+    three still run their backward, as they do around a real attention."""
+
+    @staticmethod
+    def forward(ctx, query, key, value):
+        ctx.shapes = key.shape, value.shape
+        return query.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        k_shape, v_shape = ctx.shapes
+        return (grad, torch.zeros(k_shape, dtype=grad.dtype, device=grad.device),
+                torch.zeros(v_shape, dtype=grad.dtype, device=grad.device))
+
+
 def identity_attention(module, query, key, value, attention_mask, **kwargs):
-    """Attention's shapes without its work: the query as the output, (B, S, H, D) as transformers expects."""
-    return query.transpose(1, 2), None
+    """Attention's shapes without its work: the query as the output, (B, S, H, D) as transformers expects, and zero
+    gradients for key and value, so everything around attention runs forward and backward as it does for the
+    real kernels."""
+    return _IdentityKV.apply(query, key, value).transpose(1, 2), None
 
 
 transformers.AttentionInterface.register("identity", identity_attention)
@@ -43,7 +62,7 @@ def model(attn: str, shape: str, seq: int):
 
 
 def step(m, ids) -> torch.Tensor:
-    loss = m(input_ids=ids, labels=ids).loss
+    loss = m(input_ids=ids, labels=ids, use_cache=False).loss
     loss.backward()
     return loss.detach()
 
@@ -68,16 +87,19 @@ def caller_ms(fns: dict, steps: int = 5, rounds: int = 5) -> dict:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def row(shape: str, batch: int, seq: int) -> dict:
+def row(models: dict, shape: str, batch: int, seq: int) -> dict:
     ids = torch.randint(0, 32000, (batch, seq), generator=torch.Generator().manual_seed(seq)).cuda()
-    models = {name: model(name, shape, seq) for name in ("xkernels", "sdpa", "identity")}
     out: dict = {"shape": shape, "batch": batch, "seq": seq,
                  "params": sum(p.numel() for p in models["sdpa"].parameters())}
     losses = {}
     for name in ("xkernels", "sdpa"):
+        if name == "xkernels":
+            with torch.no_grad():
+                models[name](input_ids=ids, use_cache=False)
+            out["forward_backend"] = xkernels.last_backend()
         losses[name] = step(models[name], ids).item()
         if name == "xkernels":
-            out["backend"] = xkernels.last_backend()
+            out["backward_backend"] = xkernels.last_backend()
     out["loss"] = losses
     named = {name: dict(models[name].named_parameters()) for name in ("xkernels", "sdpa")}
     probes = [n for n in named["sdpa"] if n.endswith(("q_proj.weight", "k_proj.weight"))][:: 8]
@@ -96,8 +118,6 @@ def row(shape: str, batch: int, seq: int) -> dict:
     out["attention_ms"] = {k: out["step_ms"][k] - rest for k in ("xkernels", "sdpa")}
     out["step_speedup"] = out["step_ms"]["sdpa"] / out["step_ms"]["xkernels"]
     out["attention_speedup"] = out["attention_ms"]["sdpa"] / out["attention_ms"]["xkernels"]
-    models.clear()
-    torch.cuda.empty_cache()
     return out
 
 
@@ -122,10 +142,14 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     for shape in args.shapes:
+        longest = max(int(r.split("x")[1]) for r in args.rows)
+        models = {name: model(name, shape, longest) for name in ("xkernels", "sdpa", "identity")}  # one init
         for r in args.rows:
             b, s = map(int, r.split("x"))
-            rows.append(row(shape, b, s))
+            rows.append(row(models, shape, b, s))
             print(json.dumps(rows[-1]), flush=True)
+        del models
+        torch.cuda.empty_cache()
     json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, open(args.json, "w"), indent=1)
     if args.md:
         open(args.md, "w").write(f"`python scripts/transformers_train_step.py` on {torch.cuda.get_device_name()}\n\n"
