@@ -4,6 +4,8 @@ b * rows_b + h * rows_h + s, column h * cols_h + d, for heads-outer and sequence
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from xkernels.hopper.views import descriptor_view, tight
 
@@ -65,3 +67,51 @@ def test_one_row_views_agree_whatever_the_size_one_stride():
         assert view == (((2, 256), (256, 1), (1, 0, 64))) and tight(t, view[2])
     one = torch.empty(1, 1, 1, 64, device="meta", dtype=BF16)
     assert descriptor_view(torch.empty_strided(one.shape, (64, 64, 3, 1), device="meta", dtype=BF16))[1] == (64, 1)
+
+
+@st.composite
+def _laid_out(draw):
+    """A (B, H, S, D) bf16 tensor on the meta device over storage of another order, possibly with more heads (a fused
+    projection) or more positions (a cache) than it takes, or one head or row: what callers hand the kernels."""
+    b, h, s = draw(st.integers(1, 3)), draw(st.integers(1, 4)), draw(st.integers(1, 6))
+    d = 8  # 16 bytes: TMA's smallest row
+    extra_h, extra_s = draw(st.sampled_from([0, 0, 2])), draw(st.sampled_from([0, 0, 3]))
+    order = draw(st.permutations(["b", "h", "s"]))
+    sizes = {"b": b, "h": h + extra_h, "s": s + extra_s}
+    base = torch.empty([sizes[n] for n in order] + [d], device="meta", dtype=BF16)
+    t = base.permute(*[order.index(n) for n in "bhs"], 3)
+    return t[:, :h, :s]
+
+
+def _offsets(t):
+    """Every element's storage offset."""
+    b, h, s, d = t.shape
+    return {sum(i * st for i, st in zip(idx, t.stride(), strict=True))
+            for idx in ((i, j, k, m) for i in range(b) for j in range(h) for k in range(s) for m in range(d))}
+
+
+@settings(max_examples=300, deadline=None)
+@given(_laid_out())
+def test_views_map_every_element_and_tight_tiles_stay_inside_the_tensor(t):
+    """For any layout `descriptor_view` accepts, each element sits where the view says; where the view is tight,
+    every row a tile reads past a head's sequence end (up to 16 rows here) is either past the view's last row (TMA's
+    zero fill) or made of the tensor's own elements, never memory outside it."""
+    view = descriptor_view(t)
+    if view is None:
+        return
+    (rows, cols), (row_stride, _), geometry = view
+    b, h, s, d = t.shape
+    for idx in ((0, 0, 0, 0), (b - 1, h - 1, s - 1, d - 1), (b // 2, h // 2, s // 2, 1)):
+        assert _storage_offset(*idx, view) == sum(i * st for i, st in zip(idx, t.stride(), strict=True))
+    assert (h - 1) * geometry[2] + d <= cols
+    if not tight(t, geometry):
+        return
+    own = _offsets(t)
+    for bi in range(b):
+        for hi in range(h):
+            for r in range(s + 16):
+                row = bi * geometry[0] + hi * geometry[1] + r
+                if row >= rows:
+                    break
+                start = row * row_stride + hi * geometry[2]
+                assert all(start + m in own for m in range(d)), (bi, hi, r)
