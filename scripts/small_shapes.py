@@ -1,7 +1,7 @@
 """Every kernel variant at small shapes with tails, each called twice (the first call builds the launch plan and
 compiles, the second takes the cached plan's launch): the workload for compute-sanitizer, and with --check a smoke
 test of both calls against the float64 references (exit 1 on any failure). The backward runs once per head dim,
-recipe and mask, with GQA, tails and Sq != Skv."""
+recipe and mask, with GQA, tails and Sq != Skv, and on (B, S, H, D) views (one query row included)."""
 
 import sys
 
@@ -47,6 +47,22 @@ for backend in ("auto", "portable"):
                             if not c.passed:
                                 failures.append(f"backward {name} {recipe} D{d} causal={causal}: {c.reason}")
                                 print("FAIL", failures[-1], flush=True)
+    if backend == "auto":  # the backward on (B, S, H, D) views, read in place, and on one query row
+        for d in (64, 128, 256):
+            for sq, skv, causal in ((130, 77, False), (77, 77, True), (1, 77, False)):
+                q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in
+                           attention_inputs(2, 4, sq, skv, d, torch.bfloat16, "cuda", hkv=2, seed=d + sq))
+                o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True)
+                do = (torch.rand(o.shape[0], o.shape[2], o.shape[1], d, device="cuda") - 0.5).bfloat16()
+                do = do.transpose(1, 2)
+                grads = torch.autograd.grad(o, (q, k, v), do)
+                if check:
+                    refs = reference_attention_grads(q.detach(), k.detach(), v.detach(), do, is_causal=causal)
+                    for name, g, r in zip(("dq", "dk", "dv"), grads, refs, strict=True):
+                        c = compare_grad(g, r, ATTENTION_RECIPES["bf16"])
+                        if not c.passed:
+                            failures.append(f"backward (B, S, H, D) {name} D{d} {sq}x{skv}: {c.reason}")
+                            print("FAIL", failures[-1], flush=True)
     for dtype in (torch.float16, torch.bfloat16):
         for lay in ("kn", "nk"):
             for walk in ("row", "grouped", "zorder"):
