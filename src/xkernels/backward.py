@@ -437,10 +437,7 @@ def _readable(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
             return a, b, geometry
     a, b = (t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
             for t in (a, b))
-    geometry = _shared_geometry(a, b)
-    if geometry is None:  # contiguous alike, yet views apart (a stride torch ignores): fresh copies agree
-        a, b = (t.clone(memory_format=torch.contiguous_format) for t in (a, b))
-        geometry = _shared_geometry(a, b)
+    geometry = _shared_geometry(a, b)  # contiguous tensors of one shape share a view (size-1 dims' strides aside)
     if geometry is None:
         raise ValueError(f"a {tuple(a.shape)} tensor has 2^31 rows or more: beyond the Hopper backward's TMA "
                          f"coordinates")
