@@ -1,15 +1,14 @@
 """Where the Hopper GEMM's split-K time goes: the same split launch with parts of its fix-up removed, each in a fresh
 process (the kernel's `_reduce_splits` is replaced before anything compiles), against the unsplit tile and
-torch.matmul in the same process. Device time from CUDA-graph replay, interleaved rounds. Only "full" computes the
-right product (checked); the others time the launch without a part of the fix-up:
+torch.matmul in the same process. Device time from CUDA-graph replay, interleaved rounds. Only "full" and "all-store"
+compute the right product (checked); the others time the launch without a part of the fix-up:
 
-  full        the shipped fix-up: partial stores, a barrier and one acq_rel atomic, the last arriver's reloads
-  no-reload   as full, but the last arriver writes its own partial (no reloads of the other splits')
+  full        the shipped fix-up (`gemm._reduce_splits`): the units that do not arrive last store their partials,
+              the last waits for them and reloads theirs
+  all-store   the fix-up before it: every unit stores its partial and counts itself, the last reloads them all
+  no-reload   every unit stores its partial and counts itself; the last writes its own as C (no reloads)
   store-only  the partial stores, no barrier, atomic or reloads (the last split writes C)
   none        nothing: the last split writes its partial as C (the split launch's main loops and C stores alone)
-  first-stores  a correct fix-up with half the traffic: a unit counts itself before storing anything; the ones
-              that are not last store their partials and count them (the counter's high half), and the last
-              waits for those, reloads only them and adds its own registers in split order (bitwise equal to full)
 
 A captured split launch also zeroes its counters (a per-capture workspace, `plans.MatmulPlan._workspace`): a fill
 node of ~1-2 us in every split row alike, so compare the variants with one another.
@@ -32,8 +31,10 @@ ROWS = {  # shape -> the tile, every field named; the split launches add split_k
                          ("split_k=2",)),
     (1024, 1024, 1024): ("block_m=64,block_n=128,block_k=64,stages=8,num_warps=4,consumers=1,row_wgs=1",
                          ("split_k=2",)),
+    (128, 4096, 14336): ("block_m=64,block_n=128,block_k=64,stages=8,num_warps=4,consumers=1,row_wgs=1",
+                         ("split_k=2",)),  # the shipped split: a few rows against a long-K weight
 }
-VARIANTS = ("full", "first-stores", "no-reload", "store-only", "none")
+VARIANTS = ("full", "all-store", "no-reload", "store-only", "none")
 
 
 def patch(variant: str) -> None:
@@ -64,6 +65,27 @@ def patch(variant: str) -> None:
         return last, acc
 
     @gluon.jit
+    def all_store(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
+        BLOCK_M: gl.constexpr = acc.shape[0]
+        BLOCK_N: gl.constexpr = acc.shape[1]
+        rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
+        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
+        at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
+        tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+        store_partial(acc, WS, tile_id, split, SPLIT_K)
+        partition_barrier()
+        arrived = gl.atomic_add(CNT + tile_id, 1, sem="acq_rel", scope="gpu")
+        last = arrived == SPLIT_K - 1
+        total = acc
+        if last:
+            partition_barrier()
+            total = gl.zeros_like(acc)
+            for j in gl.static_range(SPLIT_K):
+                total += gl.load(tile_ws + j * (BLOCK_M * BLOCK_N) + at, cache_modifier=".cg")
+            gl.atomic_xchg(CNT + tile_id, 0, sem="relaxed", scope="gpu")
+        return last, total
+
+    @gluon.jit
     def store_only(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
         store_partial(acc, WS, tile_id, split, SPLIT_K)
         return split == SPLIT_K - 1, acc
@@ -72,40 +94,8 @@ def patch(variant: str) -> None:
     def none(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
         return split == SPLIT_K - 1, acc
 
-    @gluon.jit
-    def first_stores(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
-        # CNT's low 16 bits count arrivals, the high 16 the partials stored; only the last arriver waits, and only
-        # for units that have already arrived (no unit waits on one not yet started: no deadlock)
-        BLOCK_M: gl.constexpr = acc.shape[0]
-        BLOCK_N: gl.constexpr = acc.shape[1]
-        rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
-        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
-        at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-        tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-        arrived = gl.atomic_add(CNT + tile_id, 1, sem="relaxed", scope="gpu")
-        last = (arrived & 0xFFFF) == SPLIT_K - 1
-        total = acc
-        if last:
-            stored = arrived >> 16
-            while stored < SPLIT_K - 1:
-                stored = gl.atomic_add(CNT + tile_id, 0, sem="acquire", scope="gpu") >> 16
-            partition_barrier()
-            total = gl.zeros_like(acc)
-            for j in gl.static_range(SPLIT_K):
-                if j == split:
-                    part = acc
-                else:
-                    part = gl.load(tile_ws + j * (BLOCK_M * BLOCK_N) + at, cache_modifier=".cg")
-                total += part
-            gl.atomic_xchg(CNT + tile_id, 0, sem="relaxed", scope="gpu")
-        else:
-            gl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + at, acc)
-            partition_barrier()
-            gl.atomic_add(CNT + tile_id, 1 << 16, sem="release", scope="gpu")
-        return last, total
-
-    gemm._reduce_splits = {"no-reload": no_reload, "store-only": store_only, "none": none,
-                           "first-stores": first_stores}[variant]
+    variants = {"all-store": all_store, "no-reload": no_reload, "store-only": store_only, "none": none}
+    gemm._reduce_splits = variants[variant]
 
 
 def one(variant: str) -> list[dict]:
