@@ -18,7 +18,8 @@ CASES = [(d, sq, skv, causal) for d in (64, 128, 256)
          for sq, skv, causal in ((130, 77, False), (77, 77, True), (1, 77, False))]
 
 
-def one(d: int, sq: int, skv: int, causal: bool, heads: tuple[int, int], batch: int) -> int:
+def one(d: int, sq: int, skv: int, causal: bool, heads: tuple[int, int], batch: int, layout: str,
+        deterministic: bool | None) -> int:
     import torch
 
     import xkernels
@@ -26,12 +27,16 @@ def one(d: int, sq: int, skv: int, causal: bool, heads: tuple[int, int], batch: 
     from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
 
     hq, hkv = heads
-    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in
-               attention_inputs(batch, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=d + sq))
-    o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True)
+    q, k, v = attention_inputs(batch, hq, sq, skv, d, torch.bfloat16, "cuda", hkv=hkv, seed=d + sq)
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, deterministic=deterministic)
     torch.cuda.synchronize()
     print("forward:", xkernels.last_backend(), flush=True)
     do = (torch.rand(o.shape[0], o.shape[2], o.shape[1], d, device="cuda") - 0.5).bfloat16().transpose(1, 2)
+    if layout != "bshd":
+        do = do.contiguous()
     grads = torch.autograd.grad(o, (q, k, v), do)
     torch.cuda.synchronize()
     print("backward:", xkernels.last_backend(), flush=True)
@@ -50,25 +55,31 @@ def main() -> None:
     ap.add_argument("--case", help="D,Sq,Skv,causal: run that case in this process")
     ap.add_argument("--heads", default="4,2", help="Hq,Hkv")
     ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--layout", choices=("bshd", "contiguous"), default="bshd")
+    ap.add_argument("--deterministic", choices=("none", "true", "false"), default="none")
+    ap.add_argument("--cases", nargs="+", help="D,Sq,Skv,causal cases for the driver (default: small_shapes')")
     args = ap.parse_args()
+    deterministic = {"none": None, "true": True, "false": False}[args.deterministic]
     heads = tuple(int(x) for x in args.heads.split(","))
     if args.case:
         d, sq, skv, causal = (int(x) for x in args.case.split(","))
-        sys.exit(1 if one(d, sq, skv, bool(causal), heads, args.batch) else 0)
+        sys.exit(1 if one(d, sq, skv, bool(causal), heads, args.batch, args.layout, deterministic) else 0)
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     rows = []
-    for d, sq, skv, causal in CASES:
-        case = f"{d},{sq},{skv},{int(causal)}"
+    cases = args.cases or [f"{d},{sq},{skv},{int(causal)}" for d, sq, skv, causal in CASES]
+    for case in cases:
         done = subprocess.run([sys.executable, __file__, "--case", case, "--heads", args.heads,
-                               "--batch", str(args.batch)], env=env, capture_output=True, text=True)
+                               "--batch", str(args.batch), "--layout", args.layout, "--deterministic",
+                               args.deterministic], env=env, capture_output=True, text=True)
         text = (done.stdout + done.stderr).strip().splitlines()
         status = {0: "passed", 1: "failed"}.get(done.returncode, f"exit {done.returncode}")
         if "illegal memory access" in done.stdout + done.stderr:
             status = "crashed"
         backends = [ln for ln in text if ln.startswith(("forward:", "backward:"))]
-        where = [ln.strip() for ln in text if "FAIL" in ln or "Error" in ln or "/xkernels/" in ln]
-        rows.append((case, status, backends, where[-4:]))
-        print(f"| {case} | {status} | {' / '.join(backends)} | {' '.join(rows[-1][3])} |", flush=True)
+        where = [ln.strip() for ln in text if "FAIL" in ln or "Error" in ln]
+        rows.append((case, status, backends, where[-2:]))
+        label = f"{case} {args.layout} H{args.heads} B{args.batch} det={args.deterministic}"
+        print(f"| {label} | {status} | {' / '.join(backends)} | {' '.join(rows[-1][3])} |", flush=True)
     sys.exit(1 if any(r[1] != "passed" for r in rows) else 0)
 
 
