@@ -425,17 +425,18 @@ def test_an_override_the_persistent_kernel_cannot_take_leaves_the_dense_kernel()
 
 def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeypatch):
     """The backward's choice on a (pretended) sm_90: deterministic=False fuses dQ into the dK/dV kernel at D64 and
-    D128 without a window; deterministic=True, a window, D256 (its head-dim split has no fused variant) and the
-    packed backward keep the Gluon dQ kernel beside dK/dV (bitwise repeatable); a soft cap the portable kernels."""
+    D128 without a window on more than one query block; deterministic=True, one query block, a window, D256 (its
+    head-dim split has no fused variant) and the packed backward keep the Gluon dQ kernel beside dK/dV (bitwise
+    repeatable); a soft cap the portable kernels."""
     from xkernels import select
 
     monkeypatch.setattr(select, "hopper_available", lambda device: True)
     bf16 = torch.bfloat16
 
-    def choice(d, backend="hopper", **kw):  # a forced "hopper" fuses at any shape
-        q = torch.zeros(1, 2, 8, d, dtype=bf16)
+    def choice(d, backend="hopper", sq=65, **kw):  # a forced "hopper" fuses at any shape of two query blocks
+        q = torch.zeros(1, 2, sq, d, dtype=bf16)
         k = torch.zeros(1, 2, 8, d, dtype=bf16)
-        o, lse = torch.zeros_like(q), torch.zeros(1, 2, 8)
+        o, lse = torch.zeros_like(q), torch.zeros(1, 2, sq)
         return select.resolve_attention_backward(torch.zeros_like(q), q, k, k, o, lse, None, enable_gqa=False,
                                                  precision="auto", backend=backend, **kw)[1]
 
@@ -447,6 +448,11 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
         for kw in ({}, {"deterministic": True}, {"deterministic": False, "window": (16, 0), "is_causal": True}):
             split = choice(d, **kw)
             assert split.config.dkdv.fused_dq == 0 and split.config.dq is not None, kw
+    for d in (64, 128):  # one query block (64 rows) or less: the split pair, forced layer or not
+        for sq in (1, 64):
+            for backend in ("hopper", "auto"):
+                split = choice(d, backend=backend, sq=sq, deterministic=False)
+                assert split.config.dkdv.fused_dq == 0 and split.config.dq is not None, (d, sq, backend)
     assert choice(256, deterministic=False).config.dkdv.split_d
     assert choice(128, deterministic=False, softcap=30.0).layer == "portable"
     with pytest.raises(TypeError, match="deterministic"):
