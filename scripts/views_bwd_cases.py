@@ -19,10 +19,11 @@ CASES = [(d, sq, skv, causal) for d in (64, 128, 256)
 
 
 def one(d: int, sq: int, skv: int, causal: bool, heads: tuple[int, int], batch: int, layout: str,
-        deterministic: bool | None) -> int:
+        deterministic: bool | None, force_fused: bool) -> int:
     import torch
 
     import xkernels
+    from xkernels import select
     from xkernels.recipes import ATTENTION_RECIPES
     from xkernels.testing import attention_inputs, compare_grad, reference_attention_grads
 
@@ -31,7 +32,11 @@ def one(d: int, sq: int, skv: int, causal: bool, heads: tuple[int, int], batch: 
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, deterministic=deterministic)
+    backend = "auto"
+    if force_fused:  # the fused-dQ kernel at any query count (`select.FUSED_DQ_MIN_QUERIES` keeps it off one block)
+        select.FUSED_DQ_MIN_QUERIES = 1
+        backend, deterministic = "hopper", False
+    o = xkernels.attention(q, k, v, is_causal=causal, enable_gqa=True, deterministic=deterministic, backend=backend)
     torch.cuda.synchronize()
     print("forward:", xkernels.last_backend(), flush=True)
     do = (torch.rand(o.shape[0], o.shape[2], o.shape[1], d, device="cuda") - 0.5).bfloat16().transpose(1, 2)
@@ -57,20 +62,23 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--layout", choices=("bshd", "contiguous"), default="bshd")
     ap.add_argument("--deterministic", choices=("none", "true", "false"), default="none")
+    ap.add_argument("--force-fused", action="store_true", help="the fused-dQ backward even on one query block")
     ap.add_argument("--cases", nargs="+", help="D,Sq,Skv,causal cases for the driver (default: small_shapes')")
     args = ap.parse_args()
     deterministic = {"none": None, "true": True, "false": False}[args.deterministic]
     heads = tuple(int(x) for x in args.heads.split(","))
     if args.case:
         d, sq, skv, causal = (int(x) for x in args.case.split(","))
-        sys.exit(1 if one(d, sq, skv, bool(causal), heads, args.batch, args.layout, deterministic) else 0)
+        sys.exit(1 if one(d, sq, skv, bool(causal), heads, args.batch, args.layout, deterministic,
+                              args.force_fused) else 0)
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     rows = []
     cases = args.cases or [f"{d},{sq},{skv},{int(causal)}" for d, sq, skv, causal in CASES]
     for case in cases:
         done = subprocess.run([sys.executable, __file__, "--case", case, "--heads", args.heads,
                                "--batch", str(args.batch), "--layout", args.layout, "--deterministic",
-                               args.deterministic], env=env, capture_output=True, text=True)
+                               args.deterministic, *(["--force-fused"] if args.force_fused else [])], env=env,
+                              capture_output=True, text=True)
         text = (done.stdout + done.stderr).strip().splitlines()
         status = {0: "passed", 1: "failed"}.get(done.returncode, f"exit {done.returncode}")
         if "illegal memory access" in done.stdout + done.stderr:
@@ -79,6 +87,7 @@ def main() -> None:
         where = [ln.strip() for ln in text if "FAIL" in ln or "Error" in ln]
         rows.append((case, status, backends, where[-2:]))
         label = f"{case} {args.layout} H{args.heads} B{args.batch} det={args.deterministic}"
+        label += " fused" if args.force_fused else ""
         print(f"| {label} | {status} | {' / '.join(backends)} | {' '.join(rows[-1][3])} |", flush=True)
     sys.exit(1 if any(r[1] != "passed" for r in rows) else 0)
 
