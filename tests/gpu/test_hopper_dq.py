@@ -36,6 +36,30 @@ def _run(q, k, v, do, dlse, *, causal, dq_path):
     return grads
 
 
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sq", [1, 17, 64])
+@pytest.mark.parametrize("bshd", [False, True])
+def test_one_query_block_takes_the_split_pair(d, sq, bshd):
+    """A call of at most 64 query rows takes the split dK/dV + dQ pair even with deterministic=False and "hopper"
+    forced (`select.FUSED_DQ_MIN_QUERIES`: the fused D64 kernel read shared memory out of bounds at one row against
+    77 keys, full), and its gradients pass against float64, on contiguous tensors and (B, S, H, D) views."""
+    import xkernels
+
+    q, k, v = attention_inputs(2, 4, sq, 77, d, torch.bfloat16, "cuda", hkv=2, seed=sq + d)
+    if bshd:
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
+    for backend in ("auto", "hopper"):
+        o = xkernels.attention(*leaves, enable_gqa=True, deterministic=False, backend=backend)
+        grads = torch.autograd.grad(o, leaves, do)
+        name = xkernels.last_backend()
+        assert "attention_backward" in name and "fused dQ" not in name, name
+        for g, ref in zip(grads, reference_attention_grads(q, k, v, do), strict=True):
+            c = compare_grad(g, ref, ATTENTION_RECIPES["bf16"])
+            assert c.passed, (backend, c.reason)
+
+
 @pytest.mark.parametrize("d", [64, 128, 256])
 @pytest.mark.parametrize("causal,sq,skv", [(False, 1000, 1000), (True, 1000, 1000), (True, 300, 777),
                                            (False, 130, 65), (True, 1, 200),
