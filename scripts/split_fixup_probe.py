@@ -45,14 +45,19 @@ def patch(variant: str) -> None:
         return
 
     @gluon.jit
-    def store_partial(acc, WS, tile_id, split, SPLIT_K: gl.constexpr):
+    def tile_partials(acc, WS, tile_id, SPLIT_K: gl.constexpr):
+        """(the tile's (SPLIT_K, BLOCK_M, BLOCK_N) fp32 workspace, each element's offset in one partial)"""
         BLOCK_M: gl.constexpr = acc.shape[0]
         BLOCK_N: gl.constexpr = acc.shape[1]
         rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
         at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-        tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
-        gl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + at, acc)
+        return WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N), at
+
+    @gluon.jit
+    def store_partial(acc, WS, tile_id, split, SPLIT_K: gl.constexpr):
+        tile_ws, at = tile_partials(acc, WS, tile_id, SPLIT_K)
+        gl.store(tile_ws + split * (acc.shape[0] * acc.shape[1]) + at, acc)
 
     @gluon.jit
     def no_reload(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
@@ -66,12 +71,7 @@ def patch(variant: str) -> None:
 
     @gluon.jit
     def all_store(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
-        BLOCK_M: gl.constexpr = acc.shape[0]
-        BLOCK_N: gl.constexpr = acc.shape[1]
-        rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
-        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
-        at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-        tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)
+        tile_ws, at = tile_partials(acc, WS, tile_id, SPLIT_K)
         store_partial(acc, WS, tile_id, split, SPLIT_K)
         partition_barrier()
         arrived = gl.atomic_add(CNT + tile_id, 1, sem="acq_rel", scope="gpu")
@@ -81,7 +81,7 @@ def patch(variant: str) -> None:
             partition_barrier()
             total = gl.zeros_like(acc)
             for j in gl.static_range(SPLIT_K):
-                total += gl.load(tile_ws + j * (BLOCK_M * BLOCK_N) + at, cache_modifier=".cg")
+                total += gl.load(tile_ws + j * (acc.shape[0] * acc.shape[1]) + at, cache_modifier=".cg")
             gl.atomic_xchg(CNT + tile_id, 0, sem="relaxed", scope="gpu")
         return last, total
 
