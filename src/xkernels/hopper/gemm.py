@@ -27,7 +27,7 @@ two splits (2560^3 on 128 x 256 tiles: 97 us against 153 when every unit stored 
 benchmarks/results/h100/2026-12-07/37-views-bwd-split-fixup). Only the last arriver waits, and only on units that
 have arrived, which store without waiting on anything: no unit waits on one that has not started. Memory order as
 in `portable/gemm_skinny.py`: every thread's partial stores, a barrier of the partition's warps, one release
-atomic at GPU scope; the last arriver's acquire, then a barrier, before its reads.
+atomic at GPU scope; the last arriver's acquire (its arrival, or the wait's reads), then a barrier, before its reads.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
     cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
     at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
     tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)  # (SPLIT_K, BLOCK_M, BLOCK_N) fp32
-    arrived = gl.atomic_add(CNT + tile_id, 1, sem="relaxed", scope="gpu")
+    # acquire: a last arriver that already sees every store counted skips the loop below, and this is its acquire
+    arrived = gl.atomic_add(CNT + tile_id, 1, sem="acquire", scope="gpu")
     last = (arrived & 0xFFFF) == SPLIT_K - 1
     total = acc
     if last:
