@@ -433,7 +433,7 @@ def test_deterministic_false_takes_the_fused_dq_backward_where_it_exists(monkeyp
     monkeypatch.setattr(select, "hopper_available", lambda device: True)
     bf16 = torch.bfloat16
 
-    def choice(d, backend="hopper", sq=65, **kw):  # a forced "hopper" fuses at any shape of two query blocks
+    def choice(d, backend="hopper", sq=65, **kw):  # a forced "hopper" fuses on more than one query block
         q = torch.zeros(1, 2, sq, d, dtype=bf16)
         k = torch.zeros(1, 2, 8, d, dtype=bf16)
         o, lse = torch.zeros_like(q), torch.zeros(1, 2, sq)
