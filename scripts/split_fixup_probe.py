@@ -45,18 +45,8 @@ def patch(variant: str) -> None:
         return
 
     @gluon.jit
-    def tile_partials(acc, WS, tile_id, SPLIT_K: gl.constexpr):
-        """(the tile's (SPLIT_K, BLOCK_M, BLOCK_N) fp32 workspace, each element's offset in one partial)"""
-        BLOCK_M: gl.constexpr = acc.shape[0]
-        BLOCK_N: gl.constexpr = acc.shape[1]
-        rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
-        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
-        at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-        return WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N), at
-
-    @gluon.jit
     def store_partial(acc, WS, tile_id, split, SPLIT_K: gl.constexpr):
-        tile_ws, at = tile_partials(acc, WS, tile_id, SPLIT_K)
+        tile_ws, at = gemm._tile_partials(acc, WS, tile_id, SPLIT_K)
         gl.store(tile_ws + split * (acc.shape[0] * acc.shape[1]) + at, acc)
 
     @gluon.jit
@@ -71,7 +61,7 @@ def patch(variant: str) -> None:
 
     @gluon.jit
     def all_store(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
-        tile_ws, at = tile_partials(acc, WS, tile_id, SPLIT_K)
+        tile_ws, at = gemm._tile_partials(acc, WS, tile_id, SPLIT_K)
         store_partial(acc, WS, tile_id, split, SPLIT_K)
         partition_barrier()
         arrived = gl.atomic_add(CNT + tile_id, 1, sem="acq_rel", scope="gpu")

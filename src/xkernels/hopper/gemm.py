@@ -105,16 +105,24 @@ def _loader(a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits,
 
 
 @gluon.jit
+def _tile_partials(acc, WS, tile_id, SPLIT_K: gl.constexpr):
+    """(the tile's (SPLIT_K, BLOCK_M, BLOCK_N) fp32 workspace, each accumulator element's offset in one partial)"""
+    BLOCK_M: gl.constexpr = acc.shape[0]
+    BLOCK_N: gl.constexpr = acc.shape[1]
+    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
+    cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
+    at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
+    return WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N), at
+
+
+@gluon.jit
 def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
     """Split-K: count this unit; if it is not the last, store its partial and count the store. (Whether this unit
     arrived last, the sum of every split's partial in split order: only meaningful to the last arriver, which also
     resets the counter.) CNT's low 16 bits count arrivals, its high 16 the partials stored."""
     BLOCK_M: gl.constexpr = acc.shape[0]
     BLOCK_N: gl.constexpr = acc.shape[1]
-    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
-    cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
-    at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-    tile_ws = WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N)  # (SPLIT_K, BLOCK_M, BLOCK_N) fp32
+    tile_ws, at = _tile_partials(acc, WS, tile_id, SPLIT_K)
     # acquire: a last arriver that already sees every store counted skips the loop below, and this is its acquire
     arrived = gl.atomic_add(CNT + tile_id, 1, sem="acquire", scope="gpu")
     last = (arrived & 0xFFFF) == SPLIT_K - 1
