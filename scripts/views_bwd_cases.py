@@ -19,7 +19,7 @@ CASES = [(d, sq, skv, causal) for d in (64, 128, 256)
 
 
 def one(d: int, sq: int, skv: int, causal: bool, heads: tuple[int, int], batch: int, layout: str,
-        deterministic: bool | None, force_fused: bool) -> int:
+        deterministic: bool | None, force_fused: bool, no_specialize: bool = False) -> int:
     import torch
 
     import xkernels
@@ -33,6 +33,13 @@ def one(d: int, sq: int, skv: int, causal: bool, heads: tuple[int, int], batch: 
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     backend = "auto"
+    if no_specialize:  # the dK/dV kernel with its integer shapes as runtime values (1 is no longer folded)
+        from triton.experimental import gluon
+
+        from xkernels.hopper import attention_bwd
+
+        attention_bwd.attention_dkdv_kernel = gluon.jit(attention_bwd.attention_dkdv_kernel.fn,
+                                                        do_not_specialize=["SQ", "SKV", "HQ", "HKV", "GROUP"])
     if force_fused:  # the fused-dQ kernel at any query count (`select.FUSED_DQ_MIN_QUERIES` keeps it off one block)
         select.FUSED_DQ_MIN_QUERIES = 1
         backend, deterministic = "hopper", False
@@ -63,6 +70,8 @@ def main() -> None:
     ap.add_argument("--layout", choices=("bshd", "contiguous"), default="bshd")
     ap.add_argument("--deterministic", choices=("none", "true", "false"), default="none")
     ap.add_argument("--force-fused", action="store_true", help="the fused-dQ backward even on one query block")
+    ap.add_argument("--no-specialize", action="store_true",
+                    help="compile the dK/dV kernel with Sq, Skv and the head counts as runtime integers")
     ap.add_argument("--cases", nargs="+", help="D,Sq,Skv,causal cases for the driver (default: small_shapes')")
     args = ap.parse_args()
     deterministic = {"none": None, "true": True, "false": False}[args.deterministic]
@@ -70,14 +79,15 @@ def main() -> None:
     if args.case:
         d, sq, skv, causal = (int(x) for x in args.case.split(","))
         sys.exit(1 if one(d, sq, skv, bool(causal), heads, args.batch, args.layout, deterministic,
-                              args.force_fused) else 0)
+                              args.force_fused, args.no_specialize) else 0)
     env = dict(os.environ, CUDA_LAUNCH_BLOCKING="1")
     rows = []
     cases = args.cases or [f"{d},{sq},{skv},{int(causal)}" for d, sq, skv, causal in CASES]
     for case in cases:
         done = subprocess.run([sys.executable, __file__, "--case", case, "--heads", args.heads,
                                "--batch", str(args.batch), "--layout", args.layout, "--deterministic",
-                               args.deterministic, *(["--force-fused"] if args.force_fused else [])], env=env,
+                               args.deterministic, *(["--force-fused"] if args.force_fused else []),
+                               *(["--no-specialize"] if args.no_specialize else [])], env=env,
                               capture_output=True, text=True)
         text = (done.stdout + done.stderr).strip().splitlines()
         status = {0: "passed", 1: "failed"}.get(done.returncode, f"exit {done.returncode}")
@@ -87,7 +97,7 @@ def main() -> None:
         where = [ln.strip() for ln in text if "FAIL" in ln or "Error" in ln]
         rows.append((case, status, backends, where[-2:]))
         label = f"{case} {args.layout} H{args.heads} B{args.batch} det={args.deterministic}"
-        label += " fused" if args.force_fused else ""
+        label += " fused" * args.force_fused + " unspecialized" * args.no_specialize
         print(f"| {label} | {status} | {' / '.join(backends)} | {' '.join(rows[-1][3])} |", flush=True)
     sys.exit(1 if any(r[1] != "passed" for r in rows) else 0)
 
