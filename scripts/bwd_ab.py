@@ -8,10 +8,12 @@ Sq != Skv, GQA); timing is device time of the whole backward (CUDA events behind
 every variant's in three interleaved rounds (`time_rounds`), median of the pooled 30 runs.
 
     python scripts/bwd_ab.py --dims 256 --json bwd_ab.json [--md bwd_ab.md] [--skip dq3]
-                             [--mask-split | --even-keys | --rotate]
+                             [--mask-split | --even-keys | --rotate | --group-parts]
 
 --even-keys: the shipped configs as shipped and with `even_keys` ("... -ek": dense full rows over whole key blocks
 walk one unmasked loop); causal rows run the same program both ways.
+--group-parts: the split pair with each key block's GQA group over 1, 2 and 4 programs (`group_parts`), on GQA rows
+with few dK/dV programs (`GROUP_ROWS`); the rule's pick (`select.group_parts`) is named in each row.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ CUDNN = "SDPA-cuDNN"
 ROWS = {256: ((1, 16, 8192, False), (1, 16, 8192, True), (2, 16, 4096, False), (4, 16, 2048, True)),
         128: ((1, 32, 8192, False), (1, 32, 8192, True), (2, 16, 4096, True)),
         64: ((4, 32, 4096, False), (4, 32, 4096, True))}
+# GQA rows with few dK/dV programs (B x Hkv x key blocks of 128): (B, Hq, Hkv, S, causal)
+GROUP_ROWS = {128: ((1, 16, 4, 4096, True), (1, 32, 8, 2048, True), (1, 8, 2, 4096, True), (1, 32, 8, 4096, True),
+                    (1, 16, 4, 4096, False)),
+              64: ((1, 32, 4, 4096, True), (1, 32, 8, 2048, True), (1, 32, 8, 4096, True))}
 CHECKS = ((1, 4, 2, 777, 777, False), (1, 4, 2, 300, 777, True), (2, 2, 2, 130, 65, False), (1, 4, 4, 1, 200, True),
           (2, 4, 2, 200, 256, False))  # the last: whole key blocks (EVEN_KEYS), a query tail
 
@@ -118,6 +124,19 @@ def rotate_variants(d: int, portable_cfg) -> dict:
             "fused -rot": dataclasses.replace(hb, dkdv=dataclasses.replace(hb.dkdv, rotate=1))}
 
 
+def group_parts_variants(d: int, portable_cfg) -> dict:
+    """The shipped split pair with each key block's GQA group over 1, 2 and 4 programs ("-gpN")."""
+    hb = select.hopper_backward(d, portable_cfg)
+    return {"split" if n == 1 else f"split -gp{n}": dataclasses.replace(hb, dkdv=dataclasses.replace(hb.dkdv,
+                                                                                                  group_parts=n))
+            for n in (1, 2, 4)}
+
+
+def fits(cfg, hq: int, hkv: int) -> bool:
+    """Whether a variant can run with this GQA group (its parts divide the group)."""
+    return cfg is None or (hq // hkv) % cfg.dkdv.group_parts == 0
+
+
 def run(q, k, v, do, o, lse, cfg, causal, portable_cfg, poison=False):
     """The backward into fresh gradient buffers (NaN-filled for the checks, so a row a kernel skips fails; left
     uninitialized when timed, so no fill is counted against our kernels that cuDNN's do not pay)."""
@@ -163,21 +182,26 @@ def main() -> None:
                     "(`even_keys_variants`) in place of the tile variants")
     ap.add_argument("--rotate", action="store_true", help="the fused config with and without `rotate` "
                     "(`rotate_variants`) in place of the tile variants")
+    ap.add_argument("--group-parts", action="store_true", help="the split pair over 1, 2, 4 programs per key "
+                    "block's GQA group (`group_parts_variants`) on `GROUP_ROWS`")
     args = ap.parse_args()
 
     def chosen(d, pcfg) -> dict:
         pick = (mask_split_variants if args.mask_split else even_keys_variants if args.even_keys
-                else rotate_variants if args.rotate else variants)
+                else rotate_variants if args.rotate else group_parts_variants if args.group_parts else variants)
         every = pick(d, pcfg)
         return {n: c for n, c in every.items() if not (args.skip and args.skip in n)}
 
     res: dict = {"device": torch.cuda.get_device_name(), "check": [], "rows": []}
     recipe = ATTENTION_RECIPES["bf16"]
     for d in args.dims:
-        for b, hq, hkv, sq, skv, causal in CHECKS:
+        checks = CHECKS + ((1, 8, 2, 300, 777, True), (2, 8, 2, 1000, 1000, True)) * args.group_parts
+        for b, hq, hkv, sq, skv, causal in checks:
             q, k, v, do, o, lse, pcfg = setup(b, hq, hkv, sq, skv, d, causal, seed=sq + skv)
             refs = reference_attention_grads(q, k, v, do, is_causal=causal)
             for name, cfg in chosen(d, pcfg).items():
+                if not fits(cfg, hq, hkv):
+                    continue
                 grads = run(q, k, v, do, o, lse, cfg, causal, pcfg, poison=True)
                 torch.cuda.synchronize()
                 for g, ref, which in zip(grads, refs, "qkv", strict=True):
@@ -187,20 +211,26 @@ def main() -> None:
                     if not c.passed:
                         print("FAILED", res["check"][-1], flush=True)
         print(f"checks: {sum(c['passed'] for c in res['check'])}/{len(res['check'])} passed", flush=True)
-        for b, h, s, causal in ROWS[d]:
-            q, k, v, do, o, lse, pcfg = setup(b, h, h, s, s, d, causal)
-            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        rows = GROUP_ROWS[d] if args.group_parts else [(b, h, h, s, causal) for b, h, s, causal in ROWS[d]]
+        for b, h, hkv, s, causal in rows:
+            q, k, v, do, o, lse, pcfg = setup(b, h, hkv, s, s, d, causal)
+            # GQA: cuDNN on K and V repeated over each group beforehand (its time leaves out the repeat and the sum
+            # of dK and dV over the group that a GQA caller of it would add)
+            leaves = [t.detach().repeat_interleave(r, dim=1).requires_grad_() for t, r in ((q, 1), (k, h // hkv),
+                                                                                            (v, h // hkv))]
             with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
                 out = F.scaled_dot_product_attention(*leaves, is_causal=causal)
             # cuDNN and every variant in interleaved rounds (`time_rounds`): no variant always runs last
             runs = {CUDNN: (lambda _: torch.autograd.grad(out, leaves, do, retain_graph=True), [None],  # noqa: B023
                             lambda: sdpa_kernel([SDPBackend.CUDNN_ATTENTION]))}
             runs |= {name: (lambda _, c=cfg: run(q, k, v, do, o, lse, c, causal, pcfg), [None],  # noqa: B023
-                            contextlib.nullcontext) for name, cfg in chosen(d, pcfg).items()}
+                            contextlib.nullcontext) for name, cfg in chosen(d, pcfg).items() if fits(cfg, h, hkv)}
             timed = time_rounds(runs, iters=30)
             cudnn_ms = timed.pop(CUDNN).median_ms
             flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
-            row = {"shape": f"B{b} H{h} {s} D{d}{' causal' if causal else ''}", "cudnn_ms": cudnn_ms,
+            pick = select.group_parts(d, b, h, hkv, s, torch.cuda.get_device_properties(0).multi_processor_count)
+            shape = f"B{b} H{h}" + f"/{hkv}" * (hkv != h) + f" {s} D{d}{' causal' if causal else ''}"
+            row = {"shape": shape + f" (rule: gp{pick})" * args.group_parts, "cudnn_ms": cudnn_ms,
                    "cudnn_tflops": flops / cudnn_ms / 1e9, "ms": {}, "x_cudnn": {}}
             for name, t in timed.items():
                 if isinstance(t, str):

@@ -1,9 +1,9 @@
 """Where the Hopper GEMM's split-K time goes: the same split launch with parts of its fix-up removed, each in a fresh
-process (the kernel's `_reduce_splits` is replaced before anything compiles), against the unsplit tile and
+process (the kernel's `reduce_parts` is replaced before anything compiles), against the unsplit tile and
 torch.matmul in the same process. Device time from CUDA-graph replay, interleaved rounds. Only "full" and "all-store"
 compute the right product (checked); the others time the launch without a part of the fix-up:
 
-  full        the shipped fix-up (`gemm._reduce_splits`): the units that do not arrive last store their partials,
+  full        the shipped fix-up (`partials.reduce_parts`): the units that do not arrive last store their partials,
               the last waits for them and reloads theirs
   all-store   the fix-up before it: every unit stores its partial and counts itself, the last reloads them all
   no-reload   every unit stores its partial and counts itself; the last writes its own as C (no reloads)
@@ -38,7 +38,7 @@ VARIANTS = ("full", "all-store", "no-reload", "store-only", "none")
 
 
 def patch(variant: str) -> None:
-    from xkernels.hopper import gemm
+    from xkernels.hopper import gemm, partials
     from xkernels.hopper.pipeline import partition_barrier
 
     if variant == "full":
@@ -46,7 +46,7 @@ def patch(variant: str) -> None:
 
     @gluon.jit
     def store_partial(acc, WS, tile_id, split, SPLIT_K: gl.constexpr):
-        tile_ws, at = gemm._tile_partials(acc, WS, tile_id, SPLIT_K)
+        tile_ws, at = partials.tile_partials(acc, WS, tile_id, SPLIT_K)
         gl.store(tile_ws + split * (acc.shape[0] * acc.shape[1]) + at, acc)
 
     @gluon.jit
@@ -61,7 +61,7 @@ def patch(variant: str) -> None:
 
     @gluon.jit
     def all_store(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
-        tile_ws, at = gemm._tile_partials(acc, WS, tile_id, SPLIT_K)
+        tile_ws, at = partials.tile_partials(acc, WS, tile_id, SPLIT_K)
         store_partial(acc, WS, tile_id, split, SPLIT_K)
         partition_barrier()
         arrived = gl.atomic_add(CNT + tile_id, 1, sem="acq_rel", scope="gpu")
@@ -85,7 +85,7 @@ def patch(variant: str) -> None:
         return split == SPLIT_K - 1, acc
 
     variants = {"all-store": all_store, "no-reload": no_reload, "store-only": store_only, "none": none}
-    gemm._reduce_splits = variants[variant]
+    gemm.reduce_parts = variants[variant]  # the name the GEMM kernel's globals resolve at compile time
 
 
 def one(variant: str) -> list[dict]:

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from xkernels import plans, select
+from xkernels.common import scratch
 from xkernels.common.runtime import side_stream, unit_last_stride
 from xkernels.common.seqlen import Band
 from xkernels.hopper.views import descriptor_view, tight
@@ -153,11 +154,12 @@ class BackwardPlan:
         if self.fused:
             dq_accum = torch.empty((b, hq, sq, d), dtype=torch.float32, device=q.device)
             pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, dq_accum, out, *pre_ints))
-            dkdv((q, k, v, grad_out, dq_accum, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale))
+            dkdv((q, k, v, grad_out, dq_accum, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale, lse, lse))
             dqk((dq_accum, dq, *dq_ints, scale))
             return
         pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, delta, out, *pre_ints))
-        dkdv_args = (q, k, v, grad_out, q, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale)
+        dkdv_args = (q, k, v, grad_out, q, lse, delta, dk, dv, lse, lse, *dkdv_ints, qk_scale, scale,
+                     *_group_scratch(self.choice.config.dkdv, b, k.shape[1], k.shape[2], d, lse))
         dq_args = (q, k, v, grad_out, lse, delta, dq, lse, lse, *dq_ints, qk_scale, scale)
         if not concurrent:
             dkdv(dkdv_args)
@@ -316,7 +318,7 @@ class VarlenBackwardPlan:
         delta = torch.empty((hq, total_q), dtype=torch.float32, device=q.device)
         pre((out, grad_out, delta if grad_lse is None else grad_lse, delta, delta, cu_q, *pre_ints))
         qk_scale = scale * plans.LOG2E
-        dkdv_args = (q, k, v, grad_out, q, lse, delta, dk, dv, cu_q, cu_k, *dkdv_ints, qk_scale, scale)
+        dkdv_args = (q, k, v, grad_out, q, lse, delta, dk, dv, cu_q, cu_k, *dkdv_ints, qk_scale, scale, lse, lse)
         dq_args = (q, k, v, grad_out, lse, delta, dq, cu_q, cu_k, *dq_ints, qk_scale, scale)
         _dkdv_then_dq(q.device, lambda: dkdv(dkdv_args), lambda: dqk(dq_args),
                       concurrent=self.choice.config.concurrent_dq)
@@ -368,7 +370,8 @@ def _varlen_launch(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, packed, *,
 
     def dkdv() -> None:
         args = (*descs, descs[0], lse, delta, dk, dv, packed.cu_seqlens_q, packed.cu_seqlens_k, 0, dk.stride(1),
-                dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, *_packed_geometry(d), hq, hkv, *ints[1:])
+                dk.stride(0), 0, dv.stride(1), dv.stride(0), total_q, *_packed_geometry(d), hq, hkv, *ints[1:],
+                lse, lse)
         launch.run(hopper_bwd.attention_dkdv_kernel,
                    hopper_bwd.grid(packed.batch, hkv, packed.max_seqlen_k, cfg.dkdv), args,
                    cfg.dkdv.constexprs(d, causal=is_causal, varlen=True, band=band), {})
@@ -402,6 +405,19 @@ def _dkdv_then_dq(device: torch.device, dkdv, dq, *, concurrent: bool) -> None:
     with torch.cuda.stream(side):
         dq()
     current.wait_stream(side)  # the join: dq is written before anything later on this stream
+
+
+def _group_scratch(cfg, batch: int, kv_heads: int, skv: int, d: int, stand_in: torch.Tensor) -> tuple:
+    """(fp32 partials, int32 counters at zero) of a dK/dV launch that splits its GQA groups over programs
+    (`cfg.group_parts`, `attention_bwd.group_workspace`), kept per stream (`common.scratch`); else `stand_in` twice
+    (the kernel never reads them)."""
+    if cfg.group_parts == 1:
+        return stand_in, stand_in
+    from xkernels.hopper import attention_bwd as hopper_bwd
+
+    counters, words = hopper_bwd.group_workspace(batch, kv_heads, skv, cfg, d)
+    cnt, ws = scratch.counters_and_partials(stand_in.device, counters, words)
+    return ws, cnt
 
 
 def _packed_geometry(d: int) -> tuple[int, ...]:
@@ -466,7 +482,8 @@ def _hopper(q, k, v, out, lse, grad_out, dq, dk, dv, grad_lse, *, is_causal: boo
     geometry = (*q_geometry, *kv_geometry)
     # the dense kernel never reads cu_seqlens (lse stands in) nor the packed LSE's head stride (0)
     args = (*hopper_bwd.descriptors(qf, kf, vf, dof, cfg, dq_accum), lse, delta, dk, dv, lse, lse, *dk.stride()[:3],
-            *dv.stride()[:3], 0, *geometry, hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale)
+            *dv.stride()[:3], 0, *geometry, hq, hkv, hq // hkv, sq, skv, scale * math.log2(math.e), scale,
+            *_group_scratch(cfg, b, hkv, skv, d, lse))
 
     def dkdv() -> None:
         launch.run(hopper_bwd.attention_dkdv_kernel, hopper_bwd.grid(b, hkv, skv, cfg), args,

@@ -508,13 +508,8 @@ class MatmulPlan:
         reads them: `out` stands in)."""
         if self.slices == 1:
             return out, out
-        kept = scratch.split_k(out.device, self.counters, self.partial_words)
-        if kept is not None:
-            return kept[1], kept[0]
-        partials_at = -(-self.counters // 4) * 4  # in 4-byte words: the partials 16-byte aligned after the counters
-        ws = torch.empty(partials_at + self.partial_words, dtype=torch.int32, device=out.device)
-        ws[:self.counters].zero_()  # the counters start at zero; the partials are written before they are read
-        return ws[partials_at:].view(torch.float32), ws
+        counters, partials = scratch.counters_and_partials(out.device, self.counters, self.partial_words)
+        return partials, counters
 
     def _general(self, a, b, out):
         """Descriptor-ready copies where needed, then Triton's own launcher (the interpreter's path too)."""

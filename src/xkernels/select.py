@@ -262,7 +262,9 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     ("hopper:stages=3") apply to the forward only; a soft cap runs the portable kernels (also where "hopper" is
     forced), a sliding window the Hopper kernels' band. `deterministic` False: the Hopper dK/dV kernel with dQ
     fused in where it has that variant and is the faster one there (`fused_dq_pays`; at any shape where "hopper" is
-    forced), on calls of more than one query block (`FUSED_DQ_MIN_QUERIES`). Returns (recipe, Choice)."""
+    forced), on calls of more than one query block (`FUSED_DQ_MIN_QUERIES`). Causal calls whose dK/dV grid is too
+    small for the SMs split each key block's GQA group over programs (`group_parts`; bitwise repeatable still).
+    Returns (recipe, Choice)."""
     recipe = check_attention_backward(grad_out, q, k, v, out, lse, grad_lse, enable_gqa=enable_gqa,
                                       precision=precision)
     if type(deterministic) is not bool:
@@ -274,12 +276,16 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     # kernel leaves them alone (its outputs are alike either way) and the real call decides.
     band = Band.of(is_causal, window)
     sizes = (q.shape[0], q.shape[1], k.shape[1], k.shape[2])
+    concrete = all(type(n) is int for n in sizes)
     fused = (not deterministic and not band.windowed and type(q.shape[2]) is int
              and q.shape[2] >= FUSED_DQ_MIN_QUERIES
              and (parse_backend(backend).layer == "hopper"
-                  or (all(type(n) is int for n in sizes)
-                      and fused_dq_pays(int(q.shape[-1]), band.causal, *sizes))))
-    return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused)
+                  or (concrete and fused_dq_pays(int(q.shape[-1]), band.causal, *sizes))))
+    parts = 1
+    if not fused and band.causal and not band.windowed and concrete and q.device.type == "cuda":
+        parts = group_parts(int(q.shape[-1]), *sizes, sm_count(device_index(q.device)))
+    return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused,
+                                    group_parts=parts)
 
 
 # Head dims whose Hopper dK/dV kernel has the fused-dQ variant (D256 splits its head dim across the warpgroups)
@@ -302,6 +308,15 @@ FUSED_DQ_RULES = {(128, True): (8192, 4096), (64, True): (0, 0)}
 # passes its float64 tests at one query row (the GPU tests of runs 33 and 37).
 FUSED_DQ_MIN_QUERIES = 65
 FUSED_DQ_MIN_GRID = 1024
+# A causal dK/dV program's walk is as long as its key block is early (block 0 sees every query of its group's heads),
+# so with too few programs for the SMs the first blocks' walks outlast everything else, dQ's concurrent kernel
+# included (its work fills the SMs the later blocks free). Splitting each key block's GQA group over parts shortens
+# the longest walk by the part count; the parts' partials cost one fp32 store and load of dK and dV each. The rule
+# asks for GROUP_PARTS_WAVES waves of programs (the longest walk is then at most ~0.7 of the average SM's share of
+# both kernels' work, by a count of query steps).
+GROUP_PARTS_WAVES = 1.6
+GROUP_PARTS_HEAD_DIMS = (64, 128)  # the two-warpgroup walk (D256 splits its head dim across them)
+GROUP_PARTS_MAX = 4  # the last arriver's sum is unrolled over the parts: a program per count, kept to 2 and 4
 
 
 def fused_dq_pays(head_dim: int, causal: bool, batch: int, q_heads: int, kv_heads: int, skv: int) -> bool:
@@ -317,18 +332,35 @@ def fused_dq_pays(head_dim: int, causal: bool, batch: int, q_heads: int, kv_head
     return skv >= min_keys and blocks * q_heads >= min_units and blocks * kv_heads >= FUSED_DQ_MIN_GRID
 
 
+def group_parts(head_dim: int, batch: int, q_heads: int, kv_heads: int, skv: int, sms: int) -> int:
+    """How many programs share each key block's GQA group in a causal backward (`GROUP_PARTS_WAVES`): the fewest,
+    a power of two dividing the group, that give the dK/dV grid that many waves, at most `GROUP_PARTS_MAX`; 1 where
+    the grid has them."""
+    if head_dim not in GROUP_PARTS_HEAD_DIMS or kv_heads == 0:
+        return 1
+    group = q_heads // kv_heads
+    programs = batch * kv_heads * -(-skv // ATTENTION_BWD_CONFIGS[head_dim].block_n)
+    parts = 1
+    while programs * parts < GROUP_PARTS_WAVES * sms and group % (2 * parts) == 0 and parts < GROUP_PARTS_MAX:
+        parts *= 2
+    return parts
+
+
 def hopper_backward(head_dim: int, portable: portable_configs.AttentionBwdConfig, *,
-                    fused_dq: bool = False) -> HopperBackward:
+                    fused_dq: bool = False, group_parts: int = 1) -> HopperBackward:
     """The Hopper backward's configs at `head_dim`: the dK/dV kernel and the Gluon dQ kernel beside it (bitwise
     repeatable), or with `fused_dq` where the head dim has it, dQ reduce-added by the dK/dV kernel (not bitwise
     repeatable: the partials of different key blocks land in any order; `fused_dq_pays` says where it is faster)."""
     if fused_dq and head_dim in FUSED_DQ_HEAD_DIMS:
         return HopperBackward(FUSED_BWD_CONFIGS[head_dim], portable, None)
-    return HopperBackward(ATTENTION_BWD_CONFIGS[head_dim], portable, ATTENTION_DQ_CONFIGS.get(head_dim))
+    dkdv = ATTENTION_BWD_CONFIGS[head_dim]
+    if group_parts > 1:
+        dkdv = dataclasses.replace(dkdv, group_parts=group_parts)
+    return HopperBackward(dkdv, portable, ATTENTION_DQ_CONFIGS.get(head_dim))
 
 
 def _backward_choice(q, backend: str, *, hopper_by_default: bool, softcap: float = 0.0,
-                     fused_dq: bool = False) -> Choice:
+                     fused_dq: bool = False, group_parts: int = 1) -> Choice:
     """The backward kernels: the Hopper dK/dV and dQ kernels (windows included: their band) on sm_90 with a tested
     triton where "hopper" is forced, or with `hopper_by_default` where no layer is, but for soft caps; else the
     portable ones."""
@@ -343,7 +375,7 @@ def _backward_choice(q, backend: str, *, hopper_by_default: bool, softcap: float
     portable = portable_configs.attention_bwd_config(d, _target(q.device))
     wanted = not portable_only and (override.layer == "hopper" or (hopper_by_default and override.layer is None))
     if wanted and d in ATTENTION_BWD_CONFIGS and hopper_available(q.device):
-        return Choice("hopper", hopper_backward(d, portable, fused_dq=fused_dq))
+        return Choice("hopper", hopper_backward(d, portable, fused_dq=fused_dq, group_parts=group_parts))
     return Choice("portable", portable)
 
 

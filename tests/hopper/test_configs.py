@@ -610,3 +610,31 @@ def test_even_keys_reaches_only_dense_full_masks_over_whole_key_blocks():
         for window in ((16, -1), (-1, 16), (16, 16)):
             band = Band.of(False, window)
             assert not cfg.constexprs(128, causal=False, band=band, whole_key_blocks=True)["EVEN_KEYS"], window
+
+
+@pytest.mark.parametrize(("d", "batch", "q_heads", "kv_heads", "skv", "parts"), [
+    (128, 1, 16, 4, 4096, 2),  # 128 dK/dV programs on 132 SMs: two parts give 1.9 waves
+    (64, 1, 32, 4, 4096, 2),
+    (128, 1, 8, 2, 4096, 4),  # 64 programs
+    (128, 1, 32, 8, 4096, 1),  # 256 programs: enough
+    (128, 4, 16, 4, 4096, 1),
+    (128, 1, 16, 16, 1024, 1),  # no group to split (MHA)
+    (128, 1, 6, 2, 1024, 1),  # a group of 3: only powers of two that divide it
+    (128, 1, 12, 2, 1024, 2),  # a group of 6: 2 divides it, 4 does not
+    (256, 1, 16, 4, 4096, 1),  # D256's split head dim: no parts
+    (64, 1, 64, 1, 512, 4),  # MQA over 4 programs: capped at GROUP_PARTS_MAX
+])
+def test_group_parts_rule(d, batch, q_heads, kv_heads, skv, parts):
+    from xkernels import select
+
+    assert select.group_parts(d, batch, q_heads, kv_heads, skv, 132) == parts
+
+
+def test_group_parts_config_names_and_constexprs():
+    from xkernels import select
+    from xkernels.portable import configs as portable_configs
+
+    hb = select.hopper_backward(128, portable_configs.attention_bwd_config(128, None), group_parts=2)
+    assert "-gp2" in str(hb) and hb.dkdv.constexprs(128, causal=True)["GROUP_PARTS"] == 2
+    assert select.hopper_backward(128, hb.portable).dkdv.group_parts == 1
+    assert select.hopper_backward(64, hb.portable, fused_dq=True, group_parts=2).dkdv.group_parts == 1

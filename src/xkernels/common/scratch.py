@@ -1,4 +1,6 @@
-"""Scratch memory kept across calls, one set per (device, stream): the split-K arrival counters and fp32 partials.
+"""Scratch memory kept across calls, one set per (device, stream): arrival counters and fp32 partials of the
+kernels that reduce a tile's partials across programs (`hopper/partials.py`: split-K GEMMs, the backward's dK/dV over
+parts of a GQA group, the few-row GEMM's K slices).
 
 A split-K launch needs arrival counters that start at zero and a partials buffer. Allocating and zeroing them per
 call costs a caching-allocator call and a fill launch on the host (~15-20 us per GEMM on the H200 host, more than the
@@ -96,3 +98,15 @@ def clear() -> None:
     for s in _SETS.values():
         _release(s)
     _SETS.clear()
+
+
+def counters_and_partials(device: torch.device, counters: int, partials: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int32 counters at zero, fp32 partials) for one launch: the kept set (`split_k`), or where that refuses, one
+    fresh allocation with its counters zeroed (under CUDA-graph capture: from the graph's pool, its fill captured)."""
+    kept = split_k(device, counters, partials)
+    if kept is not None:
+        return kept
+    partials_at = -(-counters // 4) * 4  # in 4-byte words: the partials 16-byte aligned after the counters
+    ws = torch.empty(partials_at + partials, dtype=torch.int32, device=device)
+    ws[:counters].zero_()  # the counters start at zero; the partials are written before they are read
+    return ws[:counters], ws[partials_at:].view(torch.float32)

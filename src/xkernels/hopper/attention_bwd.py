@@ -50,6 +50,10 @@ MASK_SPLIT (config `mask_split`; D64's and D128's split configs, D64's fused one
 steps that need the mask (the causal diagonal's, a key tail's, a window's) and then the rest, whose compares and
 selects are dropped (`_mask_end`). EVEN_KEYS (config `even_keys`, opt-in; a dense call with a full mask and its key
 count a multiple of BLOCK_N): no step needs the mask, and the walk is one unmasked loop.
+GROUP_PARTS (config `group_parts`; a dense causal call with too few (batch, kv head, key block) programs for the SMs,
+`select.group_parts`): GROUP_PARTS programs per key block, each walking GROUP / GROUP_PARTS of the group's query
+heads, so the longest walk (a causal call's first key block) is that much shorter; their fp32 dK and dV partials are
+summed in part order by whichever arrives last (`partials.reduce_parts`: bitwise repeatable), which stores them.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_bwd_barriers, attention_dq_ring, attention_ds_ring, score_exchange
 from xkernels.hopper.configs import HopperAttentionBwdConfig
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
+from xkernels.hopper.partials import reduce_parts
 from xkernels.hopper.pipeline import partition_barrier
 from xkernels.hopper.views import descriptor_view
 
@@ -100,9 +105,11 @@ def _rotated(step, lo, rot, span, ROTATE: gl.constexpr):
 
 
 @gluon.jit
-def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b, hk,
-              start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh, HQ, GROUP, SQ,
+def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA, b, h0,
+              start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh, HQ, heads, SQ,
               BLOCK_M: gl.constexpr, VARLEN: gl.constexpr, ROTATE: gl.constexpr):
+    """K and V once; then the query blocks of `heads` query heads from h0 (the program's part of its GQA group),
+    each into a ring stage."""
     mbarrier.expect(kv_ready, 2 * k_desc.block_type.nbytes)
     tma.async_load(k_desc, [kv_row, kv_col], kv_ready, k_buf)
     tma.async_load(v_desc, [kv_row, kv_col], kv_ready, v_buf)
@@ -110,8 +117,8 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
     offs = gl.arange(0, BLOCK_M, rows_layout)
     rot, span = _rotation(lo, q_end, start_n, BLOCK_M, k_desc.block_type.shape[0])
     it = 0
-    for g in range(GROUP):
-        h = hk * GROUP + g
+    for g in range(heads):
+        h = h0 + g
         if VARLEN:
             stats_row0 = h * lse_sh + q0  # (Hq, total_q)
         else:
@@ -315,10 +322,12 @@ def _mask_end(lo, q_end, key0, skv, offset, BLOCK_M: gl.constexpr, CAUSAL: gl.co
 
 @gluon.jit
 def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq_out, DK, DV, dk_sb,
-              dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, HQ, GROUP, SQ, qk_scale,
-              scale, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr,
-              SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr, MASK_SPLIT: gl.constexpr,
-              UNMASKED: gl.constexpr, ROTATE: gl.constexpr):
+              dk_sh, dk_ss, dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0, skv, offset, heads, qk_scale, scale,
+              WS, CNT, unit, part, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, CAUSAL: gl.constexpr,
+              FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr, KV_REGS: gl.constexpr, BAND: gl.constexpr,
+              MASK_SPLIT: gl.constexpr, UNMASKED: gl.constexpr, ROTATE: gl.constexpr, GROUP_PARTS: gl.constexpr):
+    """Consumer warpgroup W: its keys against the query blocks of `heads` query heads (the program's part of its
+    GQA group), then dK and dV stored, or (GROUP_PARTS > 1) reduced with the other parts' and stored by the last."""
     HALF: gl.constexpr = HEAD_DIM // 2  # FUSED_DQ: this warpgroup's columns of dQ; SPLIT_D: of dK and dV
     COLS: gl.constexpr = HALF if SPLIT_D else HEAD_DIM  # columns of dK and dV in this warpgroup's registers
     s_layout: gl.constexpr = wgmma_acc(BLOCK_M)
@@ -347,7 +356,7 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT, UNMASKED)
     rot, span = _rotation(lo, q_end, start_n, BLOCK_M, 2 * WG_KEYS)  # (ROTATE: a dense full walk, no split)
     it = 0
-    for _g in range(GROUP):
+    for _g in range(heads):
         if not UNMASKED:  # (UNMASKED: no masked loop compiled at all)
             for step in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all: MASK_SPLIT=0)
                 start_m = _rotated(step, lo, rot, span, ROTATE)
@@ -367,12 +376,19 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
     key_rows = gl.expand_dims((k0 + rows).to(gl.int64), 1)
     dk_ptrs = DK + b * dk_sb + hk * dk_sh + key_rows * dk_ss + gl.expand_dims(d, 0)
     dv_ptrs = DV + b * dv_sb + hk * dv_sh + key_rows * dv_ss + gl.expand_dims(d, 0)
-    gl.store(dk_ptrs, (dk * scale).to(dtype), mask=keep_rows)
-    gl.store(dv_ptrs, dv.to(dtype), mask=keep_rows)
+    write_dk = True
+    write_dv = True
+    if GROUP_PARTS > 1:  # tiles 4 unit + 2 W (dK) and + 1 (dV): each sums to the group's gradient in its last part
+        write_dk, dk = reduce_parts(dk, WS, CNT, unit * 4 + 2 * W, part, GROUP_PARTS)
+        write_dv, dv = reduce_parts(dv, WS, CNT, unit * 4 + 2 * W + 1, part, GROUP_PARTS)
+    if write_dk:
+        gl.store(dk_ptrs, (dk * scale).to(dtype), mask=keep_rows)
+    if write_dv:
+        gl.store(dv_ptrs, dv.to(dtype), mask=keep_rows)
 
 
 @gluon.jit
-def _dq_writer(dq_desc, dq0, dq1, b, hk, start_n, lo, q_end, HQ, GROUP, SQ, HEAD_DIM: gl.constexpr,
+def _dq_writer(dq_desc, dq0, dq1, b, h0, start_n, lo, q_end, HQ, heads, SQ, HEAD_DIM: gl.constexpr,
                BLOCK_M: gl.constexpr, FUSED_DQ: gl.constexpr, ROTATE: gl.constexpr):
     """FUSED_DQ's dQ writer (1 warp): per step, each consumer's fp32 partial [BLOCK_M, D / 2] (FUSED_DQ = 3: the
     step's one [BLOCK_M, D] partial, from the consumer whose turn it was) goes from its `dq` slot into the fp32
@@ -383,8 +399,8 @@ def _dq_writer(dq_desc, dq0, dq1, b, hk, start_n, lo, q_end, HQ, GROUP, SQ, HEAD
     HALF: gl.constexpr = HEAD_DIM // 2
     rot, span = _rotation(lo, q_end, start_n, BLOCK_M, 2 * WG_KEYS)
     it = 0
-    for g in range(GROUP):
-        row0 = (b * HQ + hk * GROUP + g) * SQ
+    for g in range(heads):
+        row0 = (b * HQ + h0 + g) * SQ
         for step in range(lo, q_end, BLOCK_M):
             at = (row0 + _rotated(step, lo, rot, span, ROTATE)).to(gl.int32)
             if FUSED_DQ == 3:
@@ -428,12 +444,12 @@ def _write_halves(dq_desc, at, dq0, dq1, it, HALF: gl.constexpr):
 @gluon.jit
 def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, DK, DV, CU_Q, CU_K, dk_sb, dk_sh,
                           dk_ss, dv_sb, dv_sh, dv_ss, lse_sh, q_rb, q_rh, q_ch, kv_rb, kv_rh, kv_ch, HQ, HKV,
-                          GROUP, SQ, SKV, qk_scale, scale,
+                          GROUP, SQ, SKV, qk_scale, scale, WS, CNT,
                           HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                           CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr,
                           KV_REGS: gl.constexpr, VARLEN: gl.constexpr, SHIFT: gl.constexpr, BAND: gl.constexpr,
                           MASK_SPLIT: gl.constexpr = False, EVEN_KEYS: gl.constexpr = False,
-                          ROTATE: gl.constexpr = False):
+                          ROTATE: gl.constexpr = False, GROUP_PARTS: gl.constexpr = 1):
     gl.static_assert(BLOCK_N == (1 if SPLIT_D else 2) * WG_KEYS,
                      "two consumer warpgroups of 64 keys, or (SPLIT_D) one set of 64 keys shared by both")
     gl.static_assert((SPLIT_D >= 0) and (SPLIT_D <= 2), "SPLIT_D: 0 (off), 1 or 2")
@@ -446,14 +462,21 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     gl.static_assert(not ROTATE or (FUSED_DQ and not CAUSAL and BAND < 0 and not MASK_SPLIT and not VARLEN
                                     and not SPLIT_D and not EVEN_KEYS), "ROTATE: the fused kernel's dense full walk, "
                      "one masked loop")
+    gl.static_assert(GROUP_PARTS == 1 or not (FUSED_DQ or VARLEN or SPLIT_D), "GROUP_PARTS: the dense split "
+                     "kernel's two-warpgroup walk")
     # dense full rows over whole key blocks: no key past SKV, no causal or window side in any step
     UNMASKED: gl.constexpr = EVEN_KEYS and (not CAUSAL) and BAND < 0
     PRODUCER_REGS: gl.constexpr = 32 if SPLIT_D else 24  # D256's K/V boxes take more addresses (24: spills)
     n_blocks = gl.cdiv(SKV, BLOCK_N)
-    start_n = (gl.program_id(0) % n_blocks) * BLOCK_N
-    bhk = (gl.program_id(0) // n_blocks).to(gl.int64)
+    # programs over (batch, kv head, key block, part of the group), the parts of one key block side by side
+    part = gl.program_id(0) % GROUP_PARTS
+    unit = gl.program_id(0) // GROUP_PARTS
+    start_n = (unit % n_blocks) * BLOCK_N
+    bhk = (unit // n_blocks).to(gl.int64)
     b = bhk // HKV
     hk = bhk % HKV
+    heads = GROUP // GROUP_PARTS  # query heads this program walks, from h0 (the host splits only even groups)
+    h0 = hk * GROUP + part * heads
     q0, sq, k0, skv, offset = sequence(CU_Q, CU_K, b, SQ, SKV, VARLEN)
     offset = offset + SHIFT  # a window's upper side past the alignment's diagonal (`common.seqlen.Band`)
     # causal: earlier queries see none of these keys; a window's lower side: nor do later ones past its reach;
@@ -467,8 +490,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     # h * D): the program's K/V tile, and the first query head of its group in Q and dO
     kv_row = (k0 + b * kv_rb + hk * kv_rh + start_n).to(gl.int32)
     kv_col = (hk * kv_ch).to(gl.int32)
-    q_row_g = q0 + b * q_rb + hk * GROUP * q_rh
-    q_col_g = hk * GROUP * q_ch
+    q_row_g = q0 + b * q_rb + h0 * q_rh
+    q_col_g = h0 * q_ch
     k_buf = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
     v_buf = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
     q_bufs = gl.allocate_shared_memory(q_desc.dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
@@ -499,32 +522,32 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
     if FUSED_DQ:
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
-                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED, ROTATE)),
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, heads, qk_scale,
+                         scale, WS, CNT, unit, part, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND,
+                         MASK_SPLIT, UNMASKED, ROTATE, GROUP_PARTS)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
-                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED, ROTATE)),
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, heads, qk_scale,
+                         scale, WS, CNT, unit, part, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND,
+                         MASK_SPLIT, UNMASKED, ROTATE, GROUP_PARTS)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
-                         b, hk, start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh,
-                         HQ, GROUP, SQ, BLOCK_M, VARLEN, ROTATE)),
-            (_dq_writer, (dq_desc, dq0, dq1, b, hk, start_n, lo, q_end, HQ, GROUP, SQ, HEAD_DIM, BLOCK_M, FUSED_DQ,
+                         b, h0, start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh,
+                         HQ, heads, SQ, BLOCK_M, VARLEN, ROTATE)),
+            (_dq_writer, (dq_desc, dq0, dq1, b, h0, start_n, lo, q_end, HQ, heads, SQ, HEAD_DIM, BLOCK_M, FUSED_DQ,
                           ROTATE)),
         ], [4, 1, 1], [240, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (0, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq0, DK, DV, dk_sb, dk_sh, dk_ss,
-                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED, ROTATE)),
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, heads, qk_scale,
+                         scale, WS, CNT, unit, part, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND,
+                         MASK_SPLIT, UNMASKED, ROTATE, GROUP_PARTS)),
             (_consumer, (1, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, x, dq1, DK, DV, dk_sb, dk_sh, dk_ss,
-                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, HQ, GROUP, SQ,
-                         qk_scale, scale, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND, MASK_SPLIT,
-                         UNMASKED, ROTATE)),
+                         dv_sb, dv_sh, dv_ss, b, hk, start_n, lo, q_end, k0_rows, skv, offset, heads, qk_scale,
+                         scale, WS, CNT, unit, part, HEAD_DIM, BLOCK_M, CAUSAL, FUSED_DQ, SPLIT_D, KV_REGS, BAND,
+                         MASK_SPLIT, UNMASKED, ROTATE, GROUP_PARTS)),
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
-                         b, hk, start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh,
-                         HQ, GROUP, SQ, BLOCK_M, VARLEN, ROTATE)),
+                         b, h0, start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh,
+                         HQ, heads, SQ, BLOCK_M, VARLEN, ROTATE)),
         ], [4, 1], [240, PRODUCER_REGS])
 
 
@@ -588,4 +611,11 @@ def packed_ready(t: torch.Tensor) -> bool:
 
 
 def grid(batch: int, kv_heads: int, skv: int, cfg: HopperAttentionBwdConfig) -> int:
-    return triton.cdiv(skv, cfg.block_n) * batch * kv_heads
+    return triton.cdiv(skv, cfg.block_n) * batch * kv_heads * cfg.group_parts
+
+
+def group_workspace(batch: int, kv_heads: int, skv: int, cfg: HopperAttentionBwdConfig, head_dim: int) -> tuple:
+    """(int32 counters, fp32 words) a GROUP_PARTS launch reduces dK and dV through (`partials.reduce_parts`): per
+    (batch, kv head, key block), a dK and a dV tile of each consumer warpgroup's 64 keys, one partial per part."""
+    tiles = 4 * triton.cdiv(skv, cfg.block_n) * batch * kv_heads
+    return tiles, tiles * cfg.group_parts * WG_KEYS.value * head_dim

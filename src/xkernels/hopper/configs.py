@@ -224,6 +224,10 @@ class HopperAttentionBwdConfig:
     # head's programs reduce dQ into different rows at a time (ROTATE); opt-in until measured
     # (`scripts/bwd_ab.py --rotate`)
     rotate: int = 0
+    # programs per key block, each walking that share of the GQA group's query heads, their dK and dV partials summed
+    # in a fixed order by the last to finish (`attention_bwd` GROUP_PARTS; dense, unfused, D64/D128): a shape rule
+    # (`select.group_parts`) sets it where a causal call has too few programs to fill the SMs
+    group_parts: int = 1
 
     def constexprs(self, head_dim: int, *, causal: bool, varlen: bool = False, band: Band | None = None,
                    whole_key_blocks: bool = False) -> dict[str, object]:
@@ -237,12 +241,13 @@ class HopperAttentionBwdConfig:
                     MASK_SPLIT=bool(self.mask_split), VARLEN=varlen,
                     EVEN_KEYS=even,
                     ROTATE=bool(self.rotate) and bool(self.fused_dq) and full and not self.mask_split and not varlen
-                    and not self.split_d and not even) | mask
+                    and not self.split_d and not even, GROUP_PARTS=self.group_parts) | mask
 
     def __str__(self) -> str:
         return (f"BM{self.block_m}-BN{self.block_n}-S{self.stages}" + f"-dq{self.fused_dq}" * bool(self.fused_dq)
                 + (f"-sd{self.split_d}" if self.split_d else "") + "-kvr" * bool(self.kv_regs)
-                + "-ms" * bool(self.mask_split) + "-ek" * bool(self.even_keys) + "-rot" * bool(self.rotate))
+                + "-ms" * bool(self.mask_split) + "-ek" * bool(self.even_keys) + "-rot" * bool(self.rotate)
+                + f"-gp{self.group_parts}" * (self.group_parts > 1))
 
 
 # D256: 64 x 256 fp32 dK and dV do not fit one warpgroup's registers, so the two warpgroups split their columns over

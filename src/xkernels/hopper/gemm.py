@@ -18,16 +18,10 @@ B is read as [K, N] or, for the "nk" layout, as [N, K] tiles viewed transposed i
 barriers are listed in `hopper/barriers.py`.
 
 Split-K (SPLIT_K > 1, for outputs of too few tiles to fill the SMs, e.g. a few hundred rows against a Llama weight):
-each output tile is SPLIT_K work units over consecutive K ranges. A unit counts its arrival in the tile's counter
-before storing anything; a unit that is not the last stores its fp32 partial in the workspace and counts that too;
-the last arriver waits for those stores only, sums the others' partials and its own registers in split order
-(bitwise repeatable whatever the arrival order), writes C and puts the counter back to zero (the workspace is
-reused: `common/scratch.py`). The last arriver stores and reloads nothing of its own: half the fix-up's traffic at
-two splits (2560^3 on 128 x 256 tiles: 97 us against 153 when every unit stored and the last reloaded all,
-benchmarks/results/h100/2026-12-07/37-views-bwd-split-fixup). Only the last arriver waits, and only on units that
-have arrived, which store without waiting on anything: no unit waits on one that has not started. Memory order as
-in `portable/gemm_skinny.py`: every thread's partial stores, a barrier of the partition's warps, one release
-atomic at GPU scope; the last arriver's acquire (its arrival, or the wait's reads), then a barrier, before its reads.
+each output tile is SPLIT_K work units over consecutive K ranges, whose fp32 partials `partials.reduce_parts` sums
+in split order (bitwise repeatable) in the unit that arrives last, which writes C. The last arriver stores and
+reloads nothing of its own: half the fix-up's traffic at two splits (2560^3 on 128 x 256 tiles: 97 us against 153
+when every unit stored and the last reloaded all, benchmarks/results/h100/2026-12-07/37-views-bwd-split-fixup).
 """
 
 from __future__ import annotations
@@ -50,7 +44,7 @@ from xkernels.common.tile_walk import tile_coords, zorder_grid
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import gemm_barriers
 from xkernels.hopper.configs import HopperGemmConfig
-from xkernels.hopper.pipeline import partition_barrier
+from xkernels.hopper.partials import reduce_parts
 
 # registers per thread of the second consumer partition (a 64 x 128 fp32 accumulator is 64 of them); the first
 # consumer gets what the loader and this one leave of the register file
@@ -105,49 +99,6 @@ def _loader(a_desc, b_desc, a_bufs, ring, K, tiles_m, tiles_n, walk_len, z_bits,
 
 
 @gluon.jit
-def _tile_partials(acc, WS, tile_id, SPLIT_K: gl.constexpr):
-    """(the tile's (SPLIT_K, BLOCK_M, BLOCK_N) fp32 workspace, each accumulator element's offset in one partial)"""
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    rows = gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc.type.layout))
-    cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, acc.type.layout))
-    at = gl.expand_dims(rows, 1) * BLOCK_N + gl.expand_dims(cols, 0)
-    return WS + tile_id.to(gl.int64) * (SPLIT_K * BLOCK_M * BLOCK_N), at
-
-
-@gluon.jit
-def _reduce_splits(acc, WS, CNT, tile_id, split, SPLIT_K: gl.constexpr):
-    """Split-K: count this unit; if it is not the last, store its partial and count the store. (Whether this unit
-    arrived last, the sum of every split's partial in split order: only meaningful to the last arriver, which also
-    resets the counter.) CNT's low 16 bits count arrivals, its high 16 the partials stored."""
-    BLOCK_M: gl.constexpr = acc.shape[0]
-    BLOCK_N: gl.constexpr = acc.shape[1]
-    tile_ws, at = _tile_partials(acc, WS, tile_id, SPLIT_K)
-    # acquire: a last arriver that already sees every store counted skips the loop below, and this is its acquire
-    arrived = gl.atomic_add(CNT + tile_id, 1, sem="acquire", scope="gpu")
-    last = (arrived & 0xFFFF) == SPLIT_K - 1
-    total = acc
-    if last:
-        stored = arrived >> 16
-        while stored < SPLIT_K - 1:  # the units that arrived before this one are storing; nothing else is waited
-            stored = gl.atomic_add(CNT + tile_id, 0, sem="acquire", scope="gpu") >> 16
-        partition_barrier()
-        total = gl.zeros_like(acc)
-        for j in gl.static_range(SPLIT_K):
-            if j == split:
-                part = acc
-            else:
-                part = gl.load(tile_ws + j * (BLOCK_M * BLOCK_N) + at, cache_modifier=".cg")
-            total += part
-        gl.atomic_xchg(CNT + tile_id, 0, sem="relaxed", scope="gpu")  # the workspace is reused
-    else:
-        gl.store(tile_ws + split * (BLOCK_M * BLOCK_N) + at, acc)
-        partition_barrier()
-        gl.atomic_add(CNT + tile_id, 1 << 16, sem="release", scope="gpu")
-    return last, total
-
-
-@gluon.jit
 def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles_m, tiles_n, walk_len, z_bits,
                   z_tall, B_NK: gl.constexpr, WALK: gl.constexpr, GROUP_M: gl.constexpr, ACC_FP16: gl.constexpr,
                   SPLIT_K: gl.constexpr, CONSUMER: gl.constexpr, CONSUMERS: gl.constexpr, ROW_WG: gl.constexpr,
@@ -197,7 +148,7 @@ def _mma_epilogue(a_desc, c_desc, a_bufs, ring, c_smem, turns, WS, CNT, K, tiles
                 ring.release(it + steps + STAGES - 1)
                 write = True
                 if SPLIT_K > 1:
-                    write, acc = _reduce_splits(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
+                    write, acc = reduce_parts(acc, WS, CNT, tile_m * tiles_n + tile_n, split, SPLIT_K)
                 if write:
                     # this consumer's previous TMA store overlapped the main loops since; wait for it only now
                     # that its buffer is about to be overwritten

@@ -208,7 +208,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                      for name, rows in (("q_desc", bc.block_m), ("k_desc", bc.block_n), ("v_desc", bc.block_n),
                                         ("do_desc", bc.block_m))}
             types = descs | {"LSE": "*fp32", "DELTA": "*fp32", "DK": f"*{dt}", "DV": f"*{dt}", "qk_scale": "fp32",
-                             "scale": "fp32", "dq_desc": descs["q_desc"], "CU_Q": "*i32", "CU_K": "*i32"}
+                             "scale": "fp32", "dq_desc": descs["q_desc"], "CU_Q": "*i32", "CU_K": "*i32",
+                             "WS": "*fp32", "CNT": "*i32"}
             def fused_types(box, types=types):  # the fp32 dQ buffer's: [BLOCK_M, D / 2] boxes, or [BLOCK_M, D]
                 return types | {"dq_desc": f"tensordesc<fp32[{box[0]}, {box[1]}],"
                                            f"{gl.NVMMASharedLayout.get_default_for(box, gl.float32)}>"}
@@ -229,6 +230,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 variants += [(fused_default, fused_box)]
                 if d == 128 and dt == "bf16":  # opt-in `rotate` (its dense full walk only: compiled there)
                     variants += [(dataclasses.replace(fused_default, rotate=1), fused_box)]
+            if not bc.split_d:  # a causal call's group in parts (`select.group_parts`; dense causal calls only)
+                variants += [(dataclasses.replace(bc, group_parts=2), types)]
             if dt == "bf16":  # the other query walk (`mask_split` flipped: every step masked at D64 and D128,
                 # the unmasked steps in a loop of their own at D256; reported, not gated)
                 variants += [(dataclasses.replace(bc, mask_split=1 - bc.mask_split), types)]
@@ -250,6 +253,8 @@ def hopper_configs() -> Iterator[KernelConfig]:
                 evens = ((False, None, True),) * (not varlen)
                 for causal, band, *even in ((False, None), *evens, (True, None)) + bands:
                     if fused.rotate and (causal or even):  # (ROTATE is off there: the fused default's program)
+                        continue
+                    if fused.group_parts > 1 and (varlen or not causal or band is not None):
                         continue
                     fused_ek = dataclasses.replace(fused, even_keys=1) if even else fused
                     # spill-free on the releases it runs on; triton 3.9 (compiled, never run) reloads 56 bytes at
