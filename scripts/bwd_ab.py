@@ -228,7 +228,7 @@ def main() -> None:
             timed = time_rounds(runs, iters=30)
             cudnn_ms = timed.pop(CUDNN).median_ms
             flops = 4 * d * s * s * b * h * 2.5 / (2 if causal else 1)
-            pick = select.group_parts(d, b, h, hkv, s, torch.cuda.get_device_properties(0).multi_processor_count)
+            pick = select.group_parts(d, b, h, hkv, s, s, torch.cuda.get_device_properties(0).multi_processor_count)
             shape = f"B{b} H{h}" + f"/{hkv}" * (hkv != h) + f" {s} D{d}{' causal' if causal else ''}"
             row = {"shape": shape + f" (rule: gp{pick})" * args.group_parts, "cudnn_ms": cudnn_ms,
                    "cudnn_tflops": flops / cudnn_ms / 1e9, "ms": {}, "x_cudnn": {}}

@@ -283,7 +283,8 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
                   or (concrete and fused_dq_pays(int(q.shape[-1]), band.causal, *sizes))))
     parts = 1
     if not fused and band.causal and not band.windowed and concrete and q.device.type == "cuda":
-        parts = group_parts(int(q.shape[-1]), *sizes, sm_count(device_index(q.device)))
+        parts = group_parts(int(q.shape[-1]), *sizes[:3], int(q.shape[2]), sizes[3],
+                            sm_count(device_index(q.device)))
     return recipe, _backward_choice(q, backend, hopper_by_default=True, softcap=softcap, fused_dq=fused,
                                     group_parts=parts)
 
@@ -310,11 +311,15 @@ FUSED_DQ_MIN_QUERIES = 65
 FUSED_DQ_MIN_GRID = 1024
 # A causal dK/dV program's walk is as long as its key block is early (block 0 sees every query of its group's heads),
 # so with too few programs for the SMs the first blocks' walks outlast everything else, dQ's concurrent kernel
-# included (its work fills the SMs the later blocks free). Splitting each key block's GQA group over parts shortens
-# the longest walk by the part count; the parts' partials cost one fp32 store and load of dK and dV each. The rule
-# asks for GROUP_PARTS_WAVES waves of programs (the longest walk is then at most ~0.7 of the average SM's share of
-# both kernels' work, by a count of query steps).
-GROUP_PARTS_WAVES = 1.6
+# included. Splitting each key block's GQA group over parts shortens the longest walk by the part count, for one fp32
+# store and load of dK and dV per part. Measured (H100, split pair x cuDNN, causal, benchmarks/results/h100/
+# 2026-12-07/41-group-parts): B1 H8/2 4K D128 0.67 -> 1.21 with 2 parts (4: 1.13), B1 H16/4 4K D128 1.07 -> 1.10,
+# B1 H32/4 4K D64 1.01 -> 1.08 (4 parts: 1.05); lost where the parts' walks get short (B1 H32/8 2K: 64 steps a
+# part, D128 1.19 -> 1.14, D64 1.22 -> 1.14) or the grid passes two waves (4 parts above; 256 programs level).
+# So: the most parts (powers of two dividing the group) that keep the grid within GROUP_PARTS_MAX_WAVES waves and
+# each part's longest walk at GROUP_PARTS_MIN_STEPS query blocks or more.
+GROUP_PARTS_MAX_WAVES = 2
+GROUP_PARTS_MIN_STEPS = 128
 GROUP_PARTS_HEAD_DIMS = (64, 128)  # the two-warpgroup walk (D256 splits its head dim across them)
 GROUP_PARTS_MAX = 4  # the last arriver's sum is unrolled over the parts: a program per count, kept to 2 and 4
 
@@ -332,16 +337,20 @@ def fused_dq_pays(head_dim: int, causal: bool, batch: int, q_heads: int, kv_head
     return skv >= min_keys and blocks * q_heads >= min_units and blocks * kv_heads >= FUSED_DQ_MIN_GRID
 
 
-def group_parts(head_dim: int, batch: int, q_heads: int, kv_heads: int, skv: int, sms: int) -> int:
-    """How many programs share each key block's GQA group in a causal backward (`GROUP_PARTS_WAVES`): the fewest,
-    a power of two dividing the group, that give the dK/dV grid that many waves, at most `GROUP_PARTS_MAX`; 1 where
-    the grid has them."""
+def group_parts(head_dim: int, batch: int, q_heads: int, kv_heads: int, sq: int, skv: int, sms: int) -> int:
+    """How many programs share each key block's GQA group in a causal backward: the most, a power of two dividing the
+    group and at most `GROUP_PARTS_MAX`, within `GROUP_PARTS_MAX_WAVES` waves of the dK/dV grid and with each part's
+    longest walk (block 0's: its heads' every query block) `GROUP_PARTS_MIN_STEPS` steps or more."""
     if head_dim not in GROUP_PARTS_HEAD_DIMS or kv_heads == 0:
         return 1
+    cfg = ATTENTION_BWD_CONFIGS[head_dim]
     group = q_heads // kv_heads
-    programs = batch * kv_heads * -(-skv // ATTENTION_BWD_CONFIGS[head_dim].block_n)
+    programs = batch * kv_heads * -(-skv // cfg.block_n)
+    steps = -(-sq // cfg.block_m)
     parts = 1
-    while programs * parts < GROUP_PARTS_WAVES * sms and group % (2 * parts) == 0 and parts < GROUP_PARTS_MAX:
+    while (2 * parts <= GROUP_PARTS_MAX and group % (2 * parts) == 0
+           and programs * 2 * parts <= GROUP_PARTS_MAX_WAVES * sms
+           and group // (2 * parts) * steps >= GROUP_PARTS_MIN_STEPS):
         parts *= 2
     return parts
 

@@ -59,7 +59,7 @@ def _plan_grads(q, k, v, o, lse, do, grad_lse, causal):
 
 def _general_grads(q, k, v, o, lse, do, grad_lse, causal):
     _, choice = backward.select.resolve_attention_backward(do, q, k, v, o, lse, grad_lse, enable_gqa=True,
-                                                           precision="auto", backend="auto")
+                                                           precision="auto", backend="auto", is_causal=causal)
     grads = tuple(backward.grad_like(t) for t in (q, k, v))
     GENERAL(do, q, k, v, o, lse, grad_lse, *grads, is_causal=causal, scale=q.shape[-1] ** -0.5, choice=choice,
             band=Band(causal))

@@ -71,7 +71,7 @@ def test_api_splits_a_small_causal_gqa_grid():
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     do = (torch.rand(q.shape, device="cuda") - 0.5).to(q.dtype)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    want = select.group_parts(128, 1, 16, 4, 4096, sms)
+    want = select.group_parts(128, 1, 16, 4, 4096, 4096, sms)
     assert want > 1
     results = []
     for deterministic in (True, True, False):
