@@ -88,7 +88,8 @@ def attention_bwd_suite(quick: bool) -> list[Case]:
     """The backward ("bwd") on the anchor rows, bf16, and a training step ("fwd+bwd") on two of them, with the
     API's default `deterministic` (None: torch's switch, off in the bench: the fused-dQ backward where it pays),
     each also with deterministic=True (the split backward, bitwise repeatable) in the full suite; fp16 and GQA
-    rows there too."""
+    rows there too, among them a causal GQA call with too few dK/dV programs for the SMs (B1 H16/4 4K D128, a 0.85B
+    Llama's layer: the group split's case, `select.group_parts`), backward and training step."""
     rows = BWD_ROWS[:2] if quick else BWD_ROWS
     modes = (None,) if quick else (None, True)
     cases: list[Case] = [AttentionGradCase(b, h, h, s, s, d, c, "bf16", step="bwd", deterministic=m)
@@ -98,6 +99,7 @@ def attention_bwd_suite(quick: bool) -> list[Case]:
     if not quick:
         cases += [AttentionGradCase(1, 32, 32, 8192, 8192, 128, False, "fp16", step="bwd"),
                   AttentionGradCase(1, 32, 8, 8192, 8192, 128, True, "bf16", step="bwd")]
+        cases += [AttentionGradCase(1, 16, 4, 4096, 4096, 128, True, "bf16", step=step) for step in ("bwd", "fwd+bwd")]
     return cases
 
 
