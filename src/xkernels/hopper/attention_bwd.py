@@ -21,8 +21,8 @@ partial is staged; 3, D64: the warpgroups take turns by step, one computing the 
 64 x 64 wgmmas that read a third less shared memory per product than two 64 x 32 halves, the other skipping the
 handshake). The fp32 partial goes to one of two `dq` slots of the warpgroup; a 1-warp writer partition
 reduce-adds it into an fp32 buffer by TMA and hands the slot back once the reduce has read it, so the consumers never
-wait on a reduce. The additions from different key blocks land in any order, so dQ is not bitwise repeatable; the
-separate dQ kernel is.
+wait on a reduce (`dq_reduce.py`). The additions from different key blocks land in any order, so dQ is not bitwise
+repeatable; the separate dQ kernel is.
 SPLIT_D (D256, where 64 x D fp32 dK and dV do not fit one warpgroup's registers): BLOCK_N = 64 keys, both
 warpgroups on all of them, warpgroup w owning columns [w D/2, (w + 1) D/2) of dK and dV, dV[:, half] += P^T dO[:, half]
 and dK[:, half] += dS^T Q[:, half]. SPLIT_D = 2 (shipped, `_exchange_step`): warpgroup 0 computes S^T and P^T,
@@ -74,6 +74,7 @@ from xkernels.common.seqlen import q_bounds, sequence
 from xkernels.hopper import tma
 from xkernels.hopper.barriers import attention_bwd_barriers, attention_dq_ring, attention_ds_ring, score_exchange
 from xkernels.hopper.configs import HopperAttentionBwdConfig
+from xkernels.hopper.dq_reduce import dq_writer, rotated, rotation, stage_dq
 from xkernels.hopper.layouts import wgmma_acc, wgmma_operand
 from xkernels.hopper.partials import reduce_parts
 from xkernels.hopper.pipeline import partition_barrier
@@ -81,27 +82,6 @@ from xkernels.hopper.views import descriptor_view
 
 WG_KEYS = gl.constexpr(64)  # keys per consumer warpgroup (a wgmma's M)
 LOG2E = gl.constexpr(1.4426950408889634)
-
-
-@gluon.jit
-def _rotation(lo, q_end, start_n, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
-    """ROTATE: (the walk's first query block's offset from lo, the walk's span): key block n starts its walk n
-    blocks after lo (modulo the walk's length), so the programs of a head, walking together, reduce their dQ
-    partials into different rows at any one time rather than all into the same ones."""
-    n_q = gl.maximum(gl.cdiv(q_end - lo, BLOCK_M), 1)
-    return ((start_n // BLOCK_N) % n_q) * BLOCK_M, n_q * BLOCK_M
-
-
-@gluon.jit
-def _rotated(step, lo, rot, span, ROTATE: gl.constexpr):
-    """The query block of walk step `step` (lo, lo + BLOCK_M, ...): itself, or with ROTATE moved on by `rot` and
-    wrapped within the walk's span."""
-    start = step
-    if ROTATE:
-        start = step + rot
-        if start >= lo + span:
-            start = start - span
-    return start
 
 
 @gluon.jit
@@ -115,7 +95,7 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
     tma.async_load(v_desc, [kv_row, kv_col], kv_ready, v_buf)
     rows_layout: gl.constexpr = gl.BlockedLayout([BLOCK_M // 32], [32], [1], [0])
     offs = gl.arange(0, BLOCK_M, rows_layout)
-    rot, span = _rotation(lo, q_end, start_n, BLOCK_M, k_desc.block_type.shape[0])
+    rot, span = rotation(lo, q_end, start_n, BLOCK_M, k_desc.block_type.shape[0])
     it = 0
     for g in range(heads):
         h = h0 + g
@@ -126,7 +106,7 @@ def _producer(q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_b
         q_row0 = q_row_g + g * q_rh  # query head h's first row and its columns in Q's and dO's views
         q_col = (q_col_g + g * q_ch).to(gl.int32)
         for step in range(lo, q_end, BLOCK_M):
-            start_m = _rotated(step, lo, rot, span, ROTATE)
+            start_m = rotated(step, lo, rot, span, ROTATE)
             s = qdo.acquire(it)
             mbarrier.expect(qdo.ready.index(s), 2 * q_desc.block_type.nbytes)
             tma.async_load(q_desc, [(q_row0 + start_m).to(gl.int32), q_col], qdo.ready.index(s), qdo.bufs.index(s))
@@ -200,15 +180,6 @@ def _exchange_step(W: gl.constexpr, k_w, v_w, q, do, q_w, do_w, x, it, lse, delt
 
 
 @gluon.jit
-def _stage_dq(dq_out, it, dq):
-    """FUSED_DQ: hand step `it`'s fp32 dQ partial to the writer warp through slot it % 2 of this consumer's ring."""
-    slot = dq_out.acquire(it, True)  # the writer's reduce of two steps ago has read this slot
-    dq_out.bufs.index(slot).store(dq)
-    fence_async_shared()  # generic-proxy stores -> the writer's TMA reduce (async proxy)
-    mbarrier.arrive(dq_out.ready.index(slot))
-
-
-@gluon.jit
 def _query_step(W: gl.constexpr, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m, keys,
                 diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
                 CAUSAL: gl.constexpr, FUSED_DQ: gl.constexpr, SPLIT_D: gl.constexpr, BAND: gl.constexpr,
@@ -265,7 +236,7 @@ def _query_step(W: gl.constexpr, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats,
                                            gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout),
                                            use_acc=False, is_async=True)
                     dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
-                    _stage_dq(dq_out, it // 2, dq)  # this warpgroup's ring holds every other step's
+                    stage_dq(dq_out, it // 2, dq)  # this warpgroup's ring holds every other step's
                 else:
                     dv, dk, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, p_op])
             elif FUSED_DQ == 1:
@@ -276,7 +247,7 @@ def _query_step(W: gl.constexpr, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats,
                                        gl.zeros([BLOCK_M, HALF], gl.float32, dq_layout), use_acc=False,
                                        is_async=True)  # dQ[:, half] = dS K[:, half] over the program's keys
                 dv, dk, dq, _ = warpgroup_mma_wait(0, deps=[dv_tok, dk_tok, dq_tok, p_op])
-                _stage_dq(dq_out, it, dq)
+                stage_dq(dq_out, it, dq)
             else:
                 # arrive -> wait window: dV's wgmma (issued before dS^T) runs while the other warpgroup's
                 # rows land
@@ -288,7 +259,7 @@ def _query_step(W: gl.constexpr, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats,
                 # dV and dQ retire (wgmma groups retire in issue order); dK stays on the tensor cores while
                 # dQ's partial goes to shared memory for the writer warp
                 dv, dq, _ = warpgroup_mma_wait(1, deps=[dv_tok, dq_tok, p_op])
-                _stage_dq(dq_out, it, dq)
+                stage_dq(dq_out, it, dq)
                 dk = warpgroup_mma_wait(0, deps=[dk_tok])
             qdo.release(it, MASK=True)  # also frees dS^T stage it % STAGES (the ds ring empties are qdo's)
         else:
@@ -354,12 +325,12 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
         k_a = k_w
         v_a = v_w
     mask_end = _mask_end(lo, q_end, key0, skv, offset, BLOCK_M, CAUSAL, BAND, MASK_SPLIT, UNMASKED)
-    rot, span = _rotation(lo, q_end, start_n, BLOCK_M, 2 * WG_KEYS)  # (ROTATE: a dense full walk, no split)
+    rot, span = rotation(lo, q_end, start_n, BLOCK_M, 2 * WG_KEYS)  # (ROTATE: a dense full walk, no split)
     it = 0
     for _g in range(heads):
         if not UNMASKED:  # (UNMASKED: no masked loop compiled at all)
             for step in range(lo, mask_end, BLOCK_M):  # diagonal, tail or window-edge steps (all: MASK_SPLIT=0)
-                start_m = _rotated(step, lo, rot, span, ROTATE)
+                start_m = rotated(step, lo, rot, span, ROTATE)
                 dk, dv = _query_step(W, k_a, v_a, k_w, v_w, k_buf, qdo, do_bufs, stats, ds, x, dq_out, it, start_m,
                                      keys, diag_keys, dk, dv, qk_scale, skv, zero_s, HEAD_DIM, BLOCK_M, CAUSAL,
                                      FUSED_DQ, SPLIT_D, BAND, True)
@@ -385,60 +356,6 @@ def _consumer(W: gl.constexpr, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, ds, 
         gl.store(dk_ptrs, (dk * scale).to(dtype), mask=keep_rows)
     if write_dv:
         gl.store(dv_ptrs, dv.to(dtype), mask=keep_rows)
-
-
-@gluon.jit
-def _dq_writer(dq_desc, dq0, dq1, b, h0, start_n, lo, q_end, HQ, heads, SQ, HEAD_DIM: gl.constexpr,
-               BLOCK_M: gl.constexpr, FUSED_DQ: gl.constexpr, ROTATE: gl.constexpr):
-    """FUSED_DQ's dQ writer (1 warp): per step, each consumer's fp32 partial [BLOCK_M, D / 2] (FUSED_DQ = 3: the
-    step's one [BLOCK_M, D] partial, from the consumer whose turn it was) goes from its `dq` slot into the fp32
-    buffer by a TMA reduce-add, and the slot is handed back once the reduce has read it, so the consumers never wait
-    on a reduce. Bulk groups complete in issue order: after issuing consumer w's reduce of
-    step it, `store_wait(2)` leaves only that one and the other consumer's of step it - 1 pending, so w's reduce
-    of step it - 1 has read its slot."""
-    HALF: gl.constexpr = HEAD_DIM // 2
-    rot, span = _rotation(lo, q_end, start_n, BLOCK_M, 2 * WG_KEYS)
-    it = 0
-    for g in range(heads):
-        row0 = (b * HQ + h0 + g) * SQ
-        for step in range(lo, q_end, BLOCK_M):
-            at = (row0 + _rotated(step, lo, rot, span, ROTATE)).to(gl.int32)
-            if FUSED_DQ == 3:
-                _write_turn(dq_desc, at, dq0, dq1, it)
-            else:
-                _write_halves(dq_desc, at, dq0, dq1, it, HALF)
-            it += 1
-    tma.store_wait(0)  # the last reduces have completed before the kernel ends
-
-
-@gluon.jit
-def _write_turn(dq_desc, at, dq0, dq1, it):
-    """FUSED_DQ = 3: step `it`'s whole [BLOCK_M, D] partial, from consumer it % 2's ring (its entry it // 2); after
-    issuing it, `store_wait(1)` leaves only it pending, so step it - 1's reduce has read the other ring's slot."""
-    prev = gl.maximum(it - 1, 0) // 2
-    if it % 2 == 0:
-        s = dq0.wait(it // 2, True)
-        tma.async_reduce_add(dq_desc, [at, 0], dq0.bufs.index(s))
-        tma.store_wait(1)
-        mbarrier.arrive(dq1.empty.index(prev & 1), pred=it > 0)
-    else:
-        s = dq1.wait(it // 2, True)
-        tma.async_reduce_add(dq_desc, [at, 0], dq1.bufs.index(s))
-        tma.store_wait(1)
-        mbarrier.arrive(dq0.empty.index(prev & 1))
-
-
-@gluon.jit
-def _write_halves(dq_desc, at, dq0, dq1, it, HALF: gl.constexpr):
-    """FUSED_DQ = 1, 2: consumer w's [BLOCK_M, D / 2] partial of step `it` into columns [w D / 2, (w + 1) D / 2)."""
-    s = dq0.wait(it)
-    tma.async_reduce_add(dq_desc, [at, 0], dq0.bufs.index(s))
-    tma.store_wait(2)
-    mbarrier.arrive(dq0.empty.index(s ^ 1), pred=it > 0)  # step it - 1's slot (2 slots)
-    s = dq1.wait(it)
-    tma.async_reduce_add(dq_desc, [at, HALF], dq1.bufs.index(s))
-    tma.store_wait(2)
-    mbarrier.arrive(dq1.empty.index(s ^ 1), pred=it > 0)
 
 
 @gluon.jit
@@ -532,8 +449,8 @@ def attention_dkdv_kernel(q_desc, k_desc, v_desc, do_desc, dq_desc, LSE, DELTA, 
             (_producer, (q_desc, do_desc, k_desc, v_desc, k_buf, v_buf, kv_ready, qdo, do_bufs, stats, LSE, DELTA,
                          b, h0, start_n, lo, q_end, q0, kv_row, kv_col, q_row_g, q_col_g, q_rh, q_ch, sq, lse_sh,
                          HQ, heads, SQ, BLOCK_M, VARLEN, ROTATE)),
-            (_dq_writer, (dq_desc, dq0, dq1, b, h0, start_n, lo, q_end, HQ, heads, SQ, HEAD_DIM, BLOCK_M, FUSED_DQ,
-                          ROTATE)),
+            (dq_writer, (dq_desc, dq0, dq1, b, h0, start_n, lo, q_end, HQ, heads, SQ, HEAD_DIM, BLOCK_M, BLOCK_N,
+                         FUSED_DQ, ROTATE)),
         ], [4, 1, 1], [240, PRODUCER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize([
