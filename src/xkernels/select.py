@@ -276,7 +276,7 @@ def resolve_attention_backward(grad_out, q, k, v, out, lse, grad_lse, *, enable_
     # kernel leaves them alone (its outputs are alike either way) and the real call decides.
     band = Band.of(is_causal, window)
     sizes = (q.shape[0], q.shape[1], k.shape[1], k.shape[2])
-    concrete = all(type(n) is int for n in sizes)
+    concrete = all(type(n) is int for n in (*sizes, q.shape[2]))
     fused = (not deterministic and not band.windowed and type(q.shape[2]) is int
              and q.shape[2] >= FUSED_DQ_MIN_QUERIES
              and (parse_backend(backend).layer == "hopper"
@@ -316,12 +316,14 @@ FUSED_DQ_MIN_GRID = 1024
 # 2026-12-07/41-group-parts): B1 H8/2 4K D128 0.67 -> 1.21 with 2 parts (4: 1.13), B1 H16/4 4K D128 1.07 -> 1.10,
 # B1 H32/4 4K D64 1.01 -> 1.08 (4 parts: 1.05); lost where the parts' walks get short (B1 H32/8 2K: 64 steps a
 # part, D128 1.19 -> 1.14, D64 1.22 -> 1.14) or the grid passes two waves (4 parts above; 256 programs level).
-# So: the most parts (powers of two dividing the group) that keep the grid within GROUP_PARTS_MAX_WAVES waves and
-# each part's longest walk at GROUP_PARTS_MIN_STEPS query blocks or more.
+# So: two parts where the group is even, the grid stays within GROUP_PARTS_MAX_WAVES waves and each part's longest
+# walk is GROUP_PARTS_MIN_STEPS query blocks or more.
 GROUP_PARTS_MAX_WAVES = 2
 GROUP_PARTS_MIN_STEPS = 128
 GROUP_PARTS_HEAD_DIMS = (64, 128)  # the two-warpgroup walk (D256 splits its head dim across them)
-GROUP_PARTS_MAX = 4  # the last arriver's sum is unrolled over the parts: a program per count, kept to 2 and 4
+# The last arriver's sum is unrolled over the parts: at 4, D128's consumer keeps 376 bytes on the stack (2: 40, none:
+# 48), and 4 parts were never the faster in run 41
+GROUP_PARTS_MAX = 2
 
 
 def fused_dq_pays(head_dim: int, causal: bool, batch: int, q_heads: int, kv_heads: int, skv: int) -> bool:
@@ -340,7 +342,8 @@ def fused_dq_pays(head_dim: int, causal: bool, batch: int, q_heads: int, kv_head
 def group_parts(head_dim: int, batch: int, q_heads: int, kv_heads: int, sq: int, skv: int, sms: int) -> int:
     """How many programs share each key block's GQA group in a causal backward: the most, a power of two dividing the
     group and at most `GROUP_PARTS_MAX`, within `GROUP_PARTS_MAX_WAVES` waves of the dK/dV grid and with each part's
-    longest walk (block 0's: its heads' every query block) `GROUP_PARTS_MIN_STEPS` steps or more."""
+    longest walk (block 0's: its heads' every query block) `GROUP_PARTS_MIN_STEPS` steps or more. Symbolic sizes
+    never reach it (`resolve_attention_backward`)."""
     if head_dim not in GROUP_PARTS_HEAD_DIMS or kv_heads == 0:
         return 1
     cfg = ATTENTION_BWD_CONFIGS[head_dim]
