@@ -320,7 +320,6 @@ FUSED_DQ_MIN_GRID = 1024
 # walk is GROUP_PARTS_MIN_STEPS query blocks or more.
 GROUP_PARTS_MAX_WAVES = 2
 GROUP_PARTS_MIN_STEPS = 128
-GROUP_PARTS_HEAD_DIMS = (64, 128)  # the two-warpgroup walk (D256 splits its head dim across them)
 # The last arriver's sum is unrolled over the parts: at 4, D128's consumer keeps 376 bytes on the stack (2: 40, none:
 # 48), and 4 parts were never the faster in run 41
 GROUP_PARTS_MAX = 2
@@ -344,9 +343,9 @@ def group_parts(head_dim: int, batch: int, q_heads: int, kv_heads: int, sq: int,
     group and at most `GROUP_PARTS_MAX`, within `GROUP_PARTS_MAX_WAVES` waves of the dK/dV grid and with each part's
     longest walk (block 0's: its heads' every query block) `GROUP_PARTS_MIN_STEPS` steps or more. Symbolic sizes
     never reach it (`resolve_attention_backward`)."""
-    if head_dim not in GROUP_PARTS_HEAD_DIMS or kv_heads == 0:
+    cfg = ATTENTION_BWD_CONFIGS.get(head_dim)
+    if cfg is None or cfg.split_d or kv_heads == 0:  # (split_d, D256: both warpgroups on one set of keys)
         return 1
-    cfg = ATTENTION_BWD_CONFIGS[head_dim]
     group = q_heads // kv_heads
     programs = batch * kv_heads * -(-skv // cfg.block_n)
     steps = -(-sq // cfg.block_m)
